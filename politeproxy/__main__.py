@@ -1,0 +1,3 @@
+from politeproxy.cli import main
+
+raise SystemExit(main())

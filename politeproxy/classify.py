@@ -1,0 +1,58 @@
+"""Sort a request into paced, exempt or passthrough (policy core, no I/O)."""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from politeproxy.hostmatch import HostSet, host_matches
+
+
+class Klass(StrEnum):
+    PACED = "paced"
+    EXEMPT = "exempt"
+    PASSTHROUGH = "passthrough"
+
+
+@dataclass(frozen=True)
+class ExemptRule:
+    """Requests matching every field skip the global schedule (columnar range reads by default)."""
+
+    host: str = "*.commoncrawl.org"
+    path: str = "/cc-index/table/"
+    range_required: bool = True
+    methods: tuple[str, ...] = ("GET", "HEAD")
+
+    def matches(self, method: str, host: str, path: str, has_range: bool) -> bool:
+        if method.upper() not in self.methods:
+            return False
+        if self.range_required and not has_range:
+            return False
+        if not host_matches(host, self.host):
+            return False
+        path = path.split("?", 1)[0]
+        if any(c in self.path for c in "*?["):
+            return fnmatch.fnmatchcase(path, self.path)
+        return path.startswith(self.path)
+
+
+DEFAULT_EXEMPT_RULES: tuple[ExemptRule, ...] = (
+    ExemptRule(host="*.commoncrawl.org"),
+    ExemptRule(host="commoncrawl.org"),
+    ExemptRule(host="commoncrawl.s3.amazonaws.com"),
+    ExemptRule(host="commoncrawl.s3.*.amazonaws.com"),
+)
+
+
+@dataclass
+class Classifier:
+    hosts: HostSet
+    rules: tuple[ExemptRule, ...] = field(default=DEFAULT_EXEMPT_RULES)
+
+    def classify(self, method: str, host: str, path: str, has_range: bool) -> Klass:
+        if not self.hosts.matches(host):
+            return Klass.PASSTHROUGH
+        if any(r.matches(method, host, path, has_range) for r in self.rules):
+            return Klass.EXEMPT
+        return Klass.PACED

@@ -1,0 +1,112 @@
+"""Which hosts are paced (policy core, no I/O).
+
+A pattern is an exact host name, ``*.suffix`` (one or more labels before ``suffix``), or a name with one
+``*`` label in the middle (``commoncrawl.s3.*.amazonaws.com``), where ``*`` stands for exactly one label
+and, for S3, only for a known AWS region: the CA's name constraints can only list concrete names, and a
+host the constraints do not cover could not be intercepted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+DEFAULT_PACED_HOSTS: tuple[str, ...] = (
+    "commoncrawl.org",
+    "*.commoncrawl.org",
+    "commoncrawl.s3.amazonaws.com",
+    "commoncrawl.s3.*.amazonaws.com",
+)
+
+# The regions a mid-name wildcard may stand for; the CA lists each in its name constraints.
+AWS_REGIONS: tuple[str, ...] = (
+    "us-east-1", "us-east-2", "us-west-1", "us-west-2",
+    "af-south-1", "ap-east-1", "ap-south-1", "ap-south-2", "ap-northeast-1", "ap-northeast-2",
+    "ap-northeast-3", "ap-southeast-1", "ap-southeast-2", "ap-southeast-3", "ap-southeast-4",
+    "ca-central-1", "ca-west-1", "eu-central-1", "eu-central-2", "eu-west-1", "eu-west-2", "eu-west-3",
+    "eu-south-1", "eu-south-2", "eu-north-1", "il-central-1", "me-south-1", "me-central-1",
+    "sa-east-1", "us-gov-east-1", "us-gov-west-1",
+)
+
+_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
+
+
+def normalize_host(host: str) -> str:
+    """Lower-case, strip a trailing dot and IPv6 brackets."""
+    host = host.strip().lower().rstrip(".")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host
+
+
+def validate_pattern(pattern: str) -> str | None:
+    """Return an error message for a malformed pattern, or None."""
+    p = normalize_host(pattern)
+    labels = p.split(".")
+    if len(labels) < 2:
+        return f"{pattern!r} needs at least two labels"
+    stars = [i for i, lab in enumerate(labels) if lab == "*"]
+    if len(stars) > 1:
+        return f"{pattern!r} may hold at most one '*' label"
+    for lab in labels:
+        if lab != "*" and not _LABEL.match(lab):
+            return f"{pattern!r} has an invalid label {lab!r}"
+    if stars and stars[0] == len(labels) - 1:
+        return f"{pattern!r} may not end in '*'"
+    if stars and 0 < stars[0] and len(labels) - stars[0] - 1 < 2:
+        return f"{pattern!r}: a mid-name '*' needs two labels after it"
+    return None
+
+
+def host_matches(host: str, pattern: str) -> bool:
+    host = normalize_host(host)
+    labels = normalize_host(pattern).split(".")
+    if labels[0] == "*":
+        suffix = ".".join(labels[1:])
+        return host.endswith("." + suffix) and len(host) > len(suffix) + 1
+    if "*" in labels:
+        i = labels.index("*")
+        hl = host.split(".")
+        if len(hl) != len(labels):
+            return False
+        return all(h == p for h, p in zip(hl, labels, strict=True) if p != "*") and hl[i] in AWS_REGIONS
+    return host == ".".join(labels)
+
+
+class HostSet:
+    """The paced host set: answers "is this host paced?" and "which names must the CA permit?"."""
+
+    def __init__(self, patterns: Iterable[str] = DEFAULT_PACED_HOSTS) -> None:
+        self.patterns = tuple(normalize_host(p) for p in patterns)
+
+    def matches(self, host: str) -> bool:
+        return any(host_matches(host, p) for p in self.patterns)
+
+    def permitted_subtrees(self) -> list[str]:
+        """DNS names for the CA's NameConstraints; each permits itself and all its subdomains."""
+        names: set[str] = set()
+        for p in self.patterns:
+            labels = p.split(".")
+            if labels[0] == "*":
+                names.add(".".join(labels[1:]))
+            elif "*" in labels:
+                i = labels.index("*")
+                for region in AWS_REGIONS:
+                    names.add(".".join(labels[:i] + [region] + labels[i + 1 :]))
+            else:
+                names.add(p)
+        # Drop names already covered by a broader one.
+        return sorted(n for n in names if not any(n.endswith("." + m) for m in names if m != n))
+
+    def concrete_hosts(self) -> list[str]:
+        """Names to make leaves for at start-up: exact names plus the well-known Common Crawl hosts."""
+        out = [p for p in self.patterns if "*" not in p]
+        for extra in ("data.commoncrawl.org", "index.commoncrawl.org"):
+            if self.matches(extra) and extra not in out:
+                out.append(extra)
+        return out
+
+
+def is_covered(host: str, subtrees: Iterable[str]) -> bool:
+    host = normalize_host(host)
+    return any(host == s or host.endswith("." + s) for s in subtrees)

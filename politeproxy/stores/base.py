@@ -1,0 +1,67 @@
+"""The one small interface every store implements.
+
+Times cross this interface only as relative seconds, so each store may use its own clock (the local wall
+clock for memory and file, the server's ``TIME`` for Redis) without the callers caring.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from politeproxy.backoff import BackoffPolicy, Delay
+from politeproxy.slots import Claim
+
+
+class StoreError(Exception):
+    """The store could not answer (lock failed, server unreachable); the caller may fail over."""
+
+
+@dataclass(frozen=True)
+class HostView:
+    """A host's state as seen now, in relative seconds."""
+
+    ready_in: float = 0.0  # until the host may be sent to (interval or backoff), 0 when ready
+    backoff_in: float = 0.0  # until an active Retry-After/backoff ends, 0 when none
+    throttles: int = 0
+    crawl_delay: float = 0.0
+    robots_fresh: bool = False  # the cached crawl-delay is still within its TTL
+
+
+class Store(ABC):
+    name: str = "abstract"
+
+    @abstractmethod
+    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None) -> Claim:
+        """Atomically reserve the next global slot and the host's next time, or nothing.
+
+        ``gap``: global seconds between grants (0 = off); ``interval``: the host's minimum interval;
+        ``max_wait``: reserve nothing if the request would go later than this many seconds from now.
+        """
+
+    @abstractmethod
+    async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
+        """Record a throttle answer and push the host's next allowed time out; return the delay applied."""
+
+    @abstractmethod
+    async def succeeded(self, host: str) -> None:
+        """Record a non-throttle answer: the consecutive-throttle count resets."""
+
+    @abstractmethod
+    async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
+        """Remember a (capped) robots.txt Crawl-delay for ``ttl`` seconds."""
+
+    @abstractmethod
+    async def host_view(self, host: str) -> HostView: ...
+
+    @abstractmethod
+    async def grants(self) -> int:
+        """Grants counted by the global record (all processes sharing this store)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+def jitter_source() -> float:
+    return random.random()
