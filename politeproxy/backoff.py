@@ -46,7 +46,7 @@ class Delay:
 
 
 def throttle_delay(throttles: int, retry_after: float | None, policy: BackoffPolicy, rand: float) -> Delay:
-    """How long a host rests after a throttle; ``throttles`` counts the ones before this; ``rand`` in [0, 1)."""
+    """How long a host rests after a throttle (``throttles`` before this one; ``rand`` in [0, 1))."""
     if retry_after is not None:
         if retry_after > policy.cap:
             return Delay(policy.cap, capped_from=retry_after)

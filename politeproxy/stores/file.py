@@ -115,7 +115,10 @@ class FileStore(Store):
 
     def _write_host(self, host: str, st: HostState) -> None:
         rec = HOST.pack(
-            _ns(st.next_allowed), _ns(st.backoff_until), _ns(st.robots_expires), st.throttles,
+            _ns(st.next_allowed),
+            _ns(st.backoff_until),
+            _ns(st.robots_expires),
+            st.throttles,
             _ns(st.crawl_delay),
         )
         # One pwrite of 40 bytes: a kill -9 leaves the old or the new record, never half of each.

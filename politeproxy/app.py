@@ -1,0 +1,283 @@
+"""Wires the layers together from a Config, runs them, and reloads tunables without a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from politeproxy import config as config_mod
+from politeproxy.ca import CertificateAuthority
+from politeproxy.classify import Classifier
+from politeproxy.config import Config, ConfigError, parse_hostport
+from politeproxy.crawldelay import RobotsWatcher
+from politeproxy.hostmatch import HostSet
+from politeproxy.metrics import Metrics
+from politeproxy.pacer import Pacer
+from politeproxy.server import Access, Proxy, Timeouts, is_loopback
+from politeproxy.stores.base import Store, StoreError
+from politeproxy.stores.failover import FailoverStore
+from politeproxy.stores.file import FileStore
+from politeproxy.stores.memory import MemoryStore
+from politeproxy.upstream import Upstream
+
+log = logging.getLogger("politeproxy")
+
+# Settings that only a restart applies; a reload that changes them says so.
+RESTART_ONLY = (
+    "listen",
+    "data_dir",
+    "allow_clients",
+    "metrics_listen",
+    "paced_hosts",
+    "auth",
+    "client",
+    "upstream",
+)
+
+
+class StartupError(Exception):
+    pass
+
+
+def wall_clock() -> Callable[[], float]:
+    """time.time, shifted by POLITEPROXY_CLOCK_OFFSET seconds (a testing aid for clock skew)."""
+    offset = float(os.environ.get("POLITEPROXY_CLOCK_OFFSET", "0") or 0)
+    if not offset:
+        return time.time
+    return lambda: time.time() + offset
+
+
+def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
+    sched = cfg["schedule"]
+    backend = sched["backend"]
+    clock = wall_clock()
+    mult = float(sched["expected_proxies"])
+    if backend == "memory":
+        return MemoryStore(clock)
+    try:
+        local: Store = FileStore(cfg.data_dir, clock)
+        local_ok = True
+    except StoreError as e:
+        log.warning("file store unavailable (%s); pacing in memory for this process only", e)
+        local, local_ok = MemoryStore(clock), False
+    if backend == "file":
+        if not local_ok:
+            on_change(local, True)
+            return local
+        return FailoverStore(local, MemoryStore(clock), mult, on_change=on_change)
+    from politeproxy.stores.redis_store import RedisStore
+
+    primary = RedisStore(sched["redis_url"], prefix=sched["redis_prefix"], key_ttl=sched["redis_key_ttl"])
+    return FailoverStore(primary, local, mult, on_change=on_change)
+
+
+class App:
+    def __init__(self, cfg: Config, config_path: str | None = None) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.overrides: dict[str, Any] = {}
+        self.metrics = Metrics()
+        self.proxy: Proxy | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._mtime = self._stat()
+        self._metrics_runner: web.AppRunner | None = None
+        self.stopped = asyncio.Event()
+
+    def _stat(self) -> float | None:
+        try:
+            return os.stat(self.config_path).st_mtime if self.config_path else None
+        except OSError:
+            return None
+
+    async def start(self) -> Proxy:
+        cfg = self.cfg
+        host, port = cfg.listen
+        access = Access(cfg["allow_clients"], cfg["auth"]["users"])
+        if not is_loopback(host) and host != "localhost" and not access.open_beyond_loopback:
+            raise StartupError(
+                f"refusing to listen on {host}:{port} as an open proxy: "
+                "set allow_clients (CIDRs) or [auth] users"
+            )
+        try:
+            cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StartupError(f"data_dir {cfg.data_dir}: {e.strerror}") from None
+        hosts = HostSet(cfg.paced_hosts)
+        ca = await asyncio.to_thread(CertificateAuthority, cfg.data_dir, hosts.permitted_subtrees())
+        if ca.created:
+            log.warning("made a new CA in %s; trust %s (see `politeproxy env`)", cfg.data_dir, ca.cert_path)
+        await asyncio.to_thread(lambda: [ca.context_for(h) for h in hosts.concrete_hosts()])
+        store = make_store(cfg, self._store_changed)
+        self.store = store
+        self._store_changed(store if not isinstance(store, FailoverStore) else store.active, False)
+        settings = cfg.pacing()
+        self.pacer = Pacer(store, settings, self.metrics)
+        up = cfg["upstream"]
+        self.upstream = Upstream(
+            up["resolve"], up["ca_file"], up["connect_timeout"], up["read_timeout"], up["max_connections"]
+        )
+        rb = cfg["robots"]
+        self.robots = RobotsWatcher(
+            self.pacer, self.upstream, rb["ttl"], rb["max_crawl_delay"], rb["enabled"]
+        )
+        self.classifier = Classifier(hosts, cfg.exempt_rules())
+        cl = cfg["client"]
+        timeouts = Timeouts(
+            cl["handshake_timeout"], cl["header_timeout"], cl["idle_timeout"], cl["max_header_size"]
+        )
+        self.proxy = Proxy(
+            ca=ca,
+            classifier=self.classifier,
+            pacer=self.pacer,
+            upstream=self.upstream,
+            metrics=self.metrics,
+            access=access,
+            timeouts=timeouts,
+            robots=self.robots,
+            log_json=cfg["log_format"] == "json",
+            health=self._health,
+        )
+        try:
+            await self.proxy.start(host, port)
+        except OSError as e:
+            await self.upstream.close()
+            raise StartupError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        self.pacer.start()
+        self.metrics.configured_rate.set(1.0 / settings.gap if settings.gap > 0 else 0.0)
+        if cfg["metrics_listen"]:
+            await self._start_metrics(cfg["metrics_listen"])
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._refresh_gauges()))
+        if self.config_path:
+            self._tasks.append(loop.create_task(self._watch_config()))
+        rate = (
+            f"{1.0 / settings.gap:g} req/s (one slot per {settings.gap * 1000:g} ms)"
+            if settings.gap
+            else "off"
+        )
+        log.info(
+            "politeproxy listening on %s:%d; global rate %s; store %s; data dir %s; CA %s",
+            host,
+            self.proxy.port,
+            rate,
+            store.name,
+            cfg.data_dir,
+            ca.cert_path,
+        )
+        return self.proxy
+
+    def _store_changed(self, active: Store, degraded: bool) -> None:
+        self.metrics.set_store(active.name, degraded)
+
+    def _health(self) -> dict[str, Any]:
+        degraded = bool(getattr(self.store, "degraded", False))
+        return {"store": self.store.name, "degraded": degraded, "queued": self.pacer.depth()}
+
+    async def _start_metrics(self, addr: str) -> None:
+        h, p = parse_hostport(addr, "metrics_listen")
+
+        async def metrics(_req: web.Request) -> web.Response:
+            return web.Response(
+                body=self.metrics.render(),
+                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+            )
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", lambda _r: web.json_response({"status": "ok", **self._health()}))
+        self._metrics_runner = web.AppRunner(app, access_log=None)
+        await self._metrics_runner.setup()
+        await web.TCPSite(self._metrics_runner, h, p).start()
+
+    async def _refresh_gauges(self) -> None:
+        """Backoff remaining per host comes from the store, which may be remote: read it once a second."""
+        while True:
+            await asyncio.sleep(1.0)
+            for host in list(
+                self.pacer.queues.keys() | self.pacer.maybe_throttled | self.pacer.host_ready.keys()
+            ):
+                try:
+                    view = await self.store.host_view(host)
+                except Exception:  # noqa: BLE001 - a gauge must not kill the loop
+                    continue
+                self.metrics.backoff.labels(host).set(view.backoff_in)
+
+    async def _watch_config(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            m = self._stat()
+            if m is not None and m != self._mtime:
+                self._mtime = m
+                self.reload("file changed")
+
+    def reload(self, why: str = "SIGHUP") -> bool:
+        try:
+            new = config_mod.load(self.config_path, self.overrides)
+        except ConfigError as e:
+            log.error("config reload (%s) rejected, keeping the running settings: %s", why, e)
+            self.metrics.reloads.labels("error").inc()
+            return False
+        for key in RESTART_ONLY:
+            if new.raw.get(key) != self.cfg.raw.get(key):
+                log.warning("config reload: %s changed but applies only after a restart", key)
+        if new.raw["schedule"] != self.cfg.raw["schedule"]:
+            changed = {
+                k for k in new.raw["schedule"] if new.raw["schedule"][k] != self.cfg.raw["schedule"][k]
+            }
+            if changed - {"global_rate"}:
+                log.warning(
+                    "config reload: schedule.%s applies only after a restart", ", ".join(sorted(changed))
+                )
+        settings = new.pacing()
+        self.pacer.update(settings)
+        self.classifier.rules = new.exempt_rules()
+        rb = new["robots"]
+        self.robots.enabled, self.robots.ttl, self.robots.cap = (
+            rb["enabled"],
+            rb["ttl"],
+            rb["max_crawl_delay"],
+        )
+        self.metrics.configured_rate.set(1.0 / settings.gap if settings.gap > 0 else 0.0)
+        self.metrics.reloads.labels("ok").inc()
+        self.cfg = new
+        log.info("config reloaded (%s): global gap %gs, max_wait %gs", why, settings.gap, settings.max_wait)
+        return True
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.proxy:
+            await self.proxy.close()
+        await self.pacer.close()
+        await self.upstream.close()
+        await self.store.close()
+        if self._metrics_runner:
+            await self._metrics_runner.cleanup()
+
+    async def serve_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, lambda: self.reload("SIGHUP"))
+            loop.add_signal_handler(signal.SIGTERM, self.stopped.set)
+            loop.add_signal_handler(signal.SIGINT, self.stopped.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+        await self.stopped.wait()
+        log.info("shutting down")
+        await self.close()
+
+
+def data_dir_paths(data_dir: Path) -> dict[str, Path]:
+    return {
+        "ca": data_dir / "ca.pem",
+        "key": data_dir / "ca-key.pem",
+        "bundle": data_dir / "ca-bundle.pem",
+    }

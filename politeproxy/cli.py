@@ -1,0 +1,199 @@
+"""The command line: run, env, ca, check-config."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+from politeproxy import __version__
+from politeproxy.config import Config, ConfigError, env_overrides, load
+
+EXIT_CONFIG = 2
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            out.update(fields)
+        else:
+            out["message"] = record.getMessage()
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(verbose: int, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.WARNING)
+    pp = logging.getLogger("politeproxy")
+    pp.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose >= 1 else logging.WARNING)
+    # One access line per request is the default; -q style silence is a config of the log shipper.
+    logging.getLogger("politeproxy.access").setLevel(logging.INFO)
+
+
+def _config(args: argparse.Namespace) -> Config:
+    path = getattr(args, "config", None) or os.environ.get("POLITEPROXY_CONFIG") or None
+    overrides = env_overrides()
+    for key in ("listen", "data_dir", "global_rate", "metrics_listen", "log_format"):
+        value = getattr(args, key, None)
+        if value is not None:
+            overrides[key] = value
+    return load(path, overrides)
+
+
+def _fail(msg: str, code: int = EXIT_CONFIG) -> int:
+    print(f"politeproxy: error: {msg}", file=sys.stderr)
+    return code
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        cfg = _config(args)
+    except ConfigError as e:
+        return _fail(str(e))
+    setup_logging(args.verbose, cfg["log_format"])
+    from politeproxy.app import App, StartupError
+
+    path = args.config or os.environ.get("POLITEPROXY_CONFIG") or None
+
+    async def main() -> int:
+        app = App(cfg, path)
+        app.overrides = {k: v for k, v in _overrides(args).items() if v is not None}
+        try:
+            await app.start()
+        except StartupError as e:
+            return _fail(str(e))
+        await app.serve_forever()
+        return 0
+
+    try:
+        import uvloop  # type: ignore[import-not-found]
+
+        return uvloop.run(main())
+    except ImportError:
+        return asyncio.run(main())
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out = env_overrides()
+    for key in ("listen", "data_dir", "global_rate", "metrics_listen", "log_format"):
+        value = getattr(args, key, None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _ca(cfg: Config) -> Any:
+    from politeproxy.ca import CertificateAuthority
+    from politeproxy.hostmatch import HostSet
+
+    return CertificateAuthority(cfg.data_dir, HostSet(cfg.paced_hosts).permitted_subtrees())
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    try:
+        cfg = _config(args)
+        ca = _ca(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
+    except OSError as e:
+        return _fail(f"data_dir {e.filename}: {e.strerror}", 1)
+    host, port = cfg.listen
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    proxy = f"http://{netloc}"
+    bundle = ca.bundle_path
+    lines = [
+        f"# politeproxy {__version__}: point your tools at the proxy and trust its CA ({ca.cert_path})",
+        f"export HTTPS_PROXY={proxy}",
+        f"export HTTP_PROXY={proxy}",
+        f"export https_proxy={proxy}",
+        f"export http_proxy={proxy}",
+        "export NO_PROXY=localhost,127.0.0.1,::1",
+        f"export SSL_CERT_FILE={bundle}",
+        f"export REQUESTS_CA_BUNDLE={bundle}",
+        f"export CURL_CA_BUNDLE={bundle}",
+        f"export AWS_CA_BUNDLE={bundle}",
+        f"export NODE_EXTRA_CA_CERTS={ca.cert_path}",
+        f"# duckdb: SET http_proxy = '{netloc}'; SET ca_cert_file = '{bundle}';",
+    ]
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_ca(args: argparse.Namespace) -> int:
+    try:
+        cfg = _config(args)
+        ca = _ca(cfg)
+    except ConfigError as e:
+        return _fail(str(e))
+    except OSError as e:
+        return _fail(f"data_dir {e.filename}: {e.strerror}", 1)
+    print(f"ca.pem        {ca.cert_path}")
+    print(f"ca-key.pem    {ca.key_path}")
+    print(f"ca-bundle.pem {ca.bundle_path}")
+    print(f"permits       {', '.join(ca.permitted)}")
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        cfg = load(args.file)
+    except ConfigError as e:
+        return _fail(str(e))
+    print(f"{args.file}: ok (listen {cfg.listen[0]}:{cfg.listen[1]}, store {cfg['schedule']['backend']})")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="politeproxy", description="One request budget for Common Crawl.")
+    p.add_argument("--version", action="version", version=f"politeproxy {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", help="TOML config file (env POLITEPROXY_CONFIG)")
+        sp.add_argument("--listen", help="HOST:PORT (env POLITEPROXY_LISTEN; default 127.0.0.1:3128)")
+        sp.add_argument("--data-dir", dest="data_dir", help="CA and schedule (env POLITEPROXY_DATA_DIR)")
+
+    run = sub.add_parser("run", help="run the proxy")
+    common(run)
+    run.add_argument(
+        "--global-rate", dest="global_rate", help="gap between paced grants, e.g. 200ms; 0 = off"
+    )
+    run.add_argument("--metrics-listen", dest="metrics_listen", help="also serve /metrics on HOST:PORT")
+    run.add_argument("--log-format", dest="log_format", choices=("plain", "json"))
+    run.add_argument("-v", "--verbose", action="count", default=0, help="-v: info, -vv: debug")
+    run.set_defaults(func=cmd_run)
+    env = sub.add_parser("env", help="print export lines that point tools at the proxy")
+    common(env)
+    env.set_defaults(func=cmd_env)
+    ca = sub.add_parser("ca", help="print the paths of the CA and the bundle (made if missing)")
+    common(ca)
+    ca.set_defaults(func=cmd_ca)
+    chk = sub.add_parser("check-config", help="validate a config file")
+    chk.add_argument("file")
+    chk.set_defaults(func=cmd_check_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.func(args))

@@ -1,0 +1,360 @@
+"""The config file (TOML): defaults, validation and environment overrides.
+
+Every key is listed in ``SCHEMA`` with its type and default; an unknown key or a wrong type is a
+``ConfigError`` naming the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from politeproxy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
+from politeproxy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
+from politeproxy.hostmatch import DEFAULT_PACED_HOSTS, normalize_host, validate_pattern
+from politeproxy.pacer import INDEX_HOST_INTERVAL, PacingSettings
+
+
+class ConfigError(ValueError):
+    pass
+
+
+_DUR = re.compile(r"(\d+(?:\.\d+)?)(ms|us|s|m|h)")
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any, key: str = "duration") -> float:
+    """Seconds from a number (seconds) or a string like "200ms", "1.5s", "5m", "1m30s" or "0"."""
+    if isinstance(value, bool):
+        raise ConfigError(f'{key}: expected a duration such as "200ms" or a number of seconds, got {value!r}')
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ConfigError(f"{key}: expected a duration >= 0, got {value!r}")
+        return float(value)
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("0", "off"):
+            return 0.0
+        try:
+            return float(v)
+        except ValueError:
+            pass
+        pos, total = 0, 0.0
+        for m in _DUR.finditer(v):
+            if m.start() != pos:
+                break
+            total += float(m.group(1)) * _UNITS[m.group(2)]
+            pos = m.end()
+        if pos == len(v) and pos > 0:
+            return total
+    raise ConfigError(f'{key}: expected a duration such as "200ms", "1.5s" or "5m", got {value!r}')
+
+
+def parse_hostport(value: str, key: str, default_port: int | None = None) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        if default_port is None:
+            raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+        host, port = value, str(default_port)
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return Path(base) / "politeproxy"
+
+
+# -- typed values ---------------------------------------------------------------------------------
+
+
+def _str(v: Any, key: str) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{key}: expected a string, got {type(v).__name__} {v!r}")
+    return v
+
+
+def _bool(v: Any, key: str) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}: expected true or false, got {v!r}")
+    return v
+
+
+def _int(lo: int, hi: int | None = None) -> Callable[[Any, str], int]:
+    def conv(v: Any, key: str) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"from {lo} to {hi}"
+            raise ConfigError(f"{key}: expected an integer {rng}, got {v!r}")
+        return v
+
+    return conv
+
+
+def _float(lo: float, hi: float) -> Callable[[Any, str], float]:
+    def conv(v: Any, key: str) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
+            raise ConfigError(f"{key}: expected a number from {lo} to {hi}, got {v!r}")
+        return float(v)
+
+    return conv
+
+
+def _dur(v: Any, key: str) -> float:
+    return parse_duration(v, key)
+
+
+def _choice(*choices: str) -> Callable[[Any, str], str]:
+    def conv(v: Any, key: str) -> str:
+        if v not in choices:
+            raise ConfigError(f"{key}: expected one of {', '.join(map(repr, choices))}, got {v!r}")
+        return str(v)
+
+    return conv
+
+
+def _list(item: Callable[[Any, str], Any]) -> Callable[[Any, str], list[Any]]:
+    def conv(v: Any, key: str) -> list[Any]:
+        if not isinstance(v, list):
+            raise ConfigError(f"{key}: expected a list, got {type(v).__name__} {v!r}")
+        return [item(x, f"{key}[{i}]") for i, x in enumerate(v)]
+
+    return conv
+
+
+def _table_of(item: Callable[[Any, str], Any]) -> Callable[[Any, str], dict[str, Any]]:
+    def conv(v: Any, key: str) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise ConfigError(f"{key}: expected a table, got {type(v).__name__} {v!r}")
+        return {str(k): item(x, f"{key}.{k}") for k, x in v.items()}
+
+    return conv
+
+
+def _cidr(v: Any, key: str) -> str:
+    s = _str(v, key)
+    try:
+        ipaddress.ip_network(s, strict=False)
+    except ValueError:
+        raise ConfigError(f'{key}: expected a CIDR such as "10.0.0.0/8", got {v!r}') from None
+    return s
+
+
+def _pattern(v: Any, key: str) -> str:
+    s = _str(v, key)
+    err = validate_pattern(s)
+    if err:
+        raise ConfigError(f"{key}: {err}")
+    return normalize_host(s)
+
+
+def _hostport(v: Any, key: str) -> str:
+    s = _str(v, key)
+    parse_hostport(s, key)
+    return s
+
+
+def _optional_hostport(v: Any, key: str) -> str:
+    s = _str(v, key)
+    if s:
+        parse_hostport(s, key)
+    return s
+
+
+def _status(v: Any, key: str) -> int:
+    return _int(100, 599)(v, key)
+
+
+def _method(v: Any, key: str) -> str:
+    return _str(v, key).upper()
+
+
+_RULE = {
+    "host": (_pattern, "*.commoncrawl.org"),
+    "path": (_str, "/cc-index/table/"),
+    "range_required": (_bool, True),
+    "methods": (_list(_method), ["GET", "HEAD"]),
+}
+_HOST = {"interval": (_dur, 0.0)}
+
+
+def _rules(v: Any, key: str) -> list[dict[str, Any]]:
+    if not isinstance(v, list):
+        raise ConfigError(f"{key}: expected an array of tables [[exempt.rules]], got {v!r}")
+    return [_section(r, _RULE, f"{key}[{i}]") for i, r in enumerate(v)]
+
+
+def _hosts(v: Any, key: str) -> dict[str, dict[str, Any]]:
+    if not isinstance(v, dict):
+        raise ConfigError(f"{key}: expected a table of host patterns, got {v!r}")
+    return {_pattern(h, f"{key}.{h}"): _section(t, _HOST, f"{key}.{h}") for h, t in v.items()}
+
+
+SCHEMA: dict[str, Any] = {
+    "listen": (_hostport, "127.0.0.1:3128"),
+    "data_dir": (_str, ""),
+    "allow_clients": (_list(_cidr), []),
+    "metrics_listen": (_optional_hostport, ""),
+    "log_format": (_choice("plain", "json"), "plain"),
+    "paced_hosts": (_list(_pattern), list(DEFAULT_PACED_HOSTS)),
+    "auth": {"users": (_table_of(_str), {})},
+    "client": {
+        "handshake_timeout": (_dur, 10.0),
+        "header_timeout": (_dur, 15.0),
+        "idle_timeout": (_dur, 60.0),
+        "max_header_size": (_int(1024, 1 << 20), 32768),
+    },
+    "upstream": {
+        "ca_file": (_str, ""),
+        "resolve": (_table_of(_hostport), {}),
+        "connect_timeout": (_dur, 10.0),
+        "read_timeout": (_dur, 60.0),
+        "max_connections": (_int(1), 256),
+    },
+    "schedule": {
+        "backend": (_choice("memory", "file", "redis"), "file"),
+        "global_rate": (_dur, 0.2),
+        "redis_url": (_str, "redis://127.0.0.1:6379/0"),
+        "redis_prefix": (_str, "politeproxy:"),
+        "redis_key_ttl": (_dur, 86400.0),
+        "expected_proxies": (_int(1), 1),
+    },
+    "pacing": {
+        "max_wait": (_dur, 25.0),
+        "retries": (_int(0, 10), 2),
+        "throttle_codes": (_list(_status), sorted(DEFAULT_THROTTLE_CODES)),
+        "backoff_base": (_dur, 1.0),
+        "backoff_cap": (_dur, 300.0),
+        "backoff_jitter": (_float(0.0, 1.0), 0.2),
+    },
+    "robots": {
+        "enabled": (_bool, True),
+        "ttl": (_dur, 3600.0),
+        "max_crawl_delay": (_dur, 10.0),
+    },
+    "exempt": {
+        "max_in_flight": (_int(1), 16),
+        "respect_backoff": (_bool, True),
+        "rules": (_rules, None),
+    },
+    "hosts": (_hosts, None),
+}
+
+
+def _section(raw: Any, schema: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a table, got {raw!r}")
+    out: dict[str, Any] = {}
+    for key in raw:
+        if key not in schema:
+            where = f"{prefix}.{key}" if prefix else key
+            known = ", ".join(sorted(schema))
+            raise ConfigError(f"{where}: unknown key (known here: {known})")
+    for key, spec in schema.items():
+        where = f"{prefix}.{key}" if prefix else key
+        if isinstance(spec, dict):
+            out[key] = _section(raw.get(key, {}), spec, where)
+        else:
+            conv, default = spec
+            out[key] = conv(raw[key], where) if key in raw else default
+    return out
+
+
+@dataclass(frozen=True)
+class Config:
+    raw: dict[str, Any]
+    source: str = "<defaults>"
+    listen: tuple[str, int] = ("127.0.0.1", 3128)
+    data_dir: Path = field(default_factory=default_data_dir)
+
+    def __getitem__(self, section: str) -> Any:
+        return self.raw[section]
+
+    @property
+    def paced_hosts(self) -> list[str]:
+        return list(self.raw["paced_hosts"])
+
+    def exempt_rules(self) -> tuple[ExemptRule, ...]:
+        rules = self.raw["exempt"]["rules"]
+        if rules is None:
+            return DEFAULT_EXEMPT_RULES
+        return tuple(
+            ExemptRule(r["host"], r["path"], r["range_required"], tuple(r["methods"])) for r in rules
+        )
+
+    def host_intervals(self) -> tuple[tuple[str, float], ...]:
+        hosts = self.raw["hosts"]
+        if hosts is None:
+            return (("index.commoncrawl.org", INDEX_HOST_INTERVAL),)
+        return tuple((h, t["interval"]) for h, t in hosts.items())
+
+    def pacing(self) -> PacingSettings:
+        p = self.raw["pacing"]
+        return PacingSettings(
+            gap=self.raw["schedule"]["global_rate"],
+            max_wait=p["max_wait"],
+            retries=p["retries"],
+            throttle_codes=frozenset(p["throttle_codes"]),
+            backoff=BackoffPolicy(base=p["backoff_base"], cap=p["backoff_cap"], jitter=p["backoff_jitter"]),
+            host_intervals=self.host_intervals(),
+            exempt_max_in_flight=self.raw["exempt"]["max_in_flight"],
+            exempt_respect_backoff=self.raw["exempt"]["respect_backoff"],
+        )
+
+
+def build(
+    raw: dict[str, Any], source: str = "<defaults>", overrides: Mapping[str, Any] | None = None
+) -> Config:
+    """Validate ``raw`` (the parsed TOML), apply overrides (env, then flags) and return the Config."""
+    merged = _section(raw, SCHEMA, "")
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key == "listen":
+            merged["listen"] = _hostport(value, "listen")
+        elif key == "data_dir":
+            merged["data_dir"] = _str(value, "data_dir")
+        elif key == "global_rate":
+            merged["schedule"]["global_rate"] = parse_duration(value, "global_rate")
+        elif key == "metrics_listen":
+            merged["metrics_listen"] = _optional_hostport(value, "metrics_listen")
+        elif key == "log_format":
+            merged["log_format"] = _choice("plain", "json")(value, "log_format")
+        else:
+            raise ConfigError(f"{key}: not an override")
+    listen = parse_hostport(merged["listen"], "listen")
+    data_dir = Path(os.path.expanduser(merged["data_dir"])) if merged["data_dir"] else default_data_dir()
+    return Config(raw=merged, source=source, listen=listen, data_dir=data_dir)
+
+
+def load(path: str | os.PathLike[str] | None, overrides: Mapping[str, Any] | None = None) -> Config:
+    if not path:
+        return build({}, "<defaults>", overrides)
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    try:
+        return build(raw, str(path), overrides)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def env_overrides(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    return {
+        "listen": env.get("POLITEPROXY_LISTEN") or None,
+        "data_dir": env.get("POLITEPROXY_DATA_DIR") or None,
+        "global_rate": env.get("POLITEPROXY_GLOBAL_RATE") or None,
+    }
