@@ -1,0 +1,279 @@
+"""Shared fixtures: a local TLS upstream impersonating Common Crawl's hosts, and proxy processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+CC_HOSTS = (
+    "data.commoncrawl.org",
+    "index.commoncrawl.org",
+    "commoncrawl.org",
+    "commoncrawl.s3.amazonaws.com",
+    "commoncrawl.s3.us-east-1.amazonaws.com",
+)
+OTHER_HOSTS = ("other.example", "localhost")
+POLITEPROXY = [PY, "-m", "politeproxy"]
+
+
+def need_tool(name: str) -> str:
+    """The path of a system tool; a test fails under CI when it is missing and skips locally."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} is required under CI (.ci/run installs it)")
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+@dataclass
+class Certs:
+    ca: trustme.CA
+    ca_file: Path
+    server_pem: Path
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    d = tmp_path_factory.mktemp("upstream-certs")
+    ca = trustme.CA()
+    leaf = ca.issue_cert(*CC_HOSTS, *OTHER_HOSTS, "127.0.0.1")
+    ca.cert_pem.write_to_path(d / "upstream-ca.pem")
+    leaf.private_key_and_cert_chain_pem.write_to_path(d / "server.pem")
+    return Certs(ca, d / "upstream-ca.pem", d / "server.pem")
+
+
+@dataclass
+class Upstream:
+    proc: subprocess.Popen[bytes]
+    port: int
+    plain_port: int
+
+    def _url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.plain_port}{path}"
+
+    def log(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self._url("/__log"), timeout=10) as r:
+            return [json.loads(line) for line in r.read().decode().splitlines() if line]
+
+    def control(self, cmd: dict[str, Any]) -> None:
+        req = urllib.request.Request(
+            self._url("/__control"),
+            data=json.dumps(cmd).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+
+    def reset(self) -> None:
+        self.control({"reset": True})
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def start_upstream(certs: Certs, tmp: Path, files_dir: Path | None = None) -> Upstream:
+    port_file = tmp / f"upstream-port-{time.monotonic_ns()}"
+    cmd = [
+        PY,
+        "-m",
+        "tests.fakeupstream",
+        "--cert",
+        str(certs.server_pem),
+        "--port-file",
+        str(port_file),
+        "--plain-port",
+        "0",
+    ]
+    if files_dir:
+        cmd += ["--files-dir", str(files_dir)]
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    wait_for(lambda: port_file.exists() or proc.poll() is not None, what="fake upstream")
+    if proc.poll() is not None:
+        raise RuntimeError("fake upstream failed to start")
+    tls, plain = map(int, port_file.read_text().split())
+    return Upstream(proc, tls, plain)
+
+
+@pytest.fixture
+def upstream(certs: Certs, tmp_path: Path) -> Iterator[Upstream]:
+    up = start_upstream(certs, tmp_path)
+    yield up
+    up.stop()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_table(up: Upstream) -> str:
+    lines = [f'"{h}:443" = "127.0.0.1:{up.port}"' for h in (*CC_HOSTS, *OTHER_HOSTS)]
+    lines += [f'"{h}:80" = "127.0.0.1:{up.plain_port}"' for h in (*CC_HOSTS, *OTHER_HOSTS)]
+    return "\n".join(lines)
+
+
+@dataclass
+class ProxyProc:
+    proc: subprocess.Popen[bytes]
+    port: int
+    data_dir: Path
+    config_path: Path
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def get(self, path: str, timeout: float = 10) -> bytes:
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            return r.read()
+
+    def metrics(self) -> str:
+        return self.get("/metrics").decode()
+
+    def healthy(self) -> bool:
+        try:
+            return json.loads(self.get("/healthz", timeout=2))["status"] == "ok"
+        except OSError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def sighup(self) -> None:
+        self.proc.send_signal(signal.SIGHUP)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def client_env(proxy_port: int, data_dir: Path) -> dict[str, str]:
+    """The environment a user gets from ``eval "$(politeproxy env)"``, read from the real command."""
+    out = subprocess.run(
+        [*POLITEPROXY, "env", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{proxy_port}"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    for line in out.splitlines():
+        if line.startswith("export "):
+            k, _, v = line[len("export ") :].partition("=")
+            env[k] = v
+    return env
+
+
+def start_proxy(
+    tmp: Path,
+    up: Upstream | None,
+    certs: Certs | None,
+    extra_toml: str = "",
+    data_dir: Path | None = None,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    wait: bool = True,
+    top_toml: str = "",
+) -> ProxyProc:
+    """Start ``politeproxy run`` in its own process with the upstream's hosts mapped to 127.0.0.1."""
+    n = time.monotonic_ns()
+    data_dir = data_dir or tmp / f"data-{n}"
+    cfg = tmp / f"politeproxy-{n}.toml"
+    text = top_toml + "\n"
+    if up is not None and certs is not None:
+        text += f'[upstream]\nca_file = "{certs.ca_file}"\n[upstream.resolve]\n{resolve_table(up)}\n'
+    text += extra_toml
+    cfg.write_text(text)
+    port = port or free_port()
+    log_path = tmp / f"proxy-{n}.log"
+    cmd = [
+        *POLITEPROXY,
+        "run",
+        "--config",
+        str(cfg),
+        "--data-dir",
+        str(data_dir),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "-v",
+        *args,
+    ]
+    penv = {**os.environ, **(env or {})}
+    with open(log_path, "wb") as logf:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=penv)
+    p = ProxyProc(proc, port, data_dir, cfg, log_path)
+    if wait:
+        wait_for(lambda: proc.poll() is not None or p.healthy(), 30, "proxy /healthz")
+        if proc.poll() is not None:
+            raise RuntimeError(f"proxy exited {proc.returncode}: {p.log()}")
+        p.env = client_env(port, data_dir)
+    return p
+
+
+@pytest.fixture
+def proxy_factory(tmp_path: Path, certs: Certs) -> Iterator[Callable[..., ProxyProc]]:
+    started: list[ProxyProc] = []
+
+    def make(up: Upstream | None, extra_toml: str = "", **kw: Any) -> ProxyProc:
+        p = start_proxy(tmp_path, up, certs, extra_toml, **kw)
+        started.append(p)
+        return p
+
+    yield make
+    for p in started:
+        p.stop()
+
+
+NO_ROBOTS = "[robots]\nenabled = false\n"
+
+
+@pytest.fixture
+def proxy(proxy_factory: Callable[..., ProxyProc], upstream: Upstream) -> ProxyProc:
+    """One proxy in front of the fake upstream, robots off so arrival logs hold only the test's requests."""
+    return proxy_factory(upstream, NO_ROBOTS)

@@ -1,0 +1,172 @@
+"""A local TLS server impersonating Common Crawl's hosts, with an arrival log.
+
+Run as ``python -m tests.fakeupstream --cert server.pem --port-file F [--log FILE]``; it writes its
+port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once listening. Routes (any host):
+  /size/N[?chunked=1]     N bytes of b"x" (Content-Length, or chunked)
+  /echo                   JSON: method, path, host, headers, body length and sha256
+  /status/CODE[?retry_after=V]
+  /gzip                   a gzip-encoded body with Content-Encoding: gzip
+  /robots.txt             404 unless /__control set robots text
+  /slow?delay=S           answers after S seconds
+  /cc-index/table/... and /files/NAME   a file from --files-dir, with Range support
+  /__log                  the arrival log as JSON lines (not logged itself)
+  /__control (POST JSON)  {"throttle": {"host": H, "count": N, "status": 503, "retry_after": "2"}}
+                          or {"robots": {"host": H, "text": "..."}}, {"reset": true}
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import hashlib
+import json
+import os
+import ssl
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+LOG_KEY = web.AppKey("log", list)
+
+
+def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
+    app = web.Application()
+    arrivals: list[dict[str, Any]] = []
+    throttles: dict[str, dict[str, Any]] = {}
+    robots: dict[str, str] = {}
+    log_file = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        path = request.path
+        host = request.host.split(":")[0]
+        if path == "/__log":
+            return web.Response(text="".join(json.dumps(a) + "\n" for a in arrivals))
+        if path == "/__control":
+            cmd = await request.json()
+            if cmd.get("reset"):
+                arrivals.clear()
+                throttles.clear()
+                robots.clear()
+            if "throttle" in cmd:
+                t = cmd["throttle"]
+                throttles[t["host"]] = dict(t)
+            if "robots" in cmd:
+                robots[cmd["robots"]["host"]] = cmd["robots"]["text"]
+            return web.json_response({"ok": True})
+        entry = {
+            "t": time.time(),
+            "host": host,
+            "method": request.method,
+            "path": request.path_qs,
+            "range": request.headers.get("Range"),
+        }
+        arrivals.append(entry)
+        if log_file:
+            log_file.write(json.dumps(entry) + "\n")
+        t = throttles.get(host)
+        if t and t.get("count", 0) > 0 and path != "/robots.txt":
+            t["count"] -= 1
+            headers = {"Retry-After": str(t["retry_after"])} if t.get("retry_after") is not None else {}
+            return web.Response(status=int(t.get("status", 503)), text="slow down\n", headers=headers)
+        if path == "/robots.txt":
+            if host in robots:
+                return web.Response(text=robots[host])
+            return web.Response(status=404, text="no robots\n")
+        if path.startswith("/size/"):
+            n = int(path[len("/size/") :])
+            chunked = request.query.get("chunked") == "1"
+            resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+            if chunked:
+                resp.enable_chunked_encoding()
+            else:
+                resp.content_length = n
+            await resp.prepare(request)
+            if request.method != "HEAD":
+                block = b"x" * 65536
+                while n > 0:
+                    await resp.write(block[: min(n, len(block))])
+                    n -= len(block)
+            await resp.write_eof()
+            return resp
+        if path == "/echo":
+            h = hashlib.sha256()
+            size = 0
+            async for chunk in request.content.iter_chunked(65536):
+                h.update(chunk)
+                size += len(chunk)
+            return web.json_response(
+                {
+                    "method": request.method,
+                    "path": request.path_qs,
+                    "host": request.host,
+                    "headers": [[k, v] for k, v in request.headers.items()],
+                    "body_length": size,
+                    "sha256": h.hexdigest(),
+                }
+            )
+        if path.startswith("/status/"):
+            code = int(path[len("/status/") :])
+            headers = {}
+            if "retry_after" in request.query:
+                headers["Retry-After"] = request.query["retry_after"]
+            return web.Response(status=code, text=f"status {code}\n", headers=headers)
+        if path == "/gzip":
+            body = gzip.compress(b"hello gzip " * 100)
+            return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
+        if path == "/slow":
+            await asyncio.sleep(float(request.query.get("delay", "5")))
+            return web.Response(text="slow\n")
+        if files_dir and (path.startswith("/cc-index/table/") or path.startswith("/files/")):
+            name = path.rsplit("/", 1)[-1]
+            f = files_dir / name
+            if f.is_file():
+                return web.FileResponse(f)
+            return web.Response(status=404, text="no such file\n")
+        return web.Response(text=f"hello from {host}{request.path_qs}\n")
+
+    app.router.add_route("*", "/{tail:.*}", handle)
+    app[LOG_KEY] = arrivals
+    return app
+
+
+async def serve(args: argparse.Namespace) -> None:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(args.cert)
+    app = make_app(Path(args.files_dir) if args.files_dir else None, Path(args.log) if args.log else None)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", args.port, ssl_context=ctx, backlog=4096)
+    await site.start()
+    ports = [runner.addresses[0][1]]
+    if args.plain_port is not None:
+        plain = web.TCPSite(runner, "127.0.0.1", args.plain_port, backlog=4096)
+        await plain.start()
+        ports.append(runner.addresses[1][1])
+    tmp = args.port_file + ".tmp"
+    Path(tmp).write_text(" ".join(map(str, ports)))  # noqa: ASYNC240 - once, at start-up
+    os.replace(tmp, args.port_file)
+    await asyncio.Event().wait()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cert", required=True)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--port-file", required=True)
+    p.add_argument("--log")
+    p.add_argument("--files-dir")
+    p.add_argument("--plain-port", type=int, help="also serve plain HTTP on this port (0: any)")
+    args = p.parse_args()
+    try:
+        import uvloop
+
+        uvloop.run(serve(args))
+    except ImportError:
+        asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()
