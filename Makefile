@@ -1,0 +1,40 @@
+# Two commands on a fresh machine with only python3:
+#   make run   - make a virtualenv, install politeproxy, print the env lines, run the proxy
+#   make test  - the same virtualenv plus the test tools, then every test
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARGS ?=
+
+.PHONY: run test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.installed-run: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@ $(VENV)/.installed-run
+
+run: $(VENV)/.installed-run
+	@$(BIN)/politeproxy env $(ARGS)
+	@echo "# paste the lines above into your shell (or: eval \"\$$($(BIN)/politeproxy env)\"); Ctrl-C stops the proxy"
+	exec $(BIN)/politeproxy run $(ARGS)
+
+test: $(VENV)/.installed-test
+	$(BIN)/ruff check politeproxy tests bench
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check politeproxy tests bench
+	$(BIN)/ruff format --check politeproxy tests bench
+
+bench: $(VENV)/.installed-test
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
