@@ -136,8 +136,12 @@ def sign_leaf(
 class CertificateAuthority:
     """The CA in ``data_dir``; made on first run, remade when the paced host set outgrows it."""
 
-    def __init__(self, data_dir: Path, permitted: list[str]) -> None:
+    def __init__(self, data_dir: Path, permitted: list[str], remake: bool = True) -> None:
+        """``remake=False`` (``politeproxy env``/``ca``) never replaces an existing CA: only ``run`` may,
+        or a helper command run without the proxy's config would swap the CA under a running proxy."""
         self.dir = Path(data_dir)
+        self.remake = remake
+        self.missing: list[str] = []
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cert_path = self.dir / "ca.pem"
         self.key_path = self.dir / "ca-key.pem"
@@ -156,12 +160,20 @@ class CertificateAuthority:
             have = permitted_names(cert)
             missing = [n for n in permitted if not is_covered(n, have)]
             expired = cert.not_valid_after_utc < dt.datetime.now(dt.UTC) + dt.timedelta(days=30)
-            if not missing and not expired and isinstance(key, ec.EllipticCurvePrivateKey):
-                self.cert, self.key = cert, key
+            usable = isinstance(key, ec.EllipticCurvePrivateKey)
+            if usable and (not self.remake or (not missing and not expired)):
+                self.cert, self.key = cert, key  # type: ignore[assignment]
+                self.missing = missing
                 self._load_leaf_key()
                 self._write_bundle()
                 return
-            why = f"its name constraints lack {', '.join(missing)}" if missing else "it expires soon"
+            why = (
+                "its key is not an EC key"
+                if not usable
+                else f"its name constraints lack {', '.join(missing)}"
+                if missing
+                else "it expires soon"
+            )
             log.warning(
                 "!!! MAKING A NEW CA in %s because %s; tools that trusted the old ca.pem must trust the new "
                 "one (run `politeproxy env` again) !!!",

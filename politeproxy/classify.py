@@ -5,8 +5,31 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 from enum import StrEnum
+from urllib.parse import unquote
 
 from politeproxy.hostmatch import HostSet, host_matches
+
+
+def normalize_path(path: str) -> str:
+    """The path a server resolves: query dropped, percent-decoded, dot segments removed.
+
+    Matching the raw path would let ``/cc-index/table/../../crawl-data/...`` skip the schedule, since the
+    upstream (or any CDN in front of it) resolves the dot segments (RFC 3986, 5.2.4) before serving it.
+    """
+    path = unquote(path.split("?", 1)[0])
+    if "." not in path:
+        return path
+    segs = path.lstrip("/").split("/")
+    out: list[str] = []
+    for seg in segs:
+        if seg == "..":
+            if out:
+                out.pop()
+        elif seg != ".":
+            out.append(seg)
+    if segs[-1] in (".", ".."):
+        out.append("")  # "/a/b/.." is the directory "/a/"
+    return "/" + "/".join(out)
 
 
 class Klass(StrEnum):
@@ -31,7 +54,7 @@ class ExemptRule:
             return False
         if not host_matches(host, self.host):
             return False
-        path = path.split("?", 1)[0]
+        path = normalize_path(path)
         if any(c in self.path for c in "*?["):
             return fnmatch.fnmatchcase(path, self.path)
         return path.startswith(self.path)

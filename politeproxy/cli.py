@@ -104,7 +104,14 @@ def _ca(cfg: Config) -> Any:
     from politeproxy.ca import CertificateAuthority
     from politeproxy.hostmatch import HostSet
 
-    return CertificateAuthority(cfg.data_dir, HostSet(cfg.paced_hosts).permitted_subtrees())
+    ca = CertificateAuthority(cfg.data_dir, HostSet(cfg.paced_hosts).permitted_subtrees(), remake=False)
+    if ca.missing:
+        print(
+            f"politeproxy: warning: the CA in {cfg.data_dir} does not permit {', '.join(ca.missing)}; "
+            "`politeproxy run` with this config will make a new one (then run `politeproxy env` again)",
+            file=sys.stderr,
+        )
+    return ca
 
 
 def cmd_env(args: argparse.Namespace) -> int:

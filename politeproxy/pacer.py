@@ -26,6 +26,7 @@ from politeproxy.stores.base import HostView, Store, StoreError
 log = logging.getLogger("politeproxy.pacer")
 
 INDEX_HOST_INTERVAL = 1.0
+SUCCESS_RECHECK = 1.0  # seconds between store resets of a host's throttle count on success
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class Pacer:
         self.queues: dict[str, deque[_Waiter]] = {}
         self.host_ready: dict[str, float] = {}  # local monotonic hint of when a host may be claimed
         self.maybe_throttled: set[str] = set()
+        # When each host's throttle count in the store was last reset (or found clean) by a success here.
+        self._success_checked: dict[str, float] = {}
         self.in_flight: dict[str, int] = {}
         self._exempt_cond: dict[str, asyncio.Condition] = {}
         self._wake = asyncio.Event()
@@ -315,8 +318,13 @@ class Pacer:
                 )
             self._wake.set()
             return delay
-        if host in self.maybe_throttled:
+        # A success resets the count even when the throttles were recorded by another proxy sharing the
+        # store, or by this one before a restart; checking at most once a second keeps the store quiet.
+        now = self.monotonic()
+        last = self._success_checked.get(host)
+        if host in self.maybe_throttled or last is None or now - last >= SUCCESS_RECHECK:
             self.maybe_throttled.discard(host)
+            self._success_checked[host] = now
             await self.store.succeeded(host)
         return None
 

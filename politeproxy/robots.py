@@ -37,7 +37,7 @@ def crawl_delay(text: str, agent: str = USER_AGENT) -> float | None:
                     delays.setdefault(ua, delay)
     agent = agent.lower()
     for ua, delay in delays.items():
-        if ua != "*" and ua in agent:
+        if ua and ua != "*" and ua in agent:  # an empty User-agent line names nobody
             return delay
     return delays.get("*")
 

@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 import h11
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from yarl import URL
 
@@ -36,6 +37,27 @@ from politeproxy.upstream import CHUNK, Upstream, strip_hop_by_hop
 
 log = logging.getLogger("politeproxy")
 access_log = logging.getLogger("politeproxy.access")
+
+
+class _BadRequestOneLine(logging.Filter):
+    """aiohttp logs a client's malformed request with a traceback at ERROR; make it one INFO line.
+
+    Anything else (a real bug in a handler) keeps its traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            first = (exc.message or type(exc).__name__).strip().splitlines()[0][:200]
+            record.msg, record.args = "%s: %d malformed request: %s", (remote, exc.code or 400, first)
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+http_log = logging.getLogger("politeproxy.http")
+http_log.addFilter(_BadRequestOneLine())
 
 REPLAYABLE = frozenset({"GET", "HEAD"})
 
@@ -269,6 +291,16 @@ class FrontProtocol(asyncio.Protocol):
         if not isinstance(event, h11.Request):
             self._fail(400, "Bad Request", "malformed request", "bad_request")
             return
+        # h11 bounds only an incomplete head; one that arrived whole in a single read is checked here.
+        head_size = len(self.buf) - len(self.conn.trailing_data[0])
+        if head_size > self.proxy.timeouts.max_header_size:
+            self._fail(
+                431,
+                "Request Header Fields Too Large",
+                f"request head of {head_size} bytes is over max_header_size {self.proxy.timeouts.max_header_size}",
+                "bad_request",
+            )
+            return
         self.done = True
         if self.timer:
             self.timer.cancel()
@@ -359,6 +391,7 @@ class Proxy:
             access_log=None,
             read_bufsize=CHUNK,
             lingering_time=2.0,
+            logger=http_log,
         )
         self.plain_server = web.Server(self._handle, **kwargs)
         self.tunnel_server = _TrackingServer(self._handle, self._tunnel_lost, **kwargs)
@@ -524,8 +557,6 @@ class Proxy:
         if path == "/metrics":
             return web.Response(
                 body=self.metrics.render(),
-                content_type="text/plain",
-                charset="utf-8",
                 headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
             )
         if path == "/healthz":

@@ -9,6 +9,9 @@ port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once lis
   /robots.txt             404 unless /__control set robots text
   /slow?delay=S           answers after S seconds
   /cc-index/table/... and /files/NAME   a file from --files-dir, with Range support
+  /collinfo.json          a Common Crawl collection list (100 crawls) whose cdx-api URLs name this host
+  /CC-MAIN-*-index        a pywb-style CDX answer: JSON lines (limit= honoured, at most 3), showNumPages,
+                          and 400 for page >= 1 (pywb's "no more pages")
   /__log                  the arrival log as JSON lines (not logged itself)
   /__control (POST JSON)  {"throttle": {"host": H, "count": N, "status": 503, "retry_after": "2"}}
                           or {"robots": {"host": H, "text": "..."}}, {"reset": true}
@@ -119,6 +122,43 @@ def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
         if path == "/slow":
             await asyncio.sleep(float(request.query.get("delay", "5")))
             return web.Response(text="slow\n")
+        if path == "/collinfo.json":
+            crawls = [f"CC-MAIN-{2000 + i // 4}-{10 + i % 4 * 10}" for i in range(100)]
+            return web.json_response(
+                [
+                    {
+                        "id": c,
+                        "name": c,
+                        "timegate": f"https://{host}/{c}/",
+                        "cdx-api": f"https://{host}/{c}-index",
+                    }
+                    for c in reversed(crawls)
+                ]
+            )
+        if path.startswith("/CC-MAIN-") and path.endswith("-index"):
+            if request.query.get("showNumPages") == "true":
+                return web.json_response({"pages": 1, "pageSize": 5, "blocks": 1})
+            if int(request.query.get("page", "0") or 0) >= 1:
+                return web.json_response({"error": "no more pages"}, status=400)
+            crawl = path[1 : -len("-index")]
+            n = min(int(request.query.get("limit", "3") or 3), 3)
+            lines = [
+                json.dumps(
+                    {
+                        "urlkey": f"com,example)/page{i}",
+                        "timestamp": f"2024022{i}120000",
+                        "url": f"https://example.com/page{i}",
+                        "mime": "text/html",
+                        "status": "200",
+                        "digest": f"DIGEST{i}",
+                        "length": str(1000 + i),
+                        "offset": str(5000 * i),
+                        "filename": f"crawl-data/{crawl}/segments/1/warc/CC-MAIN-{i}.warc.gz",
+                    }
+                )
+                for i in range(n)
+            ]
+            return web.Response(text="".join(line + "\n" for line in lines), content_type="text/x-ndjson")
         if files_dir and (path.startswith("/cc-index/table/") or path.startswith("/files/")):
             name = path.rsplit("/", 1)[-1]
             f = files_dir / name

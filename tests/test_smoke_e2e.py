@@ -9,8 +9,9 @@ from tests.conftest import ProxyProc, Upstream, need_tool
 
 
 def curl(proxy: ProxyProc, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([need_tool("curl"), "-sS", "--max-time", "20", *args], env=proxy.env,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [need_tool("curl"), "-sS", "--max-time", "20", *args], env=proxy.env, capture_output=True, text=True
+    )
 
 
 def test_curl_intercepted_and_tunnelled(proxy: ProxyProc, upstream: Upstream, certs) -> None:

@@ -3,17 +3,22 @@
 N proxies that lose their shared store together each pace alone, so each multiplies the gap by
 ``gap_multiplier`` (``schedule.expected_proxies``) to keep the sum within the budget. The primary is
 probed in the background and used again as soon as it answers.
+
+Both switches are guarded, because the proxies do not switch at the same instant: the first local grant
+waits one widened gap after the last shared one, and for a grace period after the return each grant must
+also fit the local widened schedule, since other proxies may still be pacing locally.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from politeproxy.backoff import BackoffPolicy, Delay
-from politeproxy.slots import Claim
+from politeproxy.slots import Claim, Outcome
 from politeproxy.stores.base import HostView, Store, StoreError
 
 log = logging.getLogger("politeproxy.store")
@@ -37,6 +42,9 @@ class FailoverStore(Store):
         self.degraded = False
         self._warned = False
         self._probe: asyncio.Task[None] | None = None
+        self._hold_until = 0.0  # monotonic: no local grant before this, after switching to the fallback
+        self._grace_until = 0.0  # monotonic: after returning, grants also respect the local schedule
+        self._last_gap = 0.0
 
     @property
     def active(self) -> Store:
@@ -50,6 +58,7 @@ class FailoverStore(Store):
         if self.degraded:
             return
         self.degraded = True
+        self._hold_until = time.monotonic() + self._last_gap * self.gap_multiplier
         msg = "schedule store %s failed (%s); pacing on %s with the gap x%g until it answers again"
         args = (self.primary.name, err, self.fallback.name, self.gap_multiplier)
         # Warn once whatever the verbosity; later flaps go to info.
@@ -68,6 +77,7 @@ class FailoverStore(Store):
             except (StoreError, OSError, ConnectionError):
                 continue
             self.degraded = False
+            self._grace_until = time.monotonic() + 2 * self.probe_interval + 0.5
             log.warning("schedule store %s answers again; back on it", self.primary.name)
             if self.on_change:
                 self.on_change(self.primary, False)
@@ -81,11 +91,23 @@ class FailoverStore(Store):
         return await call(self.fallback)
 
     async def claim(self, host: str, gap: float, interval: float, max_wait: float | None) -> Claim:
+        self._last_gap = gap
         if not self.degraded:
             try:
-                return await self.primary.claim(host, gap, interval, max_wait)
+                c = await self.primary.claim(host, gap, interval, max_wait)
             except (StoreError, OSError, ConnectionError) as e:
                 self._degrade(e)
+            else:
+                if not c.granted or time.monotonic() >= self._grace_until:
+                    return c
+                # Just back: the shared slot is ours, but go no faster than the local share either.
+                local = await self.fallback.claim(host, gap * self.gap_multiplier, interval, max_wait)
+                if not local.granted:
+                    return local  # the shared slot goes unused: a gap, never a burst
+                return c if c.wait >= local.wait else local
+        hold = self._hold_until - time.monotonic()
+        if hold > 0:
+            return Claim(Outcome.HOST_NOT_READY, hold, time.time() + hold)
         return await self.fallback.claim(host, gap * self.gap_multiplier, interval, max_wait)
 
     async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:

@@ -1,0 +1,113 @@
+"""Figure 2: one 1 GiB streamed download, direct vs politeproxy vs mitmproxy.
+
+``.venv/bin/python bench/bulk.py`` downloads ``/size/N`` (N = 1 GiB) with curl (body to /dev/null) from the
+fake upstream directly and through each proxy (pacing off), in alternating rounds, and prints the median
+MB/s (10^6 bytes per second) and each proxy's peak RSS (VmHWM, reset before each download).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    DATA_HOST,
+    Bench,
+    Proxy,
+    fmt,
+    hwm_mib,
+    log,
+    machine_note,
+    make_certs,
+    maybe_mitmdump,
+    median,
+    ratio,
+    reset_hwm,
+    rss_mib,
+    start_politeproxy,
+    start_upstream,
+    table,
+)
+
+GIB = 1 << 30
+
+
+def curl_download(url: str, size: int, cafile: Path, proxy: Proxy | None, up_port: int) -> float:
+    """Bytes per second, as curl measured them; raises unless the whole body arrived."""
+    curl = shutil.which("curl")
+    if curl is None:
+        raise SystemExit("curl is required")
+    cmd = [curl, "-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_download} %{speed_download}"]
+    cmd += ["--cacert", str(cafile), "--max-time", "600"]
+    if proxy:
+        cmd += ["-x", proxy.url]
+    else:
+        cmd += ["--connect-to", f"{DATA_HOST}:443:127.0.0.1:{up_port}"]
+    out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=700)
+    parts = out.stdout.split()
+    if out.returncode != 0 or len(parts) != 3 or parts[0] != "200" or int(parts[1]) != size:
+        raise RuntimeError(f"download failed: rc={out.returncode} {out.stdout!r} {out.stderr[-500:]!r}")
+    return float(parts[2])
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
+    p.add_argument("--size", type=int, default=GIB, help="bytes (default 1 GiB)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.size, a.rounds = 8 << 20, 1
+    with Bench() as b:
+        certs = make_certs(b.tmp)
+        up = start_upstream(b, certs)
+        pp = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n')
+        mitm = maybe_mitmdump(b, up, not a.no_mitm)
+        targets: list[tuple[str, Proxy | None]] = [("direct", None), ("politeproxy", pp)]
+        if mitm:
+            targets.append(("mitmproxy", mitm))
+        url = f"https://{DATA_HOST}/size/{a.size}"
+        idle = {name: rss_mib(px.pid) for name, px in targets if px}
+        speeds: dict[str, list[float]] = {}
+        peaks: dict[str, list[float]] = {}
+        for r in range(a.rounds):
+            order = targets[r % len(targets) :] + targets[: r % len(targets)]
+            for name, px in order:
+                if px:
+                    reset_hwm(px.pid)
+                speed = curl_download(url, a.size, px.ca_file if px else certs.ca_file, px, up.port)
+                speeds.setdefault(name, []).append(speed)
+                if px:
+                    peaks.setdefault(name, []).append(hwm_mib(px.pid))
+                log(f"bulk round {r + 1} {name}: {speed / 1e6:.0f} MB/s")
+        direct = median(speeds["direct"])
+        rows = []
+        for name, px in targets:
+            s = median(speeds[name])
+            rows.append(
+                [
+                    name,
+                    fmt(s / 1e6, 0),
+                    ratio(s, direct) if px else "",
+                    fmt(idle[name], 1) if px else "",
+                    fmt(max(peaks[name]), 1) if px else "",
+                ]
+            )
+        mib = a.size / (1 << 20)
+        text = (
+            f"Machine: {machine_note()}\n\n### One {mib:,.0f} MiB streamed download (curl, pacing off), "
+            f"{a.rounds} rounds, medians\n\n"
+            + table(["path", "MB/s", "vs direct", "proxy RSS idle MiB", "proxy peak RSS MiB (VmHWM)"], rows)
+        )
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

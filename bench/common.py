@@ -1,0 +1,401 @@
+"""Shared benchmark plumbing: certificates, the fake upstream, politeproxy, mitmdump, RSS and statistics.
+
+Everything listens on 127.0.0.1 only. Every process started here is registered with a ``Bench`` (an
+``ExitStack``) and stopped when the benchmark ends, whatever happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+CACHE = Path(os.environ.get("POLITEPROXY_BENCH_CACHE") or Path.home() / ".cache" / "politeproxy-bench")
+MITM_VENV = CACHE / "mitm-venv"
+MITM_SPEC = os.environ.get("POLITEPROXY_BENCH_MITMPROXY", "mitmproxy")
+CC_HOSTS = (
+    "data.commoncrawl.org",
+    "index.commoncrawl.org",
+    "commoncrawl.org",
+    "commoncrawl.s3.amazonaws.com",
+)
+DATA_HOST = "data.commoncrawl.org"
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+# -- process lifetime ---------------------------------------------------------------------------------
+
+
+class Bench(ExitStack):
+    """A temp dir plus every process started for one benchmark; closing stops them all."""
+
+    def __init__(self, keep: bool = False) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="politeproxy-bench-"))
+        if not keep:
+            self.callback(shutil.rmtree, self.tmp, True)
+
+    def spawn(self, cmd: Sequence[str], log_name: str, **kw: Any) -> subprocess.Popen[bytes]:
+        logf = open(self.tmp / log_name, "wb")  # noqa: SIM115 - closed by the stack
+        self.callback(logf.close)
+        proc = subprocess.Popen(list(cmd), stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, **kw)
+        self.callback(stop, proc)
+        return proc
+
+
+def stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- certificates and the fake upstream -----------------------------------------------------------------
+
+
+@dataclass
+class Certs:
+    ca_file: Path
+    server_pem: Path
+
+
+def make_certs(d: Path) -> Certs:
+    import trustme
+
+    ca = trustme.CA()
+    leaf = ca.issue_cert(*CC_HOSTS, "localhost", "127.0.0.1")
+    ca.cert_pem.write_to_path(str(d / "upstream-ca.pem"))
+    leaf.private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))
+    return Certs(d / "upstream-ca.pem", d / "server.pem")
+
+
+@dataclass
+class Upstream:
+    proc: subprocess.Popen[bytes]
+    port: int
+    plain_port: int
+    certs: Certs
+
+    def _url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.plain_port}{path}"
+
+    def log(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self._url("/__log"), timeout=30) as r:
+            return [json.loads(line) for line in r.read().decode().splitlines() if line]
+
+    def reset(self) -> None:
+        req = urllib.request.Request(
+            self._url("/__control"),
+            data=json.dumps({"reset": True}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+
+
+def start_upstream(bench: Bench, certs: Certs, files_dir: Path | None = None) -> Upstream:
+    port_file = bench.tmp / f"upstream-port-{time.monotonic_ns()}"
+    cmd = [PY, "-m", "tests.fakeupstream", "--cert", str(certs.server_pem), "--port-file", str(port_file)]
+    cmd += ["--plain-port", "0"]
+    if files_dir:
+        cmd += ["--files-dir", str(files_dir)]
+    proc = bench.spawn(cmd, "upstream.log")
+    wait_for(lambda: port_file.exists() or proc.poll() is not None, what="fake upstream")
+    if proc.poll() is not None:
+        raise RuntimeError(f"fake upstream exited: {(bench.tmp / 'upstream.log').read_text()}")
+    tls, plain = map(int, port_file.read_text().split())
+    return Upstream(proc, tls, plain, certs)
+
+
+# -- politeproxy ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Proxy:
+    """A proxy under test: politeproxy or mitmdump. ``ca_file`` is what a client must trust through it."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    port: int
+    ca_file: Path
+    data_dir: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+            return r.read().decode()
+
+
+def politeproxy_config(up: Upstream, extra_toml: str = "") -> str:
+    lines = [f'"{h}:443" = "127.0.0.1:{up.port}"' for h in CC_HOSTS]
+    lines += [f'"{h}:80" = "127.0.0.1:{up.plain_port}"' for h in CC_HOSTS]
+    head = "[robots]\nenabled = false\n"
+    return (
+        head
+        + extra_toml
+        + f'\n[upstream]\nca_file = "{up.certs.ca_file}"\n[upstream.resolve]\n'
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
+def start_politeproxy(
+    bench: Bench,
+    up: Upstream,
+    extra_toml: str = "",
+    data_dir: Path | None = None,
+    name: str = "politeproxy",
+    verbose: bool = False,
+) -> Proxy:
+    n = time.monotonic_ns()
+    data_dir = data_dir or bench.tmp / f"data-{n}"
+    cfg = bench.tmp / f"politeproxy-{n}.toml"
+    cfg.write_text(politeproxy_config(up, extra_toml))
+    port = free_port()
+    cmd = [PY, "-m", "politeproxy", "run", "--config", str(cfg), "--data-dir", str(data_dir)]
+    cmd += ["--listen", f"127.0.0.1:{port}"] + (["-v"] if verbose else [])
+    proc = bench.spawn(cmd, f"politeproxy-{n}.log")
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            return True
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
+                return bool(json.loads(r.read())["status"] == "ok")
+        except OSError:
+            return False
+
+    wait_for(healthy, 60, "politeproxy /healthz")
+    if proc.poll() is not None:
+        raise RuntimeError(f"politeproxy exited: {(bench.tmp / f'politeproxy-{n}.log').read_text()}")
+    return Proxy(name, proc, port, data_dir / "ca-bundle.pem", data_dir)
+
+
+# -- mitmproxy ---------------------------------------------------------------------------------------------
+
+_REDIRECT_ADDON = '''
+"""Send every upstream connection to the local fake upstream (what /etc/hosts would do)."""
+import os
+
+PORT = int(os.environ["BENCH_UPSTREAM_PORT"])
+
+
+class Redirect:
+    def server_connect(self, data):
+        data.server.address = ("127.0.0.1", PORT)
+
+
+addons = [Redirect()]
+'''
+
+
+def mitmdump_path(install: bool = True) -> Path | None:
+    """mitmdump from its own virtualenv under the cache dir, installed from PyPI on first use."""
+    exe = MITM_VENV / "bin" / "mitmdump"
+    if exe.exists():
+        return exe
+    if not install:
+        return None
+    log(f"installing {MITM_SPEC} into {MITM_VENV} (once)")
+    MITM_VENV.parent.mkdir(parents=True, exist_ok=True)
+    base = shutil.which("python3") or PY
+    subprocess.run([base, "-m", "venv", str(MITM_VENV)], check=True)
+    subprocess.run([str(MITM_VENV / "bin" / "pip"), "install", "-q", MITM_SPEC], check=True)
+    return exe
+
+
+def start_mitmdump(bench: Bench, up: Upstream, exe: Path) -> Proxy:
+    """mitmdump, quiet, streaming bodies over 1 MiB, trusting the upstream's CA; clients trust its own CA."""
+    confdir = CACHE / "mitm-conf"
+    confdir.mkdir(parents=True, exist_ok=True)
+    addon = bench.tmp / "mitm_redirect.py"
+    addon.write_text(_REDIRECT_ADDON)
+    port = free_port()
+    cmd = [str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port)]
+    cmd += ["--set", f"confdir={confdir}", "--set", f"ssl_verify_upstream_trusted_ca={up.certs.ca_file}"]
+    cmd += ["--set", "stream_large_bodies=1m", "-s", str(addon)]
+    env = {**os.environ, "BENCH_UPSTREAM_PORT": str(up.port)}
+    proc = bench.spawn(cmd, f"mitmdump-{port}.log", env=env)
+    wait_for(lambda: proc.poll() is not None or port_open(port), 60, "mitmdump")
+    if proc.poll() is not None:
+        raise RuntimeError(f"mitmdump exited: {(bench.tmp / f'mitmdump-{port}.log').read_text()}")
+    ca = confdir / "mitmproxy-ca-cert.pem"
+    wait_for(ca.exists, 10, "mitmproxy CA")
+    return Proxy("mitmproxy", proc, port, ca)
+
+
+def maybe_mitmdump(bench: Bench, up: Upstream, enabled: bool) -> Proxy | None:
+    if not enabled:
+        return None
+    exe = mitmdump_path(install=True)
+    assert exe is not None
+    return start_mitmdump(bench, up, exe)
+
+
+# -- memory --------------------------------------------------------------------------------
+
+
+def _status_kib(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def rss_mib(pid: int) -> float:
+    return _status_kib(pid, "VmRSS") / 1024
+
+
+def hwm_mib(pid: int) -> float:
+    """Peak resident set size (VmHWM) since start or the last ``reset_hwm``."""
+    return _status_kib(pid, "VmHWM") / 1024
+
+
+def reset_hwm(pid: int) -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+# -- statistics and tables ----------------------------------------------------------------------
+
+
+def percentile(xs: Sequence[float], p: float) -> float:
+    """Linear-interpolated percentile, ``p`` in 0..100."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = (len(s) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(xs: Iterable[float]) -> float:
+    v = [x for x in xs if x == x]
+    return statistics.median(v) if v else float("nan")
+
+
+def ratio(a: float, b: float) -> str:
+    if b == 0 or a != a or b != b:
+        return "–"
+    return f"{a / b:.2f}x"
+
+
+def fmt(x: float, digits: int = 1) -> str:
+    if x != x:
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def hist_buckets(metrics_text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of a Prometheus histogram, summed over its label sets."""
+    buckets: dict[float, float] = {}
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            labels, _, value = line.rpartition(" ")
+            le = labels.split('le="', 1)[1].split('"', 1)[0]
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets[bound] = buckets.get(bound, 0.0) + float(value)
+    return buckets
+
+
+def bucket_diff(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
+    return {b: c - before.get(b, 0.0) for b, c in after.items()}
+
+
+def bucket_quantile(buckets: dict[float, float], q: float) -> float:
+    """Prometheus-style quantile: linear within the bucket that holds the rank."""
+    if not buckets:
+        return float("nan")
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return float("nan")
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for b in bounds:
+        c = buckets[b]
+        if c >= rank:
+            if b == float("inf"):
+                return prev_bound
+            return prev_bound + (b - prev_bound) * (rank - prev_count) / max(c - prev_count, 1e-12)
+        prev_bound, prev_count = b, c
+    return bounds[-1]
+
+
+def histogram_quantile(metrics_text: str, name: str, q: float) -> float:
+    return bucket_quantile(hist_buckets(metrics_text, name), q)
+
+
+def machine_note() -> str:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores ({cpu}), Python {sys.version.split()[0]}, {os.uname().sysname}"

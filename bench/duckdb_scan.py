@@ -1,0 +1,142 @@
+"""Figure 3: a duckdb columnar scan of a parquet file, direct vs through politeproxy vs mitmproxy.
+
+``.venv/bin/python bench/duckdb_scan.py`` writes a parquet file shaped like Common Crawl's columnar index
+(many row groups; url, url_host_name, fetch_status, warc_record_length, content_mime_type), serves it from
+the fake upstream under /cc-index/table/, and times, each in a fresh duckdb process, a query that reads
+three of its columns with range requests (httpfs). Through politeproxy those reads are exempt (not paced;
+default ``exempt.max_in_flight``). Prints the median wall time per path and the ratio to direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    DATA_HOST,
+    PY,
+    ROOT,
+    Bench,
+    Proxy,
+    fmt,
+    log,
+    machine_note,
+    make_certs,
+    maybe_mitmdump,
+    median,
+    ratio,
+    start_politeproxy,
+    start_upstream,
+    table,
+)
+
+TABLE_PATH = "/cc-index/table/cc-main/warc/crawl=CC-MAIN-BENCH/subset=warc/part-00000.parquet"
+QUERY = (
+    "SELECT url_host_name, count(*) AS n, sum(warc_record_length) AS bytes FROM read_parquet('{url}') "
+    "WHERE fetch_status = 200 GROUP BY url_host_name ORDER BY n DESC LIMIT 5"
+)
+
+CLIENT = r"""
+import json, sys, time
+import duckdb
+from pathlib import Path
+import duckdb_ext
+url, proxy, ca, query = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+ext = next(Path(list(duckdb_ext.__path__)[0]).glob("extensions/v*/*/httpfs.duckdb_extension"))
+con = duckdb.connect()
+con.execute(f"LOAD '{ext}'")
+if proxy:
+    con.execute(f"SET http_proxy = '{proxy}'")
+con.execute(f"SET ca_cert_file = '{ca}'")
+con.execute("SET enable_http_metadata_cache = false")
+t0 = time.perf_counter()
+rows = con.execute(query.format(url=url)).fetchall()
+print(json.dumps({"seconds": time.perf_counter() - t0, "rows": len(rows), "top": rows[0][1]}))
+"""
+
+
+def write_parquet(path: Path, rows: int, row_group: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hosts = [f"host{i % 997}.example.com" for i in range(rows)]
+    t = pa.table(
+        {
+            "url": [f"https://{h}/path/{i}/page.html?q={i * 7919 % 100003}" for i, h in enumerate(hosts)],
+            "url_host_name": hosts,
+            "fetch_status": pa.array([200 if i % 10 else 404 for i in range(rows)], pa.int16()),
+            "warc_record_length": pa.array([(i * 2654435761) % 200000 for i in range(rows)], pa.int64()),
+            "content_mime_type": ["text/html" if i % 3 else "application/pdf" for i in range(rows)],
+        }
+    )
+    pq.write_table(t, path, row_group_size=row_group, compression="zstd")
+
+
+def run_query(url: str, proxy: Proxy | None, ca: Path) -> dict:
+    cmd = [PY, "-c", CLIENT, url, proxy.url.removeprefix("http://") if proxy else "", str(ca), QUERY]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    if out.returncode != 0:
+        raise RuntimeError(f"duckdb failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
+    p.add_argument("--rows", type=int, default=4_000_000)
+    p.add_argument("--row-group", type=int, default=50_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.rows, a.row_group, a.rounds = 20_000, 5_000, 1
+    with Bench() as b:
+        certs = make_certs(b.tmp)
+        files = b.tmp / "files"
+        files.mkdir()
+        pq_file = files / TABLE_PATH.rsplit("/", 1)[-1]
+        write_parquet(pq_file, a.rows, a.row_group)
+        size_mb = pq_file.stat().st_size / 1e6
+        up = start_upstream(b, certs, files)
+        pp = start_politeproxy(b, up)  # default pacing: the scan must pass as exempt
+        mitm = maybe_mitmdump(b, up, not a.no_mitm)
+        targets: list[tuple[str, Proxy | None]] = [("direct", None), ("politeproxy", pp)]
+        if mitm:
+            targets.append(("mitmproxy", mitm))
+        times: dict[str, list[float]] = {}
+        reqs: dict[str, int] = {}
+        for r in range(a.rounds + 1):  # round 0 warms page cache and leaves; not counted
+            order = targets[r % len(targets) :] + targets[: r % len(targets)]
+            for name, px in order:
+                host = f"localhost:{up.port}" if px is None else DATA_HOST
+                url = f"https://{host}{TABLE_PATH}"
+                up.reset()
+                res = run_query(url, px, px.ca_file if px else certs.ca_file)
+                n = len(up.log())
+                if r == 0:
+                    continue
+                times.setdefault(name, []).append(res["seconds"])
+                reqs[name] = n
+                log(f"duckdb round {r} {name}: {res['seconds']:.3f} s, {n} upstream requests")
+        direct = median(times["direct"])
+        rows = [
+            [name, fmt(median(times[name]), 3), ratio(median(times[name]), direct) if px else "", reqs[name]]
+            for name, px in targets
+        ]
+        text = (
+            f"Machine: {machine_note()}\n\n### duckdb scan of a {size_mb:.0f} MB parquet file "
+            f"({a.rows:,} rows, {a.rows // a.row_group} row groups; 3 of 5 columns read), "
+            f"{a.rounds} rounds, medians\n\n"
+            + table(["path", "wall s", "vs direct", "upstream requests"], rows)
+        )
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

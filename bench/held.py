@@ -1,0 +1,180 @@
+"""Figure 4: 10,000 paced requests held at once: the proxy's RSS and grant lateness.
+
+``.venv/bin/python bench/held.py`` starts politeproxy with a short global gap (default 1 ms) and a large
+``pacing.max_wait``, makes the fake upstream answer the first paced request with ``503 Retry-After: S`` so
+the host backs off, and opens N client connections (default 10,000; one paced GET each, in its own client
+process). Every request is then held in the proxy's queue at once; the RSS is read when all N are queued.
+When the backoff ends they drain at the configured gap. Grant lateness comes from the proxy's
+``politeproxy_grant_lateness_seconds`` histogram and, independently, from the fake upstream's arrival log
+(arrival time against the ideal schedule first + i * gap).
+
+``--scheme https`` (default) sends every request through CONNECT and TLS, as real clients do; ``http``
+uses absolute-form plain HTTP requests (``HTTP_PROXY``), which costs the proxy no TLS state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    DATA_HOST,
+    PY,
+    ROOT,
+    Bench,
+    bucket_quantile,
+    fmt,
+    hist_buckets,
+    hwm_mib,
+    log,
+    machine_note,
+    make_certs,
+    percentile,
+    rss_mib,
+    start_politeproxy,
+    start_upstream,
+    table,
+)
+
+CLIENT = r"""
+import asyncio, json, ssl, sys, time
+import aiohttp
+
+url, proxy, ca, n, procs_idx = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+
+async def main():
+    ctx = ssl.create_default_context(cafile=ca)
+    conn = aiohttp.TCPConnector(limit=0, ssl=ctx, force_close=True)
+    timeout = aiohttp.ClientTimeout(total=300)
+    statuses = {}
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as s:
+        async def one(i):
+            try:
+                async with s.get(f"{url}?c={procs_idx}&i={i}", proxy=proxy) as r:
+                    await r.read()
+                    return r.status
+            except Exception as e:
+                return type(e).__name__
+        sem = asyncio.Semaphore(200)  # pace connection set-up, not the requests
+        async def gated(i):
+            async with sem:
+                t = asyncio.ensure_future(one(i))
+                await asyncio.sleep(0)
+            return await t
+        for st in await asyncio.gather(*(gated(i) for i in range(n))):
+            statuses[str(st)] = statuses.get(str(st), 0) + 1
+    print(json.dumps(statuses))
+
+asyncio.run(main())
+"""
+
+
+def healthz(port: int) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=30) as r:
+        return dict(json.loads(r.read()))
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
+    p.add_argument("-n", type=int, default=10_000, help="requests held at once")
+    p.add_argument("--gap", type=float, default=0.001, help="global gap in seconds")
+    p.add_argument("--clients", type=int, default=2, help="client processes")
+    p.add_argument("--scheme", choices=("https", "http"), default="https")
+    p.add_argument("--store", choices=("memory", "file"), default="file")
+    p.add_argument("--hold", type=float, default=0.0, help="Retry-After seconds (0: derived from -n)")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.n, a.clients = 200, 1
+    # Long enough for every client connection to be made (TLS handshakes dominate on 2 cores).
+    hold = a.hold or max(3.0, a.n / 1000 * (5.5 if a.scheme == "https" else 1.5))
+    with Bench() as b:
+        certs = make_certs(b.tmp)
+        up = start_upstream(b, certs)
+        toml = (
+            f'[schedule]\nglobal_rate = "{a.gap * 1000:g}ms"\nbackend = "{a.store}"\n'
+            '[pacing]\nmax_wait = "300s"\nretries = 2\n'
+            '[client]\nheader_timeout = "300s"\nidle_timeout = "300s"\n'
+        )
+        pp = start_politeproxy(b, up, toml)
+        idle_rss = rss_mib(pp.pid)
+        # One throttled answer puts the host in backoff for `hold` seconds: everything after it queues.
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{up.plain_port}/__control",
+            data=json.dumps(
+                {"throttle": {"host": DATA_HOST, "count": 1, "status": 503, "retry_after": f"{hold:g}"}}
+            ).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        urllib.request.urlopen(req, timeout=10).read()
+        before = hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds")
+        url = f"{a.scheme}://{DATA_HOST}/size/100"
+        per = [a.n // a.clients + (1 if i < a.n % a.clients else 0) for i in range(a.clients)]
+        started = time.monotonic()
+        procs = [
+            subprocess.Popen(
+                [PY, "-c", CLIENT, url, pp.url, str(pp.ca_file), str(k), str(i)],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for i, k in enumerate(per)
+        ]
+        peak_queued, rss_full, t_full = 0, float("nan"), float("nan")
+        while any(pr.poll() is None for pr in procs):
+            q = int(healthz(pp.port).get("queued", 0))
+            if q > peak_queued:
+                peak_queued, rss_full, t_full = q, rss_mib(pp.pid), time.monotonic() - started
+            time.sleep(0.05)
+        log(f"held: peak {peak_queued} queued after {t_full:.1f} s, RSS then {rss_full:.1f} MiB")
+        statuses: dict[str, int] = {}
+        for pr in procs:
+            out, _ = pr.communicate()
+            for k, v in json.loads(out.strip().splitlines()[-1]).items():
+                statuses[k] = statuses.get(k, 0) + v
+        peak = hwm_mib(pp.pid)
+        lat = hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds")
+        diff = {k: v - before.get(k, 0.0) for k, v in lat.items()}
+        h50, h99 = bucket_quantile(diff, 0.5), bucket_quantile(diff, 0.99)
+        arrivals = sorted(e["t"] for e in up.log() if e["path"].startswith("/size/100"))
+        # Drop what went before the backoff (the throttled request and any granted with it).
+        cut = (
+            max(range(1, len(arrivals)), key=lambda i: arrivals[i] - arrivals[i - 1])
+            if len(arrivals) > 1
+            else 0
+        )
+        drained = arrivals[cut:]
+        late = [t - (drained[0] + i * a.gap) for i, t in enumerate(drained)]
+        achieved = (len(drained) - 1) / (drained[-1] - drained[0]) if len(drained) > 1 else float("nan")
+        rows = [
+            ["requests (client processes)", f"{a.n:,} ({a.clients}, {a.scheme})"],
+            ["answers", ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))],
+            ["peak queued (/healthz)", f"{peak_queued:,}"],
+            ["proxy RSS idle MiB", fmt(idle_rss, 1)],
+            ["proxy RSS at peak queue MiB", fmt(rss_full, 1)],
+            ["proxy peak RSS MiB (VmHWM)", fmt(peak, 1)],
+            ["grant lateness p50 / p99 ms (histogram)", f"{fmt(h50 * 1e3, 2)} / {fmt(h99 * 1e3, 2)}"],
+            [
+                "arrival vs ideal schedule p50 / p99 ms",
+                f"{fmt(percentile(late, 50) * 1e3, 2)} / {fmt(percentile(late, 99) * 1e3, 2)}",
+            ],
+            ["drained after backoff", f"{len(drained):,}"],
+            ["drain achieved/configured", fmt(achieved * a.gap, 4)],
+        ]
+        text = (
+            f"Machine: {machine_note()}\n\n### {a.n:,} paced requests held at once "
+            f"(gap {a.gap * 1e3:g} ms, store {a.store}, {a.scheme})\n\n" + table(["measure", "value"], rows)
+        )
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

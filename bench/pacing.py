@@ -1,0 +1,330 @@
+"""Figure 5: pacing accuracy, from the fake upstream's arrival log.
+
+``.venv/bin/python bench/pacing.py`` runs, for each store and each configured rate (5, 50 and 500 req/s),
+1, 3 and 10 client processes (HTTPS through CONNECT, keep-alive, several requests in flight each so the
+queue never runs dry) against one proxy, and reports:
+
+* achieved/configured: (arrivals - 1) / (last - first) / configured rate, and the rate fitted by least
+  squares over all arrivals (robust to a late first or last arrival);
+* grant lateness p50/p99 from the arrival log: arrival i against the ideal schedule first + i * gap
+  (so it includes forwarding jitter and any slip of the schedule), and from the proxy's
+  ``politeproxy_grant_lateness_seconds`` histogram (dispatcher wake-up against the slot);
+* for ``file`` and ``redis`` also 3 proxies sharing one data dir / one redis-server, one client each;
+* claim latency p50/p99 of each store, timing ``Store.claim`` directly.
+
+``--store`` picks stores (default memory,file,redis; redis needs ``redis-server`` on PATH or
+``/usr/bin/redis-server``). Each configuration runs a few seconds; the full run takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    PY,
+    ROOT,
+    Bench,
+    Proxy,
+    Upstream,
+    bucket_diff,
+    bucket_quantile,
+    fmt,
+    free_port,
+    hist_buckets,
+    log,
+    machine_note,
+    make_certs,
+    percentile,
+    port_open,
+    start_politeproxy,
+    start_upstream,
+    table,
+    wait_for,
+)
+
+LATENESS = "politeproxy_grant_lateness_seconds"
+SECONDS = {5: 4.0, 50: 2.5, 500: 2.0}  # measured span per rate: 21, 126 and 1001 requests
+
+CLIENT = r"""
+import asyncio, json, ssl, sys
+import aiohttp
+
+proxy, ca, n, conc, cid = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+BASE = "https://data.commoncrawl.org"
+
+async def main():
+    ctx = ssl.create_default_context(cafile=ca)
+    conn = aiohttp.TCPConnector(limit=conc, ssl=ctx)
+    statuses = {}
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=300)) as s:
+        async def get(path, headers=None):
+            try:
+                async with s.get(BASE + path, proxy=proxy, headers=headers) as r:
+                    await r.read()
+                    return str(r.status)
+            except Exception as e:
+                return type(e).__name__
+        # Warm-up with exempt range reads (not paced): opens `conc` tunnels and the proxy's upstream pool.
+        await asyncio.gather(*(get(f"/cc-index/table/warm?c={cid}&i={i}", {"Range": "bytes=0-0"})
+                               for i in range(conc)))
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        todo = list(range(n))
+        async def worker():
+            while todo:
+                st = await get(f"/size/100?c={cid}&i={todo.pop()}")
+                statuses[st] = statuses.get(st, 0) + 1
+        await asyncio.gather(*(worker() for _ in range(conc)))
+    print(json.dumps(statuses), flush=True)
+
+asyncio.run(main())
+"""
+
+
+@dataclass
+class Result:
+    store: str
+    proxies: int
+    clients: int
+    rate: int
+    requests: int
+    achieved: float
+    fitted: float
+    late50: float
+    late99: float
+    hist50: float
+    hist99: float
+    bad: int
+
+
+def run_config(
+    up: Upstream, proxies: list[Proxy], store: str, rate: int, clients: int, seconds: float
+) -> Result:
+    n = int(rate * seconds) + 1
+    gap = 1.0 / rate
+    per = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
+    conc = max(2, math.ceil(16 / clients))
+    procs = []
+    for i, k in enumerate(per):
+        px = proxies[i % len(proxies)]
+        procs.append(
+            subprocess.Popen(
+                [PY, "-c", CLIENT, px.url, str(px.ca_file), str(k), str(conc), str(i)],
+                cwd=ROOT,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    for pr in procs:
+        assert pr.stdout is not None
+        line = pr.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"pacing client did not start: {line!r}")
+    up.reset()
+    before = [hist_buckets(px.metrics(), LATENESS) for px in proxies]
+    for pr in procs:
+        assert pr.stdin is not None
+        pr.stdin.write("go\n")
+        pr.stdin.flush()
+    statuses: dict[str, int] = {}
+    for pr in procs:
+        out, _ = pr.communicate(timeout=seconds * 5 + 120)
+        for k, v in json.loads(out.strip().splitlines()[-1]).items():
+            statuses[k] = statuses.get(k, 0) + v
+    hist: dict[float, float] = {}
+    for px, b in zip(proxies, before, strict=True):
+        for k, v in bucket_diff(hist_buckets(px.metrics(), LATENESS), b).items():
+            hist[k] = hist.get(k, 0.0) + v
+    arrivals = sorted(e["t"] for e in up.log() if e["path"].startswith("/size/100"))
+    achieved = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else float("nan")
+    late = [t - (arrivals[0] + i * gap) for i, t in enumerate(arrivals)]
+    fitted = 1.0 / slope(arrivals) if len(arrivals) > 2 else float("nan")
+    bad = sum(v for k, v in statuses.items() if k != "200") + abs(n - len(arrivals))
+    r = Result(
+        store,
+        len(proxies),
+        clients,
+        rate,
+        len(arrivals),
+        achieved / rate,
+        fitted / rate,
+        percentile(late, 50),
+        percentile(late, 99),
+        bucket_quantile(hist, 0.5),
+        bucket_quantile(hist, 0.99),
+        bad,
+    )
+    log(
+        f"pacing {store} x{len(proxies)} {rate}/s {clients} clients: {r.achieved:.4f} of configured, "
+        f"lateness p99 {r.late99 * 1e3:.2f} ms, non-200 {bad}"
+    )
+    return r
+
+
+def slope(ts: list[float]) -> float:
+    """Least-squares seconds per request over arrival index: the rate, robust to a late first or last."""
+    n = len(ts)
+    mx, my = (n - 1) / 2, sum(ts) / n
+    return sum((i - mx) * (t - my) for i, t in enumerate(ts)) / sum((i - mx) ** 2 for i in range(n))
+
+
+def find_redis() -> str | None:
+    for c in (os.environ.get("REDIS_SERVER"), shutil.which("redis-server"), "/usr/bin/redis-server"):
+        if c and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def start_redis(bench: Bench, exe: str) -> str:
+    port = free_port()
+    d = bench.tmp / f"redis-{port}"
+    d.mkdir()
+    cmd = [
+        exe,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(d),
+    ]
+    proc = bench.spawn(cmd, f"redis-{port}.log")
+    wait_for(lambda: proc.poll() is not None or port_open(port), 15, "redis-server")
+    if proc.poll() is not None:
+        raise RuntimeError("redis-server exited")
+    return f"redis://127.0.0.1:{port}/0"
+
+
+async def claim_latency(store: object, n: int) -> tuple[float, float]:
+    lat = []
+    for _ in range(10):  # connect and load the script first
+        await store.claim("data.commoncrawl.org", 1e-6, 0.0, None)  # type: ignore[attr-defined]
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await store.claim("data.commoncrawl.org", 1e-6, 0.0, None)  # type: ignore[attr-defined]
+        lat.append(time.perf_counter() - t0)
+    await store.close()  # type: ignore[attr-defined]
+    return percentile(lat, 50), percentile(lat, 99)
+
+
+def claim_latencies(stores: list[str], tmp: Path, redis_url: str | None, n: int) -> list[list[str]]:
+    from politeproxy.stores.file import FileStore
+    from politeproxy.stores.memory import MemoryStore
+
+    rows = []
+    for s in stores:
+        if s == "memory":
+            st: object = MemoryStore()
+        elif s == "file":
+            (tmp / "claim-file").mkdir(exist_ok=True)
+            st = FileStore(tmp / "claim-file")
+        else:
+            from politeproxy.stores.redis_store import RedisStore
+
+            assert redis_url
+            st = RedisStore(redis_url, prefix="bench-claim:")
+        p50, p99 = asyncio.run(claim_latency(st, n))
+        rows.append([s, str(n), fmt(p50 * 1e6, 0), fmt(p99 * 1e6, 0)])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
+    p.add_argument("--store", default="memory,file,redis", help="comma-separated: memory,file,redis")
+    p.add_argument("--rates", default="5,50,500")
+    p.add_argument("--clients", default="1,3,10")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply each configuration's duration")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.rates, a.clients, a.scale = "50", "1,2", 0.4
+    stores = [s for s in a.store.split(",") if s]
+    rates = [int(x) for x in a.rates.split(",")]
+    client_counts = [int(x) for x in a.clients.split(",")]
+    redis_exe = find_redis() if "redis" in stores else None
+    if "redis" in stores and redis_exe is None:
+        log("redis-server not found: skipping the redis store")
+        stores.remove("redis")
+    results: list[Result] = []
+    with Bench() as b:
+        certs = make_certs(b.tmp)
+        up = start_upstream(b, certs)
+        redis_url = start_redis(b, redis_exe) if redis_exe else None
+        for store in stores:
+            for rate in rates:
+                gap_ms = 1000.0 / rate
+                toml = f'[schedule]\nglobal_rate = "{gap_ms:g}ms"\nbackend = "{store}"\n'
+                if store == "redis":
+                    toml += f'redis_url = "{redis_url}"\nredis_prefix = "bench-{rate}:"\n'
+                toml += '[pacing]\nmax_wait = "120s"\n'
+                seconds = SECONDS.get(rate, 2.0) * a.scale
+                if store != "redis":
+                    pp = start_politeproxy(b, up, toml)
+                    for clients in client_counts:
+                        results.append(run_config(up, [pp], store, rate, clients, seconds))
+                    pp.proc.terminate()
+                if store in ("file", "redis"):
+                    shared = b.tmp / f"shared-{store}-{rate}"
+                    group = [start_politeproxy(b, up, toml, data_dir=shared) for _ in range(3)]
+                    results.append(run_config(up, group, store, rate, 3, seconds))
+                    for px in group:
+                        px.proc.terminate()
+        claims = claim_latencies(stores, b.tmp, redis_url, 200 if a.quick else 2000)
+    rows = [
+        [
+            r.store,
+            r.proxies,
+            r.clients,
+            r.rate,
+            r.requests,
+            fmt(r.achieved, 4),
+            fmt(r.fitted, 4),
+            f"{fmt(r.late50 * 1e3, 2)} / {fmt(r.late99 * 1e3, 2)}",
+            f"{fmt(r.hist50 * 1e3, 2)} / {fmt(r.hist99 * 1e3, 2)}",
+            r.bad,
+        ]
+        for r in results
+    ]
+    text = (
+        f"Machine: {machine_note()}\n\n### Pacing accuracy (arrival log of the fake upstream)\n\n"
+        + table(
+            [
+                "store",
+                "proxies",
+                "clients",
+                "configured req/s",
+                "arrivals",
+                "achieved/configured",
+                "fitted rate/configured",
+                "lateness vs ideal p50 / p99 ms",
+                "grant lateness (histogram) p50 / p99 ms",
+                "non-200 or missing",
+            ],
+            rows,
+        )
+        + "\n\n### Store claim latency (Store.claim called directly, sequentially)\n\n"
+        + table(["store", "claims", "p50 µs", "p99 µs"], claims)
+    )
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

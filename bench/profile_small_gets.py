@@ -1,0 +1,113 @@
+"""Profile politeproxy's hot path under small-GET load with py-spy, and print where the time goes.
+
+``.venv/bin/python bench/profile_small_gets.py [--mode off|exempt] [--concurrency 16] [--duration 10]``
+needs ``py-spy`` (``.venv/bin/pip install py-spy``) and ptrace rights. It records collapsed stacks while
+``hey`` drives the proxy, then prints two tables: the functions with the most inclusive samples (project
+and library frames, grouped by file:function) and the most self samples (where the CPU actually is).
+The raw collapsed stacks stay in ``--out`` for flame graphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import DATA_HOST, Bench, log, make_certs, start_politeproxy, start_upstream, table  # noqa: E402
+
+
+def frame_key(frame: str) -> str:
+    # py-spy raw frames look like "function (path/to/file.py:123)"
+    name, _, where = frame.partition(" (")
+    where = where.rstrip(")")
+    path = where.rsplit(":", 1)[0]
+    for marker in ("site-packages/", "lib/python3.11/", "politeproxy/"):
+        if marker in path:
+            path = ("politeproxy/" if marker == "politeproxy/" else "") + path.split(marker, 1)[1]
+            break
+    return f"{path}:{name}"
+
+
+def summarize(raw: Path, top: int) -> str:
+    inclusive: Counter[str] = Counter()
+    self_: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n_s = line.rpartition(" ")
+        if not n_s.isdigit():
+            continue
+        n = int(n_s)
+        total += n
+        frames = [frame_key(f) for f in stack.split(";") if f]
+        for k in set(frames):
+            inclusive[k] += n
+        if frames:
+            self_[frames[-1]] += n
+    if not total:
+        return "no samples (does py-spy have ptrace rights?)"
+
+    def rows(c: Counter[str]) -> list[list[str]]:
+        return [[f"{100 * n / total:.1f}%", f"`{k}`"] for k, n in c.most_common(top)]
+
+    return (
+        f"{total} samples\n\n**Self time (top {top})**\n\n"
+        + table(["share", "function"], rows(self_))
+        + f"\n\n**Inclusive time (top {top})**\n\n"
+        + table(["share", "function"], rows(inclusive))
+    )
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("off", "exempt"), default="off")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--out", default=str(Path.cwd() / "politeproxy-profile.txt"))
+    a = p.parse_args(argv)
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        raise SystemExit("py-spy not found: .venv/bin/pip install py-spy")
+    with Bench() as b:
+        certs = make_certs(b.tmp)
+        files = b.tmp / "files"
+        files.mkdir()
+        (files / "small.bin").write_bytes(b"y" * 1024)
+        up = start_upstream(b, certs, files)
+        pp = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n')
+        path, headers = (
+            ("/size/1024", [])
+            if a.mode == "off"
+            else ("/cc-index/table/small.bin", ["-H", "Range: bytes=0-1023"])
+        )
+        url = f"https://{DATA_HOST}{path}"
+        hey = ["hey", "-c", str(a.concurrency), "-x", pp.url, *headers]
+        subprocess.run([*hey, "-z", "1s", url], capture_output=True, check=True)  # warm-up
+        out = Path(a.out)
+        rec = subprocess.Popen(
+            [spy, "record", "--pid", str(pp.pid), "--rate", str(a.rate), "--format", "raw", "--nonblocking"]
+            + ["--duration", str(int(a.duration)), "--output", str(out)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(0.5)
+        load = subprocess.run([*hey, "-z", f"{a.duration}s", url], capture_output=True, text=True)
+        _, err = rec.communicate(timeout=a.duration + 60)
+        if rec.returncode != 0:
+            raise SystemExit(f"py-spy failed: {err.decode(errors='replace')[-1000:]}")
+        rps = next((ln.strip() for ln in load.stdout.splitlines() if "Requests/sec" in ln), "?")
+        log(f"profiled {a.mode} at c={a.concurrency}: {rps}; raw stacks in {out}")
+        text = f"### py-spy profile, mode {a.mode}, c={a.concurrency} ({rps})\n\n" + summarize(out, a.top)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Figure 1: small intercepted GETs that are not paced, direct vs politeproxy vs mitmproxy.
+
+``.venv/bin/python bench/small_gets.py`` starts the fake upstream, politeproxy (pacing off) and mitmdump,
+then drives each with ``hey`` (keep-alive, HTTPS through the proxy via CONNECT; or bench/loadgen.py with
+``--loadgen python``) at concurrency 1, 16 and 64, in alternating rounds, and prints a markdown table of
+medians: requests per second, latency p50/p99, and the ratios the targets are stated in.
+
+Modes: ``off`` GETs /size/N with ``global_rate = "0"`` (paced class, pacing off); ``exempt`` sends
+``Range: bytes=0-N`` to /cc-index/table/... (the exempt class, default ``exempt.max_in_flight`` 16).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (  # noqa: E402
+    DATA_HOST,
+    PY,
+    ROOT,
+    Bench,
+    Proxy,
+    fmt,
+    log,
+    machine_note,
+    make_certs,
+    maybe_mitmdump,
+    median,
+    ratio,
+    start_politeproxy,
+    start_upstream,
+    table,
+)
+
+
+@dataclass
+class Run:
+    rps: float
+    p50: float
+    p99: float
+    errors: int
+
+
+def run_hey(url: str, proxy: str | None, c: int, duration: float, headers: list[str]) -> Run:
+    cmd = ["hey", "-z", f"{duration}s", "-c", str(c), "-t", "20"]
+    for h in headers:
+        cmd += ["-H", h]
+    if proxy:
+        cmd += ["-x", proxy]
+    out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=duration + 60).stdout
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    p50 = re.search(r"50% in ([\d.]+) secs", out)
+    p99 = re.search(r"99% in ([\d.]+) secs", out)
+    ok = sum(int(n) for n in re.findall(r"\[200\]\s+(\d+) responses", out)) + sum(
+        int(n) for n in re.findall(r"\[206\]\s+(\d+) responses", out)
+    )
+    total = sum(int(n) for n in re.findall(r"\[\d+\]\s+(\d+) responses", out))
+    errs = re.search(r"Error distribution:(.*)", out, re.S)
+    n_err = total - ok + (sum(int(n) for n in re.findall(r"\[(\d+)\]", errs.group(1))) if errs else 0)
+    if not rps or not p50 or not p99:
+        raise RuntimeError(f"cannot parse hey output:\n{out[-2000:]}")
+    return Run(float(rps.group(1)), float(p50.group(1)), float(p99.group(1)), n_err)
+
+
+def run_python(
+    url: str, proxy: str | None, cafile: str | None, c: int, duration: float, headers: list[str]
+) -> Run:
+    cmd = [PY, str(ROOT / "bench" / "loadgen.py"), url, "--concurrency", str(c), "--duration", str(duration)]
+    for h in headers:
+        cmd += ["--header", h]
+    if proxy:
+        cmd += ["--proxy", proxy]
+    if cafile:
+        cmd += ["--cafile", cafile]
+    r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    return Run(r["rps"], r["p50"], r["p99"], r["errors"])
+
+
+def main(argv: list[str] | None = None) -> str:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--duration", type=float, default=4.0, help="seconds per measurement")
+    p.add_argument("--concurrency", default=None, help="comma-separated (default 1,16,64)")
+    p.add_argument("--size", type=int, default=1024, help="response body bytes")
+    p.add_argument("--mode", choices=("off", "exempt", "both"), default="both")
+    p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")
+    p.add_argument("--loadgen", choices=("auto", "hey", "python"), default="auto")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.rounds, a.duration = 1, 0.5
+        a.concurrency = a.concurrency or "1,4"
+    a.concurrency = a.concurrency or "1,16,64"
+    conc = [int(x) for x in a.concurrency.split(",")]
+    loadgen = a.loadgen if a.loadgen != "auto" else ("hey" if shutil.which("hey") else "python")
+    modes = ["off", "exempt"] if a.mode == "both" else [a.mode]
+    out: list[str] = []
+    with Bench() as b:
+        certs = make_certs(b.tmp)
+        files = b.tmp / "files"
+        files.mkdir()
+        (files / "small.bin").write_bytes(b"y" * max(a.size, 1))
+        up = start_upstream(b, certs, files)
+        pp = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n')
+        mitm = maybe_mitmdump(b, up, not a.no_mitm)
+        targets: list[tuple[str, Proxy | None]] = [("direct", None), ("politeproxy", pp)]
+        if mitm:
+            targets.append(("mitmproxy", mitm))
+
+        for mode in modes:
+            if mode == "off":
+                path, headers = f"/size/{a.size}", []
+            else:
+                path, headers = "/cc-index/table/small.bin", [f"Range: bytes=0-{a.size - 1}"]
+
+            def measure(
+                name: str,
+                px: Proxy | None,
+                c: int,
+                duration: float,
+                path: str = path,
+                headers: list[str] = headers,
+            ) -> Run:
+                host = f"127.0.0.1:{up.port}" if px is None else DATA_HOST
+                url = f"https://{host}{path}"
+                if loadgen == "hey":
+                    return run_hey(url, px.url if px else None, c, duration, headers)
+                cafile = str(px.ca_file if px else up.certs.ca_file)
+                return run_python(url, px.url if px else None, cafile, c, duration, headers)
+
+            for name, px in targets:  # warm-up: leaves cached, upstream pools filled
+                measure(name, px, max(conc), min(1.0, a.duration))
+            results: dict[tuple[str, int], list[Run]] = {}
+            for r in range(a.rounds):
+                for c in conc:
+                    order = targets[r % len(targets) :] + targets[: r % len(targets)]
+                    for name, px in order:
+                        run = measure(name, px, c, a.duration)
+                        log(
+                            f"{mode} round {r + 1} c={c} {name}: {run.rps:.0f} req/s "
+                            f"p50 {run.p50 * 1e3:.2f} ms"
+                        )
+                        results.setdefault((name, c), []).append(run)
+            rows = []
+            for c in conc:
+                med = {
+                    n: (
+                        median(x.rps for x in results[(n, c)]),
+                        median(x.p50 for x in results[(n, c)]),
+                        median(x.p99 for x in results[(n, c)]),
+                        sum(x.errors for x in results[(n, c)]),
+                    )
+                    for n, _ in targets
+                }
+                d = med["direct"]
+                for n, _ in targets:
+                    rps, p50, p99, errs = med[n]
+                    vs_mitm = (
+                        ratio(rps, med["mitmproxy"][0]) if "mitmproxy" in med and n != "mitmproxy" else ""
+                    )
+                    rows.append(
+                        [
+                            c,
+                            n,
+                            fmt(rps, 0),
+                            fmt(p50 * 1e3, 2),
+                            fmt(p99 * 1e3, 2),
+                            ratio(rps, d[0]) if n != "direct" else "",
+                            vs_mitm if n == "politeproxy" else "",
+                            f"+{(p50 - d[1]) * 1e3:.2f}" if n != "direct" else "",
+                            errs,
+                        ]
+                    )
+            title = (
+                f"Small GETs ({a.size} B, mode {mode}: "
+                + ("pacing off" if mode == "off" else "exempt Range reads")
+                + f"), {loadgen}, {a.rounds} rounds x {a.duration:g} s, medians"
+            )
+            out.append(
+                f"### {title}\n\n"
+                + table(
+                    [
+                        "conc",
+                        "path",
+                        "req/s",
+                        "p50 ms",
+                        "p99 ms",
+                        "vs direct",
+                        "vs mitmproxy",
+                        "added p50 ms",
+                        "errors",
+                    ],
+                    rows,
+                )
+            )
+    text = f"Machine: {machine_note()}\n\n" + "\n\n".join(out)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

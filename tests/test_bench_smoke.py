@@ -1,0 +1,100 @@
+"""The benchmark scripts still run: each with tiny sizes (--quick), without mitmproxy (no PyPI in tests)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, need_tool
+
+BENCH = ROOT / "bench"
+
+
+def run(script: str, *args: str, timeout: float = 60) -> str:
+    env = {**os.environ, "POLITEPROXY_BENCH_CACHE": str(ROOT / ".no-bench-cache")}
+    r = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+    assert r.returncode == 0, f"{script} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+def rows(out: str, first_cell: str) -> list[list[str]]:
+    return [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in out.splitlines()
+        if line.startswith(f"| {first_cell} ")
+    ]
+
+
+def test_small_gets() -> None:
+    out = run("small_gets.py", "--no-mitm")
+    assert "mode off" in out and "mode exempt" in out
+    names = [r[1] for r in rows(out, "1")]
+    assert names == ["direct", "politeproxy"] * 2
+    assert all(r[-1] == "0" for r in rows(out, "1") + rows(out, "4")), out
+
+
+def test_small_gets_python_loadgen() -> None:
+    out = run("small_gets.py", "--no-mitm", "--loadgen", "python", "--mode", "off", "--concurrency", "2")
+    assert [r[1] for r in rows(out, "2")] == ["direct", "politeproxy"]
+
+
+def test_bulk() -> None:
+    need_tool("curl")
+    out = run("bulk.py", "--no-mitm")
+    (pp,) = rows(out, "politeproxy")
+    assert float(pp[1].replace(",", "")) > 0 and float(pp[4]) > 0
+
+
+def test_duckdb_scan() -> None:
+    out = run("duckdb_scan.py", "--no-mitm")
+    (direct,) = rows(out, "direct")
+    (pp,) = rows(out, "politeproxy")
+    assert int(direct[3]) > 0 and pp[3] == direct[3]  # the same range reads, all passed through
+
+
+def test_held() -> None:
+    out = run("held.py", "--scheme", "http")
+    assert "| answers | 200: 200 |" in out
+
+
+def test_pacing() -> None:
+    out = run("pacing.py", "--store", "memory,file,redis")
+    got = rows(out, "memory") + rows(out, "file")
+    assert len(got) >= 5
+    for r in got:
+        assert r[-1] == "0", out  # every request answered 200 and seen upstream
+        assert 0.9 < float(r[5]) < 1.1, out
+    assert "Store claim latency" in out
+
+
+def test_profile_summary(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.profile_small_gets import summarize
+
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        "main (a/politeproxy/server.py:1);_write (x/site-packages/aiohttp/http_writer.py:9) 3\n"
+        "main (a/politeproxy/server.py:1) 1\n"
+    )
+    text = summarize(raw, 5)
+    assert "75.0% | `aiohttp/http_writer.py:_write`" in text
+    assert "100.0% | `politeproxy/server.py:main`" in text
+
+
+@pytest.mark.parametrize("script", ["run_all.py", "profile_small_gets.py", "loadgen.py"])
+def test_help(script: str) -> None:
+    r = subprocess.run(
+        [sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert r.returncode == 0, r.stderr

@@ -1,0 +1,272 @@
+"""The config file and the command line: validation, exit codes, `env`, `ca`, environment variables."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+
+from politeproxy.config import ConfigError, load
+from tests.conftest import POLITEPROXY, ROOT, Certs, Upstream, free_port, need_tool, wait_for
+from tests.test_proxy_io import FAST, upstream_toml
+
+ENV_KEYS = (
+    "HTTPS_PROXY",
+    "HTTP_PROXY",
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "AWS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+)
+
+
+def clean_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """The test's environment without POLITEPROXY_* and with a private XDG_DATA_HOME (the default data dir)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLITEPROXY_")}
+    env["XDG_DATA_HOME"] = str(tmp / "xdg")
+    env.update(extra)
+    return env
+
+
+def cli(tmp: Path, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*POLITEPROXY, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=clean_env(tmp, **env),
+    )
+
+
+BAD = [
+    ("[upstream]\nbogus = 1\n", "upstream.bogus", "unknown key"),
+    ("listnen = '127.0.0.1:1'\n", "listnen", "unknown key"),
+    ("[client]\nidle_timeout = true\n", "client.idle_timeout", "duration"),
+    ("[upstream]\nconnect_timeout = 'soon'\n", "upstream.connect_timeout", "duration"),
+    ("listen = 3128\n", "listen", "string"),
+    ("listen = 'localhost'\n", "listen", "HOST:PORT"),
+    ("allow_clients = '10.0.0.0/8'\n", "allow_clients", "list"),
+    ("allow_clients = ['10.0.0.0/33']\n", "allow_clients[0]", "CIDR"),
+    ("paced_hosts = ['*']\n", "paced_hosts[0]", "two labels"),
+    ("[schedule]\nbackend = 'postgres'\n", "schedule.backend", "one of"),
+    ("[client]\nmax_header_size = 'big'\n", "client.max_header_size", "integer"),
+    ("[upstream.resolve]\n'data.commoncrawl.org:443' = 'nowhere'\n", "upstream.resolve", "HOST:PORT"),
+    ("[auth]\nusers = ['alice']\n", "auth.users", "table"),
+    ("upstream = 1\n", "upstream", "table"),
+    ("this is = not toml [\n", "not valid TOML", ""),
+]
+
+
+@pytest.mark.parametrize(("text", "key", "what"), BAD)
+def test_invalid_config_refuses_to_start(tmp_path: Path, text: str, key: str, what: str) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(text)
+    r = cli(tmp_path, "run", "--config", str(cfg), "--listen", f"127.0.0.1:{free_port()}")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert key in lines[0] and what in lines[0], lines[0]
+    assert str(cfg) in lines[0]
+    # check-config says the same, with the same exit code.
+    c = cli(tmp_path, "check-config", str(cfg))
+    assert c.returncode == 2 and c.stderr.strip() == lines[0]
+    # And POLITEPROXY_CONFIG is read the same way.
+    e = cli(tmp_path, "run", "--listen", f"127.0.0.1:{free_port()}", POLITEPROXY_CONFIG=str(cfg))
+    assert e.returncode == 2 and e.stderr.strip() == lines[0]
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    r = cli(tmp_path, "run", "--config", str(tmp_path / "nope.toml"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"politeproxy: error: {tmp_path / 'nope.toml'}: no such file"]
+
+
+def test_bad_flags_exit_2(tmp_path: Path) -> None:
+    r = cli(tmp_path, "run", "--listen", "nowhere")
+    assert r.returncode == 2 and "listen" in r.stderr
+    r = cli(tmp_path, "run", "--global-rate", "fast")
+    assert r.returncode == 2 and "global_rate" in r.stderr
+    r = cli(tmp_path, "run", "--listen", "nowhere", POLITEPROXY_LISTEN="127.0.0.1:1")
+    assert r.returncode == 2  # the flag wins over the environment, and is checked
+    r = cli(tmp_path, "run", POLITEPROXY_LISTEN="nowhere")
+    assert r.returncode == 2 and "listen" in r.stderr
+
+
+def test_listen_address_in_use(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = cli(tmp_path, "run", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "d"))
+    assert r.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
+
+
+def test_check_config_ok(tmp_path: Path) -> None:
+    cfg = tmp_path / "good.toml"
+    cfg.write_text(
+        'listen = "127.0.0.1:4000"\npaced_hosts = ["commoncrawl.org", "*.commoncrawl.org"]\n'
+        '[upstream]\nconnect_timeout = "2s"\nread_timeout = 30\n[upstream.resolve]\n'
+        '"data.commoncrawl.org:443" = "127.0.0.1:8443"\n[client]\nidle_timeout = "1m30s"\n'
+        '[auth]\nusers = { alice = "pw" }\n'
+    )
+    r = cli(tmp_path, "check-config", str(cfg))
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout and "127.0.0.1:4000" in r.stdout
+    c = load(cfg)
+    assert c.listen == ("127.0.0.1", 4000)
+    assert c["upstream"]["connect_timeout"] == 2.0 and c["upstream"]["read_timeout"] == 30.0
+    assert c["client"]["idle_timeout"] == 90.0
+    assert c["upstream"]["resolve"] == {"data.commoncrawl.org:443": "127.0.0.1:8443"}
+
+
+def test_config_errors_name_the_key_in_process(tmp_path: Path) -> None:
+    for text, key, what in BAD:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(text)
+        with pytest.raises(ConfigError) as e:
+            load(cfg)
+        assert key in str(e.value) and what in str(e.value)
+
+
+def test_env_prints_every_export_line(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    r = cli(tmp_path, "env", "--data-dir", str(d), "--listen", "127.0.0.1:4567")
+    assert r.returncode == 0, r.stderr
+    exports = dict(
+        line[len("export ") :].split("=", 1) for line in r.stdout.splitlines() if line.startswith("export ")
+    )
+    for key in ENV_KEYS:
+        assert key in exports, (key, r.stdout)
+    assert exports["HTTPS_PROXY"] == exports["HTTP_PROXY"] == "http://127.0.0.1:4567"
+    for key in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "AWS_CA_BUNDLE"):
+        assert exports[key] == str(d / "ca-bundle.pem")
+    assert exports["NODE_EXTRA_CA_CERTS"] == str(d / "ca.pem")
+    duck = [x for x in r.stdout.splitlines() if x.startswith("# duckdb:")]
+    assert duck == [
+        f"# duckdb: SET http_proxy = '127.0.0.1:4567'; SET ca_cert_file = '{d / 'ca-bundle.pem'}';"
+    ]
+    assert (d / "ca.pem").is_file() and (d / "ca-bundle.pem").is_file()
+    # Every line is either a comment or an export a POSIX shell accepts.
+    sh = need_tool("sh")
+    out = subprocess.run(
+        [sh, "-c", 'eval "$1" && env', "sh", r.stdout], capture_output=True, text=True, check=True
+    ).stdout
+    for key in ENV_KEYS:
+        assert f"{key}={exports[key]}" in out.splitlines()
+    # 0.0.0.0 is not an address a client can use: env names loopback instead.
+    r = cli(tmp_path, "env", "--data-dir", str(d), "--listen", "0.0.0.0:4567")
+    assert "export HTTPS_PROXY=http://127.0.0.1:4567" in r.stdout
+
+
+def test_defaults_and_environment_variables(tmp_path: Path) -> None:
+    # Defaults: 127.0.0.1:3128, data dir under $XDG_DATA_HOME.
+    r = cli(tmp_path, "env")
+    assert r.returncode == 0, r.stderr
+    assert "export HTTPS_PROXY=http://127.0.0.1:3128" in r.stdout
+    assert f"export SSL_CERT_FILE={tmp_path / 'xdg' / 'politeproxy' / 'ca-bundle.pem'}" in r.stdout
+    # POLITEPROXY_LISTEN and POLITEPROXY_DATA_DIR.
+    d = tmp_path / "envdata"
+    r = cli(tmp_path, "env", POLITEPROXY_LISTEN="127.0.0.1:5555", POLITEPROXY_DATA_DIR=str(d))
+    assert "export HTTPS_PROXY=http://127.0.0.1:5555" in r.stdout
+    assert f"export SSL_CERT_FILE={d / 'ca-bundle.pem'}" in r.stdout
+    # Flags win over the environment.
+    r = cli(tmp_path, "env", "--listen", "127.0.0.1:6666", POLITEPROXY_LISTEN="127.0.0.1:5555")
+    assert "export HTTPS_PROXY=http://127.0.0.1:6666" in r.stdout
+    # POLITEPROXY_CONFIG: its listen and data_dir apply, and the environment beats the file.
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'listen = "127.0.0.1:7777"\ndata_dir = "{tmp_path / "cfgdata"}"\n')
+    r = cli(tmp_path, "env", POLITEPROXY_CONFIG=str(cfg))
+    assert "export HTTPS_PROXY=http://127.0.0.1:7777" in r.stdout
+    assert f"export SSL_CERT_FILE={tmp_path / 'cfgdata' / 'ca-bundle.pem'}" in r.stdout
+    r = cli(tmp_path, "env", POLITEPROXY_CONFIG=str(cfg), POLITEPROXY_LISTEN="127.0.0.1:5555")
+    assert "export HTTPS_PROXY=http://127.0.0.1:5555" in r.stdout
+
+
+def test_ca_command(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    r = cli(tmp_path, "ca", "--data-dir", str(d))
+    assert r.returncode == 0, r.stderr
+    paths = {line.split()[0]: line.split(None, 1)[1] for line in r.stdout.splitlines()}
+    assert paths["ca.pem"] == str(d / "ca.pem")
+    assert paths["ca-key.pem"] == str(d / "ca-key.pem")
+    assert paths["ca-bundle.pem"] == str(d / "ca-bundle.pem")
+    assert "commoncrawl.org" in paths["permits"]
+    assert all(Path(paths[k]).is_file() for k in ("ca.pem", "ca-key.pem", "ca-bundle.pem"))
+    r2 = cli(tmp_path, "ca", POLITEPROXY_DATA_DIR=str(d))
+    assert r2.stdout == r.stdout  # the same CA, found through the environment
+
+
+def test_helper_commands_never_replace_a_running_proxys_ca(tmp_path: Path) -> None:
+    """`env`/`ca` run without the proxy's config must not swap the CA the proxy signs with."""
+    d = tmp_path / "d"
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('paced_hosts = ["commoncrawl.org", "*.commoncrawl.org", "other.example"]\n')
+    assert cli(tmp_path, "ca", "--config", str(cfg), "--data-dir", str(d)).returncode == 0
+    ca = (d / "ca.pem").read_bytes()
+    r = cli(tmp_path, "env", "--data-dir", str(d))  # default paced hosts: a narrower set
+    assert r.returncode == 0
+    assert (d / "ca.pem").read_bytes() == ca
+    r = cli(tmp_path, "ca", "--data-dir", str(d), "--config", str(tmp_path / "wider.toml"))
+    assert r.returncode == 2  # no such file
+    wider = tmp_path / "wider.toml"
+    wider.write_text('paced_hosts = ["commoncrawl.org", "*.commoncrawl.org", "other.example", "x.example"]\n')
+    r = cli(tmp_path, "ca", "--data-dir", str(d), "--config", str(wider))
+    assert r.returncode == 0
+    assert (d / "ca.pem").read_bytes() == ca
+    assert "x.example" in r.stderr and "politeproxy run" in r.stderr  # it says what will happen
+
+
+def test_run_configured_only_by_environment(tmp_path: Path, upstream: Upstream, certs: Certs) -> None:
+    port = free_port()
+    d = tmp_path / "envdata"
+    cfg = tmp_path / "env.toml"
+    cfg.write_text(FAST + upstream_toml(upstream, certs))
+    log = tmp_path / "run.log"
+    env = clean_env(
+        tmp_path,
+        POLITEPROXY_CONFIG=str(cfg),
+        POLITEPROXY_DATA_DIR=str(d),
+        POLITEPROXY_LISTEN=f"127.0.0.1:{port}",
+    )
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(
+            [*POLITEPROXY, "run", "-v"], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env
+        )
+    try:
+
+        def up() -> bool:
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+            except requests.RequestException:
+                return proc.poll() is not None
+
+        wait_for(up, 30, "proxy started from the environment")
+        assert proc.poll() is None, log.read_text()
+        assert (d / "ca.pem").is_file()
+        text = log.read_text()
+        assert "store memory" in text, text  # the config file's [schedule] applied
+        r = requests.get(
+            "https://data.commoncrawl.org/echo?env=1",
+            proxies={"https": f"http://127.0.0.1:{port}"},
+            verify=str(d / "ca-bundle.pem"),
+            timeout=30,
+        )
+        assert r.status_code == 200 and r.json()["path"] == "/echo?env=1"
+        assert (
+            requests.get(f"http://127.0.0.1:{port}/ca.pem", timeout=10).content == (d / "ca.pem").read_bytes()
+        )
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, log.read_text()

@@ -1,0 +1,148 @@
+"""Many machines, one budget: proxies sharing a real redis-server (issue 4's acceptance tests).
+
+Each proxy gets its own data dir, as it would on its own machine, so Redis is the only thing they share.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
+from tests.measure import achieved_rate, busiest_window, max_in_window, results, run_clients
+from tests.redis_server import RedisServer, running_redis
+
+GAP = 0.02  # 50 req/s
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+def redis_toml(url: str, gap: str = "20ms", expected: int = 1, extra: str = "") -> str:
+    return (
+        NO_ROBOTS
+        + f'[schedule]\nbackend = "redis"\nredis_url = "{url}"\nglobal_rate = "{gap}"\nexpected_proxies = {expected}\n'
+        + extra
+    )
+
+
+def paced_arrivals(up: Upstream, tag: str) -> list[float]:
+    return [a["t"] for a in up.log() if a["host"] == "data.commoncrawl.org" and tag in a["path"]]
+
+
+def start_proxies(
+    factory: Callable[..., ProxyProc],
+    up: Upstream,
+    n: int,
+    toml: str,
+    envs: list[dict[str, str]] | None = None,
+) -> list[ProxyProc]:
+    return [factory(up, toml, env=(envs[i] if envs else None)) for i in range(n)]
+
+
+def test_three_proxies_share_one_budget(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, redis_server: RedisServer
+) -> None:
+    proxies = start_proxies(proxy_factory, upstream, 3, redis_toml(redis_server.url))
+    upstream.reset()
+    clients = [
+        run_clients(p.env, f"https://data.commoncrawl.org/share/p{i}-", 40, 10) for i, p in enumerate(proxies)
+    ]
+    outs = [results(c) for c in clients]
+    assert all(r["status"] == 200 for out in outs for r in out), outs
+    times = paced_arrivals(upstream, "/share/")
+    assert len(times) == 120
+    rate = achieved_rate(times)
+    assert abs(rate / 50.0 - 1) <= 0.02, f"combined rate {rate:.2f}/s"
+    assert max_in_window(times) <= 53
+    for p in proxies:
+        assert json.loads(p.get("/healthz"))["store"] == "redis"
+
+
+def test_retry_after_seen_by_one_proxy_holds_the_others(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, redis_server: RedisServer
+) -> None:
+    toml = redis_toml(redis_server.url, extra="[pacing]\nretries = 0\n")
+    a, b = start_proxies(proxy_factory, upstream, 2, toml)
+    upstream.reset()
+    upstream.control(
+        {"throttle": {"host": "data.commoncrawl.org", "count": 1, "status": 503, "retry_after": "2"}}
+    )
+    ra = results(run_clients(a.env, "https://data.commoncrawl.org/ra/a-", 1, 1))
+    assert ra[0]["status"] == 503 and ra[0]["retry_after"] == "2"
+    rb = results(run_clients(b.env, "https://data.commoncrawl.org/ra/b-", 1, 1))
+    assert rb[0]["status"] == 200
+    log = [e for e in upstream.log() if "/ra/" in e["path"]]
+    throttled_at = next(e["t"] for e in log if "/ra/a-" in e["path"])
+    b_at = next(e["t"] for e in log if "/ra/b-" in e["path"])
+    assert b_at - throttled_at >= 2.0 - 0.05, f"proxy B went {b_at - throttled_at:.3f}s after the 503"
+
+
+def test_redis_outage_keeps_pacing_and_recovers(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, redis_server: RedisServer
+) -> None:
+    # expected_proxies one above the real count, as the README advises, leaves room for the switch-overs.
+    proxies = start_proxies(proxy_factory, upstream, 3, redis_toml(redis_server.url, expected=4))
+    upstream.reset()
+    n_each = 150  # 450 at 50/s is about 9 s with Redis, longer while degraded
+    clients = [
+        run_clients(p.env, f"https://data.commoncrawl.org/outage/p{i}-", n_each, 8)
+        for i, p in enumerate(proxies)
+    ]
+    time.sleep(2.0)
+    killed = time.time()
+    redis_server.kill()
+    wait_for(lambda: all(json.loads(p.get("/healthz"))["degraded"] for p in proxies), 15, "degraded")
+    assert all("politeproxy_schedule_degraded 1.0" in p.metrics() for p in proxies)
+    time.sleep(2.0)
+    restarted = time.time()
+    redis_server.restart()
+    wait_for(lambda: not any(json.loads(p.get("/healthz"))["degraded"] for p in proxies), 15, "back on redis")
+    outs = [results(c, timeout=180) for c in clients]
+    statuses = [r["status"] for out in outs for r in out]
+    assert statuses.count(200) == 3 * n_each, {s: statuses.count(s) for s in set(statuses)}
+    times = paced_arrivals(upstream, "/outage/")
+    assert len(times) == 3 * n_each  # nothing lost, nothing sent twice
+    start, count = busiest_window(times)
+    per = {
+        f"p{i}": sum(
+            1 for a in upstream.log() if f"/outage/p{i}-" in a["path"] and start <= a["t"] < start + 1
+        )
+        for i in range(3)
+    }
+    assert count <= 53, (
+        f"{count} in the 1 s from {start - killed:+.2f}s of the kill, {start - restarted:+.2f}s of the restart; per proxy {per}"
+    )
+    for p in proxies:
+        assert (
+            "degraded" not in json.loads(p.get("/healthz")) or not json.loads(p.get("/healthz"))["degraded"]
+        )
+        assert "pacing on" in p.log()  # the warning said what it did
+
+
+def test_clock_skew_does_not_split_the_schedule(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    toml = redis_toml(redis_server.url)
+    a, b = start_proxies(
+        proxy_factory,
+        upstream,
+        2,
+        toml,
+        envs=[{"POLITEPROXY_CLOCK_OFFSET": "0"}, {"POLITEPROXY_CLOCK_OFFSET": "5"}],
+    )
+    upstream.reset()
+    ca = run_clients(a.env, "https://data.commoncrawl.org/skew/a-", 50, 10)
+    cb = run_clients(b.env, "https://data.commoncrawl.org/skew/b-", 50, 10)
+    assert all(r["status"] == 200 for r in results(ca) + results(cb))
+    times = paced_arrivals(upstream, "/skew/")
+    assert len(times) == 100
+    assert abs(achieved_rate(times) / 50.0 - 1) <= 0.02
+    assert max_in_window(times) <= 53

@@ -1,0 +1,262 @@
+"""Memory, file and failover stores: the claim, backoff state, restart survival, the ccrawl record."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import multiprocessing
+import os
+import struct
+from pathlib import Path
+
+import pytest
+
+from politeproxy.backoff import BackoffPolicy
+from politeproxy.slots import Outcome
+from politeproxy.stores import file as file_mod
+from politeproxy.stores.base import Store, StoreError
+from politeproxy.stores.failover import FailoverStore
+from politeproxy.stores.file import FileStore
+from politeproxy.stores.memory import MemoryStore
+
+T0 = 1_700_000_000.0
+NS = 1_000_000_000
+NOJITTER = BackoffPolicy(base=1.0, cap=300.0, jitter=0.0)
+
+
+class Clock:
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def read_lock(data_dir: Path) -> tuple[int, int]:
+    data = (data_dir / "ratelimit.lock").read_bytes()
+    assert len(data) == 16
+    return struct.unpack(">QQ", data)
+
+
+@pytest.fixture(params=["memory", "file"])
+def store_and_clock(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, Clock]:
+    clock = Clock()
+    if request.param == "memory":
+        return MemoryStore(clock, rand=lambda: 0.0), clock
+    return FileStore(tmp_path, clock, rand=lambda: 0.0), clock
+
+
+async def test_claims_follow_one_schedule(store_and_clock: tuple[Store, Clock]) -> None:
+    store, clock = store_and_clock
+    waits = [(await store.claim("data.commoncrawl.org", 0.2, 0.0, None)).wait for _ in range(4)]
+    assert waits == pytest.approx([0.0, 0.2, 0.4, 0.6])
+    assert await store.grants() == 4
+    clock.t += 10  # idle: the next grant is at once, the one after a gap later
+    c = await store.claim("index.commoncrawl.org", 0.2, 0.0, None)
+    assert c.granted and c.wait == 0.0
+    assert (await store.claim("data.commoncrawl.org", 0.2, 0.0, None)).wait == pytest.approx(0.2)
+    await store.close()
+
+
+async def test_not_ready_and_too_late_reserve_nothing(store_and_clock: tuple[Store, Clock]) -> None:
+    store, clock = store_and_clock
+    d = await store.throttled("data.commoncrawl.org", 2.0, NOJITTER)
+    assert d.seconds == 2.0
+    before = await store.grants()
+    c = await store.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    assert c.outcome is Outcome.HOST_NOT_READY and c.wait == pytest.approx(2.0)
+    c = await store.claim("data.commoncrawl.org", 0.2, 0.0, 1.0)
+    assert c.outcome is Outcome.TOO_LATE and c.wait == pytest.approx(2.0)
+    assert await store.grants() == before
+    # The other host gets the very first slot: nothing was reserved for the host in backoff.
+    c = await store.claim("index.commoncrawl.org", 0.2, 0.0, None)
+    assert c.granted and c.wait == 0.0
+    clock.t += 2.0
+    c = await store.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    assert c.granted and c.wait == 0.0
+    await store.close()
+
+
+async def test_host_interval_is_per_host(store_and_clock: tuple[Store, Clock]) -> None:
+    store, clock = store_and_clock
+    assert (await store.claim("index.commoncrawl.org", 0.01, 1.0, None)).granted
+    c = await store.claim("index.commoncrawl.org", 0.01, 1.0, None)
+    assert c.outcome is Outcome.HOST_NOT_READY and c.wait == pytest.approx(1.0)
+    assert (await store.claim("data.commoncrawl.org", 0.01, 0.0, None)).wait == pytest.approx(0.01)
+    await store.set_crawl_delay("data.commoncrawl.org", 3.0, ttl=60)
+    view = await store.host_view("data.commoncrawl.org")
+    assert view.crawl_delay == 3.0 and view.robots_fresh
+    clock.t += 1.0
+    assert (await store.claim("data.commoncrawl.org", 0.01, 0.0, None)).granted
+    c = await store.claim("data.commoncrawl.org", 0.01, 0.0, None)
+    assert c.outcome is Outcome.HOST_NOT_READY and c.wait == pytest.approx(3.0)
+    clock.t += 61
+    assert not (await store.host_view("data.commoncrawl.org")).robots_fresh
+    await store.close()
+
+
+async def test_backoff_growth_and_reset(store_and_clock: tuple[Store, Clock]) -> None:
+    store, clock = store_and_clock
+    h = "data.commoncrawl.org"
+    delays = []
+    for _ in range(3):
+        delays.append((await store.throttled(h, None, NOJITTER)).seconds)
+    assert delays == [1.0, 2.0, 4.0]
+    view = await store.host_view(h)
+    assert (
+        view.throttles == 3 and view.backoff_in == pytest.approx(4.0) and view.ready_in == pytest.approx(4.0)
+    )
+    await store.succeeded(h)
+    assert (await store.host_view(h)).throttles == 0
+    clock.t += 10
+    assert (await store.throttled(h, None, NOJITTER)).seconds == 1.0
+    await store.close()
+
+
+async def test_file_store_writes_ccrawls_record(tmp_path: Path) -> None:
+    clock = Clock()
+    s = FileStore(tmp_path, clock)
+    for _ in range(3):
+        await s.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    nxt, count = read_lock(tmp_path)
+    assert count == 3
+    assert nxt == pytest.approx(int((T0 + 0.6) * NS), abs=1000)
+    # A record someone else (ccrawl) wrote is honoured: its next slot and its count carry on.
+    (tmp_path / "ratelimit.lock").write_bytes(struct.pack(">QQ", int((T0 + 5) * NS), 1000))
+    c = await s.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    assert c.wait == pytest.approx(5.0)
+    nxt, count = read_lock(tmp_path)
+    assert count == 1001 and nxt == pytest.approx(int((T0 + 5.2) * NS), abs=1000)
+    await s.close()
+
+
+async def test_file_store_short_file_and_clock_jump(tmp_path: Path) -> None:
+    clock = Clock()
+    (tmp_path / "ratelimit.lock").write_bytes(b"\x00\x01")  # a torn or foreign file: start afresh
+    s = FileStore(tmp_path, clock)
+    c = await s.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    assert c.granted and c.wait == 0.0
+    assert read_lock(tmp_path)[1] == 1
+    # The wall clock jumped back a day: a record far in the future must not stall pacing for a day.
+    (tmp_path / "ratelimit.lock").write_bytes(struct.pack(">QQ", int((T0 + 86400) * NS), 7))
+    c = await s.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    assert c.granted and c.wait == 0.0
+    assert read_lock(tmp_path)[1] == 8
+    await s.close()
+
+
+async def test_file_store_state_survives_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    a = FileStore(tmp_path, clock)
+    await a.throttled("data.commoncrawl.org", 30.0, NOJITTER)
+    await a.set_crawl_delay("index.commoncrawl.org", 2.0, ttl=600)
+    await a.claim("index.commoncrawl.org", 0.2, 1.0, None)
+    # No close: as after kill -9. A second store on the same dir sees everything.
+    clock.t += 5
+    b = FileStore(tmp_path, clock)
+    view = await b.host_view("data.commoncrawl.org")
+    assert view.throttles == 1 and view.backoff_in == pytest.approx(25.0)
+    c = await b.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    assert c.outcome is Outcome.HOST_NOT_READY and c.wait == pytest.approx(25.0)
+    iv = await b.host_view("index.commoncrawl.org")
+    assert iv.crawl_delay == 2.0 and iv.robots_fresh
+    assert await b.grants() == 1
+    await a.close()
+    await b.close()
+
+
+async def test_two_file_stores_share_one_budget(tmp_path: Path) -> None:
+    clock = Clock()
+    a, b = FileStore(tmp_path, clock), FileStore(tmp_path, clock)
+    slots = []
+    for i in range(6):
+        s = a if i % 2 else b
+        slots.append((await s.claim(f"h{i % 3}.commoncrawl.org", 0.1, 0.0, None)).at)
+    assert slots == pytest.approx([T0 + 0.1 * i for i in range(6)])
+    assert await a.grants() == await b.grants() == 6
+    await a.close()
+    await b.close()
+
+
+def _claim_many(data_dir: str, n: int, gap: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    async def run() -> list[float]:
+        s = FileStore(Path(data_dir))
+        got = []
+        for i in range(n):
+            c = await s.claim(f"h{i % 2}.commoncrawl.org", gap, 0.0, None)
+            assert c.granted
+            got.append(c.at)
+        await s.close()
+        return got
+
+    out.put(asyncio.run(run()))
+
+
+def test_file_store_claims_are_atomic_across_processes(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    gap, n, procs = 0.001, 150, 4
+    ps = [ctx.Process(target=_claim_many, args=(str(tmp_path), n, gap, out)) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    slots = sorted(s for _ in ps for s in out.get(timeout=60))
+    for p in ps:
+        p.join(10)
+        assert p.exitcode == 0
+    assert len(slots) == n * procs
+    assert read_lock(tmp_path)[1] == n * procs
+    diffs = [b - a for a, b in zip(slots, slots[1:], strict=False)]
+    assert min(diffs) >= gap - 1e-6  # no two processes ever got the same (or a too-close) slot
+
+
+async def test_lock_failure_raises_store_error_and_failover_warns_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    primary = FileStore(tmp_path, clock)
+    fallback = MemoryStore(clock)
+    changes: list[tuple[str, bool]] = []
+    fo = FailoverStore(
+        primary,
+        fallback,
+        gap_multiplier=3,
+        probe_interval=0.05,
+        on_change=lambda s, d: changes.append((s.name, d)),
+    )
+    real_flock = fcntl.flock
+    broken = True
+
+    def flaky_flock(fd: int, op: int) -> None:
+        if broken:
+            raise OSError(37, "No locks available")  # ENOLCK, as on some NFS mounts
+        real_flock(fd, op)
+
+    monkeypatch.setattr(file_mod.fcntl, "flock", flaky_flock)
+    with pytest.raises(StoreError):
+        await primary.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    caplog.set_level(logging.INFO, logger="politeproxy.store")
+    c1 = await fo.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    c2 = await fo.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    assert fo.degraded and fo.name == "memory"
+    assert c1.wait == 0.0 and c2.wait == pytest.approx(0.6)  # never fail open: the gap is widened
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "failed" in r.getMessage()]
+    assert len(warnings) == 1
+    assert changes == [("memory", True)]
+    broken = False
+    for _ in range(100):
+        if not fo.degraded:
+            break
+        await asyncio.sleep(0.02)
+    assert not fo.degraded and fo.name == "file"
+    assert changes[-1] == ("file", False)
+    assert (await fo.claim("data.commoncrawl.org", 0.2, 0.0, None)).granted
+    await fo.close()
+
+
+def test_file_store_unopenable_dir_is_a_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    with pytest.raises(StoreError):
+        FileStore(blocker)
+    assert os.path.isfile(blocker)
