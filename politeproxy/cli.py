@@ -23,11 +23,11 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
         }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            out.update(fields)
+        message = record.getMessage()
+        if record.name == "politeproxy.access" and message.startswith("{"):
+            out.update(json.loads(message))  # the access line is already a JSON object: merge, don't nest
         else:
-            out["message"] = record.getMessage()
+            out["message"] = message
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out)

@@ -293,11 +293,12 @@ class FrontProtocol(asyncio.Protocol):
             return
         # h11 bounds only an incomplete head; one that arrived whole in a single read is checked here.
         head_size = len(self.buf) - len(self.conn.trailing_data[0])
-        if head_size > self.proxy.timeouts.max_header_size:
+        limit = self.proxy.timeouts.max_header_size
+        if head_size > limit:
             self._fail(
                 431,
                 "Request Header Fields Too Large",
-                f"request head of {head_size} bytes is over max_header_size {self.proxy.timeouts.max_header_size}",
+                f"request head of {head_size} bytes is over max_header_size {limit}",
                 "bad_request",
             )
             return

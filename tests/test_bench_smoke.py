@@ -70,7 +70,7 @@ def test_held() -> None:
 
 def test_pacing() -> None:
     out = run("pacing.py", "--store", "memory,file,redis")
-    got = rows(out, "memory") + rows(out, "file")
+    got = [r for r in rows(out, "memory") + rows(out, "file") if len(r) == 10]  # not the claim table
     assert len(got) >= 5
     for r in got:
         assert r[-1] == "0", out  # every request answered 200 and seen upstream

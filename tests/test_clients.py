@@ -18,9 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests import test_proxy_io
 from tests.conftest import POLITEPROXY, PY, ROOT, Certs, ProxyProc, Upstream, need_tool
 from tests.test_proxy_io import ProxyFactory, arrivals, start_with
-from tests.test_proxy_io import files_dir, files_upstream  # noqa: F401 - fixtures
+
+# Fixtures shared with test_proxy_io (pytest finds fixtures by module attribute).
+files_dir = test_proxy_io.files_dir
+files_upstream = test_proxy_io.files_upstream
 
 
 @pytest.fixture

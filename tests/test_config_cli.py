@@ -26,7 +26,7 @@ ENV_KEYS = (
 
 
 def clean_env(tmp: Path, **extra: str) -> dict[str, str]:
-    """The test's environment without POLITEPROXY_* and with a private XDG_DATA_HOME (the default data dir)."""
+    """The environment without POLITEPROXY_*, with a private XDG_DATA_HOME (the default data dir)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POLITEPROXY_")}
     env["XDG_DATA_HOME"] = str(tmp / "xdg")
     env.update(extra)

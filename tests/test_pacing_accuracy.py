@@ -59,8 +59,8 @@ def work(c):
         r = c.getresponse()
         body = r.read()
         with lock:
-            out.append({"i": i, "status": r.status, "t": time.time(), "retry_after": r.getheader("Retry-After"),
-                        "body": body[:200].decode("latin-1")})
+            out.append({"i": i, "status": r.status, "t": time.time(),
+                        "retry_after": r.getheader("Retry-After"), "body": body[:200].decode("latin-1")})
 ts = [threading.Thread(target=work, args=(c,)) for c in conns]
 for t in ts: t.start()
 for t in ts: t.join()

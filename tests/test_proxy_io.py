@@ -13,6 +13,7 @@ import os
 import socket
 import ssl
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -425,3 +426,44 @@ def test_421_cross_host_inside_tunnel(fast_proxy: ProxyProc, upstream: Upstream)
         assert resp.status == 200
     assert [a["path"] for a in arrivals(upstream, "/echo")] == ["/echo?ok=1"]
     assert metric_value(fast_proxy, "politeproxy_rejected_total", 'reason="misdirected"') == 4
+
+
+@pytest.mark.parametrize("kind", ["intercepted", "plain"])
+def test_stalled_client_does_not_make_the_proxy_buffer(
+    fast_proxy: ProxyProc, upstream: Upstream, kind: str
+) -> None:
+    """A client that stops reading: backpressure reaches the upstream instead of the proxy's memory."""
+    pid = fast_proxy.proc.pid
+    size = 256 * 1024 * 1024
+    still_serves(fast_proxy)  # warm up
+    before = proc_mem_kib(pid)
+    s: socket.socket
+    if kind == "intercepted":
+        s = tls_through_proxy(fast_proxy.port, "data.commoncrawl.org", ca_pem(fast_proxy))
+        s.sendall(f"GET /size/{size} HTTP/1.1\r\nHost: data.commoncrawl.org\r\n\r\n".encode())
+    else:
+        s = socket.create_connection(("127.0.0.1", fast_proxy.port), timeout=30)
+        s.sendall(
+            f"GET http://data.commoncrawl.org/size/{size} HTTP/1.1\r\nHost: data.commoncrawl.org\r\n\r\n".encode()
+        )
+    with s:
+        s.recv(1024)  # the answer has started
+        # Give the upstream every chance to push the whole body into the proxy while we read nothing.
+        relayed = lambda: metric_value(
+            fast_proxy, "politeproxy_bytes_total", 'direction="upstream_to_client"'
+        )  # noqa: E731
+        last = -1.0
+        for _ in range(100):
+            time.sleep(0.1)
+            now = relayed()
+            if now == last:
+                break
+            last = now
+        time.sleep(1.0)
+        after = proc_mem_kib(pid)
+        grew = (after["VmHWM"] - before["VmHWM"]) / 1024
+        assert grew < 64, f"peak RSS grew by {grew:.1f} MiB with a stalled client ({before} -> {after})"
+        assert relayed() < size / 2, (
+            "the proxy claims to have relayed most of the body to a client that read nothing"
+        )
+    still_serves(fast_proxy)
