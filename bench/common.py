@@ -76,10 +76,12 @@ class Bench(ExitStack):
         if not keep:
             self.callback(shutil.rmtree, self.tmp, True)
 
-    def spawn(self, cmd: Sequence[str], log_name: str, **kw: Any) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, cmd: Sequence[str], log_name: str, cwd: Path = ROOT, **kw: Any
+    ) -> subprocess.Popen[bytes]:
         logf = open(self.tmp / log_name, "wb")  # noqa: SIM115 - closed by the stack
         self.callback(logf.close)
-        proc = subprocess.Popen(list(cmd), stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT, **kw)
+        proc = subprocess.Popen(list(cmd), stdout=logf, stderr=subprocess.STDOUT, cwd=cwd, **kw)
         self.callback(stop, proc)
         return proc
 
@@ -205,7 +207,9 @@ def start_politeproxy(
     port = free_port()
     cmd = [PY, "-m", "politeproxy", "run", "--config", str(cfg), "--data-dir", str(data_dir)]
     cmd += ["--listen", f"127.0.0.1:{port}"] + (["-v"] if verbose else [])
-    proc = bench.spawn(cmd, f"politeproxy-{n}.log")
+    # POLITEPROXY_BENCH_SRC: run politeproxy from another source tree, to measure a candidate change.
+    src = Path(os.environ.get("POLITEPROXY_BENCH_SRC") or ROOT)
+    proc = bench.spawn(cmd, f"politeproxy-{n}.log", cwd=src)
 
     def healthy() -> bool:
         if proc.poll() is not None:

@@ -1,8 +1,9 @@
 """Run every benchmark in turn and write one markdown report.
 
-``.venv/bin/python bench/run_all.py [--out bench-results.md] [--quick] [--no-mitm]`` runs small_gets, bulk,
-duckdb_scan, held (plain HTTP and HTTPS clients), pacing and the py-spy profile (when py-spy is installed),
-one after another so they never compete for the two cores, and writes their tables to ``--out``.
+``.venv/bin/python bench/run_all.py [--out FILE] [--quick] [--no-mitm] [--only small,bulk,...]``
+runs small_gets, bulk, duckdb_scan, held (plain HTTP and HTTPS clients), pacing and the
+py-spy profile (when py-spy is installed), one after another so they never compete for the two cores,
+and prints (and with ``--out`` writes) the report.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from bench.common import log, machine_note  # noqa: E402
 
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--out", default="bench-results.md")
+    p.add_argument("--out", default="", help="also write the report to this file")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-mitm", action="store_true")
     p.add_argument("--only", default="", help="comma-separated subset: small,bulk,duckdb,held,pacing,profile")
@@ -51,8 +52,10 @@ def main(argv: list[str] | None = None) -> str:
         parts.append(text.split("\n\n", 1)[1] if text.startswith("Machine:") else text)
     parts.append(f"Total time {time.monotonic() - t0:.0f} s.")
     report = "\n\n".join(parts) + "\n"
-    Path(a.out).write_text(report)
-    log(f"wrote {a.out}")
+    print(report)
+    if a.out:
+        Path(a.out).write_text(report)
+        log(f"wrote {a.out}")
     return report
 
 

@@ -15,6 +15,9 @@ port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once lis
   /__log                  the arrival log as JSON lines (not logged itself)
   /__control (POST JSON)  {"throttle": {"host": H, "count": N, "status": 503, "retry_after": "2"}}
                           or {"robots": {"host": H, "text": "..."}}, {"reset": true}
+                          or {"table_delay": S}: each /cc-index/table/ file answer waits S seconds first
+  /__inflight             JSON {"now": N, "max": M}: /cc-index/table/ file answers in flight, now and at most
+                          (since the last table_delay control; not logged itself)
 """
 
 from __future__ import annotations
@@ -40,11 +43,14 @@ def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
     arrivals: list[dict[str, Any]] = []
     throttles: dict[str, dict[str, Any]] = {}
     robots: dict[str, str] = {}
+    table = {"delay": 0.0, "now": 0, "max": 0}  # /cc-index/table/ file answers: delay, in flight now, peak
     log_file = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
 
     async def handle(request: web.Request) -> web.StreamResponse:
         path = request.path
         host = request.host.split(":")[0]
+        if path == "/__inflight":
+            return web.json_response({"now": table["now"], "max": table["max"]})
         if path == "/__log":
             return web.Response(text="".join(json.dumps(a) + "\n" for a in arrivals))
         if path == "/__control":
@@ -56,6 +62,9 @@ def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
             if "throttle" in cmd:
                 t = cmd["throttle"]
                 throttles[t["host"]] = dict(t)
+            if "table_delay" in cmd:
+                table["delay"] = float(cmd["table_delay"])
+                table["max"] = table["now"]
             if "robots" in cmd:
                 robots[cmd["robots"]["host"]] = cmd["robots"]["text"]
             return web.json_response({"ok": True})
@@ -163,7 +172,16 @@ def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
             name = path.rsplit("/", 1)[-1]
             f = files_dir / name
             if f.is_file():
-                return web.FileResponse(f)
+                if not path.startswith("/cc-index/table/"):
+                    return web.FileResponse(f)
+                table["now"] += 1
+                table["max"] = max(table["max"], table["now"])
+                try:  # counted in flight from arrival until the (small, local) answer is handed to aiohttp
+                    if table["delay"]:
+                        await asyncio.sleep(table["delay"])
+                    return web.FileResponse(f)
+                finally:
+                    table["now"] -= 1
             return web.Response(status=404, text="no such file\n")
         return web.Response(text=f"hello from {host}{request.path_qs}\n")
 

@@ -273,6 +273,7 @@ def classifier() -> Classifier:
         # Dot segments cannot smuggle a paced path under the exempt prefix.
         ("GET", "data.commoncrawl.org", "/cc-index/table/../../crawl-data/x.warc.gz", True, Klass.PACED),
         ("GET", "data.commoncrawl.org", "/cc-index/table/%2e%2e/%2E%2E/crawl-data/x", True, Klass.PACED),
+        ("GET", "data.commoncrawl.org", "/cc-index/table/..%2f..%2fcrawl-data/x", True, Klass.PACED),
         ("GET", "data.commoncrawl.org", "/cc-index/table/./x.parquet", True, Klass.EXEMPT),
         # Lookalike hosts are not Common Crawl hosts at all: never paced, never exempt.
         ("GET", "commoncrawl.org.evil.example", "/cc-index/table/x", True, Klass.PASSTHROUGH),

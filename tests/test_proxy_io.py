@@ -119,6 +119,31 @@ def exchange(sock: socket.socket, request: bytes, method: str = "GET") -> http.c
     return resp
 
 
+class _NoClose:
+    """A buffered reader that http.client cannot close, so pipelined answers share one buffer."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.f, name)
+
+    def close(self) -> None:
+        pass
+
+
+def read_pipelined(sock: socket.socket, n: int) -> list[bytes]:
+    """Read ``n`` answers sent back to back on ``sock``; return their bodies."""
+    f = _NoClose(sock.makefile("rb"))
+    out = []
+    for _ in range(n):
+        resp = http.client.HTTPResponse(sock, method="GET")  # type: ignore[arg-type]
+        resp.fp = f  # type: ignore[assignment]
+        resp.begin()
+        out.append(resp.read())
+    return out
+
+
 def ca_pem(p: ProxyProc) -> Path:
     return p.data_dir / "ca.pem"
 
@@ -443,15 +468,15 @@ def test_stalled_client_does_not_make_the_proxy_buffer(
         s.sendall(f"GET /size/{size} HTTP/1.1\r\nHost: data.commoncrawl.org\r\n\r\n".encode())
     else:
         s = socket.create_connection(("127.0.0.1", fast_proxy.port), timeout=30)
-        s.sendall(
-            f"GET http://data.commoncrawl.org/size/{size} HTTP/1.1\r\nHost: data.commoncrawl.org\r\n\r\n".encode()
-        )
+        host = "Host: data.commoncrawl.org\r\n"
+        s.sendall(f"GET http://data.commoncrawl.org/size/{size} HTTP/1.1\r\n{host}\r\n".encode())
     with s:
         s.recv(1024)  # the answer has started
         # Give the upstream every chance to push the whole body into the proxy while we read nothing.
-        relayed = lambda: metric_value(
-            fast_proxy, "politeproxy_bytes_total", 'direction="upstream_to_client"'
-        )  # noqa: E731
+
+        def relayed() -> float:
+            return metric_value(fast_proxy, "politeproxy_bytes_total", 'direction="upstream_to_client"')
+
         last = -1.0
         for _ in range(100):
             time.sleep(0.1)
@@ -467,3 +492,49 @@ def test_stalled_client_does_not_make_the_proxy_buffer(
             "the proxy claims to have relayed most of the body to a client that read nothing"
         )
     still_serves(fast_proxy)
+
+
+def test_256mib_upload_streams_in_bounded_memory(fast_proxy: ProxyProc, upstream: Upstream) -> None:
+    size = 256 * 1024 * 1024
+    pid = fast_proxy.proc.pid
+    with requests.Session() as s:
+        s.trust_env = False
+        s.proxies = proxies(fast_proxy)
+        s.verify = str(bundle(fast_proxy))
+        r = s.post("https://data.commoncrawl.org/echo", data=_blocks(4 * 1024 * 1024), timeout=60)  # warm up
+        assert r.status_code == 200
+        before = proc_mem_kib(pid)
+        r = s.post("https://data.commoncrawl.org/echo", data=_blocks(size, 1 << 20), timeout=240)
+        after = proc_mem_kib(pid)
+    assert r.status_code == 200, r.text
+    assert r.json()["body_length"] == size
+    grew = (after["VmHWM"] - before["VmHWM"]) / 1024
+    assert grew < 64, f"peak RSS grew by {grew:.1f} MiB streaming a 256 MiB upload ({before} -> {after})"
+
+
+def test_plain_keepalive_and_pipelining(fast_proxy: ProxyProc, upstream: Upstream) -> None:
+    """The first request head is read by the front parser, the rest by aiohttp: nothing may be lost."""
+    host = "Host: data.commoncrawl.org\r\n"
+    body = b"b" * 100_000
+    length = f"Content-Length: {len(body)}\r\n"
+    post = f"POST http://data.commoncrawl.org/echo?n=0 HTTP/1.1\r\n{host}{length}\r\n".encode() + body
+    gets = b"".join(
+        f"GET http://data.commoncrawl.org/echo?n={i} HTTP/1.1\r\n{host}\r\n".encode() for i in range(1, 4)
+    )
+    with socket.create_connection(("127.0.0.1", fast_proxy.port), timeout=30) as s:
+        s.sendall(post + gets)  # four pipelined requests in one write, the first with a body
+        bodies = [json.loads(b) for b in read_pipelined(s, 4)]
+        assert [b["path"] for b in bodies] == [f"/echo?n={i}" for i in range(4)]
+        assert bodies[0]["sha256"] == hashlib.sha256(body).hexdigest()
+        # And a later request on the same connection, to another host.
+        s.sendall(b"GET http://other.example/echo?n=4 HTTP/1.1\r\nHost: other.example\r\n\r\n")
+        assert json.loads(read_pipelined(s, 1)[0])["host"] == "other.example"
+    assert [a["path"] for a in arrivals(upstream, "/echo")] == [f"/echo?n={i}" for i in range(5)]
+
+
+def test_pipelined_requests_inside_a_tunnel(fast_proxy: ProxyProc, upstream: Upstream) -> None:
+    host = "Host: data.commoncrawl.org\r\n"
+    with tls_through_proxy(fast_proxy.port, "data.commoncrawl.org", ca_pem(fast_proxy)) as s:
+        s.sendall(b"".join(f"GET /echo?p={i} HTTP/1.1\r\n{host}\r\n".encode() for i in range(5)))
+        bodies = [json.loads(b) for b in read_pipelined(s, 5)]
+        assert [b["path"] for b in bodies] == [f"/echo?p={i}" for i in range(5)]
