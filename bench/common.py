@@ -393,6 +393,34 @@ def histogram_quantile(metrics_text: str, name: str, q: float) -> float:
     return bucket_quantile(hist_buckets(metrics_text, name), q)
 
 
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return sum(vals), idle
+
+
+def cpu_busy(interval: float = 1.0) -> float:
+    """Fraction of all cores busy over ``interval`` seconds (0..1), from /proc/stat."""
+    t0, i0 = _cpu_times()
+    time.sleep(interval)
+    t1, i1 = _cpu_times()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_quiet(threshold: float = 0.15, max_wait: float = 60.0) -> float:
+    """Wait (bounded) until the machine is nearly idle, so other work does not skew a figure.
+
+    Returns the busy fraction last seen; a benchmark sharing the machine says so in its report.
+    """
+    deadline = time.monotonic() + max_wait
+    busy = cpu_busy()
+    while busy > threshold and time.monotonic() < deadline:
+        log(f"machine {busy:.0%} busy before the run; waiting for it to settle")
+        busy = cpu_busy(2.0)
+    return busy
+
+
 def machine_note() -> str:
     cpu = "?"
     try:

@@ -1,6 +1,6 @@
 """Profile politeproxy's hot path under small-GET load with py-spy, and print where the time goes.
 
-``.venv/bin/python bench/profile_small_gets.py [--mode off|exempt] [--concurrency 16] [--duration 10]``
+``.venv/bin/python bench/profile_small_gets.py [--mode off|exempt|bulk] [--concurrency 16] [--duration 10]``
 needs ``py-spy`` (``.venv/bin/pip install py-spy``) and ptrace rights. It records collapsed stacks while
 ``hey`` drives the proxy, then prints two tables: the functions with the most inclusive samples (project
 and library frames, grouped by file:function) and the most self samples (where the CPU actually is).
@@ -65,7 +65,12 @@ def summarize(raw: Path, top: int) -> str:
 
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=("off", "exempt"), default="off")
+    p.add_argument(
+        "--mode",
+        choices=("off", "exempt", "bulk"),
+        default="off",
+        help="off: small GETs, pacing off; exempt: Range reads; bulk: one large download with curl",
+    )
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
@@ -82,14 +87,25 @@ def main(argv: list[str] | None = None) -> str:
         (files / "small.bin").write_bytes(b"y" * 1024)
         up = start_upstream(b, certs, files)
         pp = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n')
-        path, headers = (
-            ("/size/1024", [])
-            if a.mode == "off"
-            else ("/cc-index/table/small.bin", ["-H", "Range: bytes=0-1023"])
-        )
+        path, headers = {
+            "off": ("/size/1024", []),
+            "exempt": ("/cc-index/table/small.bin", ["-H", "Range: bytes=0-1023"]),
+            "bulk": (f"/size/{1 << 40}", []),  # more than can arrive in --duration: curl stops at the limit
+        }[a.mode]
         url = f"https://{DATA_HOST}{path}"
         hey = ["hey", "-c", str(a.concurrency), "-x", pp.url, *headers]
-        subprocess.run([*hey, "-z", "1s", url], capture_output=True, check=True)  # warm-up
+        if a.mode == "bulk":
+            load_cmd = ["curl", "-sS", "-o", "/dev/null", "-x", pp.url, "--cacert", str(pp.ca_file)]
+            load_cmd += [
+                "--max-time",
+                str(a.duration),
+                "-w",
+                "Requests/sec: - speed %{speed_download} B/s",
+                url,
+            ]
+        else:
+            subprocess.run([*hey, "-z", "1s", url], capture_output=True, check=True)  # warm-up
+            load_cmd = [*hey, "-z", f"{a.duration}s", url]
         out = Path(a.out)
         rec = subprocess.Popen(
             [spy, "record", "--pid", str(pp.pid), "--rate", str(a.rate), "--format", "raw", "--nonblocking"]
@@ -98,11 +114,12 @@ def main(argv: list[str] | None = None) -> str:
             stderr=subprocess.PIPE,
         )
         time.sleep(0.5)
-        load = subprocess.run([*hey, "-z", f"{a.duration}s", url], capture_output=True, text=True)
+        load = subprocess.run(load_cmd, capture_output=True, text=True)
         _, err = rec.communicate(timeout=a.duration + 60)
         if rec.returncode != 0:
             raise SystemExit(f"py-spy failed: {err.decode(errors='replace')[-1000:]}")
         rps = next((ln.strip() for ln in load.stdout.splitlines() if "Requests/sec" in ln), "?")
+        rps = rps.replace("\t", " ")
         log(f"profiled {a.mode} at c={a.concurrency}: {rps}; raw stacks in {out}")
         text = f"### py-spy profile, mode {a.mode}, c={a.concurrency} ({rps})\n\n" + summarize(out, a.top)
     print(text)

@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import bulk, duckdb_scan, held, pacing, profile_small_gets, small_gets  # noqa: E402
-from bench.common import log, machine_note  # noqa: E402
+from bench.common import cpu_busy, log, machine_note, wait_quiet  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -47,9 +47,16 @@ def main(argv: list[str] | None = None) -> str:
     for name, fn, args in steps:
         if only and name not in only:
             continue
+        before = wait_quiet()
         log(f"running {name} {' '.join(args)}")
+        started = time.monotonic()
         text = fn(args)
-        parts.append(text.split("\n\n", 1)[1] if text.startswith("Machine:") else text)
+        after = cpu_busy()
+        body = text.split("\n\n", 1)[1] if text.startswith("Machine:") else text
+        parts.append(
+            body + f"\n\n_{name}: {time.monotonic() - started:.0f} s; machine busy {before:.0%} before, "
+            f"{after:.0%} just after (other work on the machine shows here)._"
+        )
     parts.append(f"Total time {time.monotonic() - t0:.0f} s.")
     report = "\n\n".join(parts) + "\n"
     print(report)

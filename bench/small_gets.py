@@ -57,8 +57,8 @@ def run_hey(url: str, proxy: str | None, c: int, duration: float, headers: list[
         cmd += ["-x", proxy]
     out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=duration + 60).stdout
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    p50 = re.search(r"50% in ([\d.]+) secs", out)
-    p99 = re.search(r"99% in ([\d.]+) secs", out)
+    p50 = re.search(r"50% in ([\d.]+) secs", out) or re.search(r"Average:\s+([\d.]+) secs", out)
+    p99 = re.search(r"99% in ([\d.]+) secs", out) or re.search(r"Slowest:\s+([\d.]+) secs", out)
     ok = sum(int(n) for n in re.findall(r"\[200\]\s+(\d+) responses", out)) + sum(
         int(n) for n in re.findall(r"\[206\]\s+(\d+) responses", out)
     )
@@ -137,7 +137,11 @@ def main(argv: list[str] | None = None) -> str:
                 return run_python(url, px.url if px else None, cafile, c, duration, headers)
 
             for name, px in targets:  # warm-up: leaves cached, upstream pools filled
-                measure(name, px, max(conc), min(1.0, a.duration))
+                for c in conc:
+                    try:
+                        measure(name, px, c, min(1.0, a.duration))
+                    except RuntimeError as e:  # a first request may be slow (mitmproxy makes its leaf)
+                        log(f"warm-up {name} c={c}: {str(e)[:80]}")
             results: dict[tuple[str, int], list[Run]] = {}
             for r in range(a.rounds):
                 for c in conc:

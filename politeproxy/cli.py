@@ -74,6 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     path = args.config or os.environ.get("POLITEPROXY_CONFIG") or None
 
     async def main() -> int:
+        loop_kind = type(asyncio.get_running_loop()).__module__.split(".")[0]
+        logging.getLogger("politeproxy").info("event loop: %s", loop_kind)
         app = App(cfg, path)
         app.overrides = {k: v for k, v in _overrides(args).items() if v is not None}
         try:
@@ -83,12 +85,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         await app.serve_forever()
         return 0
 
-    try:
-        import uvloop  # type: ignore[import-not-found]
-
-        return uvloop.run(main())
-    except ImportError:
-        return asyncio.run(main())
+    # uvloop where available; POLITEPROXY_EVENT_LOOP=asyncio runs on the standard loop (tests, debugging).
+    uvloop: Any = None
+    if os.environ.get("POLITEPROXY_EVENT_LOOP", "").lower() != "asyncio":
+        try:
+            import uvloop  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            uvloop = None
+    # The import is kept apart from the run: an ImportError inside main() must not start it twice.
+    return int(uvloop.run(main()) if uvloop is not None else asyncio.run(main()))
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -138,13 +138,18 @@ class Pacer:
     # -- paced --------------------------------------------------------------------------------------
 
     def _estimate(self, host: str, now: float) -> float:
-        """A lower bound on the wait of a request queued now, from what this process can see."""
+        """A lower bound on the wait of a request queued now, from what this process can see.
+
+        Only hosts that could go now count as ahead on the global schedule: a line of requests behind a
+        host's backoff must not get another, ready host refused for max_wait.
+        """
         s = self.settings
-        ahead = self.depth()
-        est = ahead * s.gap
-        interval = s.interval_for(host)
-        est = max(est, self.depth(host) * interval)
-        return max(est, self.host_ready.get(host, 0.0) - now)
+        own = self.depth(host)
+        ready_ahead = sum(
+            len(q) for h, q in self.queues.items() if h != host and self.host_ready.get(h, 0.0) <= now
+        )
+        host_wait = max(0.0, self.host_ready.get(host, 0.0) - now)
+        return max((ready_ahead + own) * s.gap, host_wait + own * max(s.gap, s.interval_for(host)))
 
     async def wait_paced(self, host: str, arrived: float | None = None) -> float:
         """Wait for a slot for ``host``; return seconds waited. Raises WaitTooLong."""

@@ -535,6 +535,8 @@ class Proxy:
             return await self._forward(request, url.scheme, host, url.port or 80, url.raw_path_qs)
         host, port = target
         hh = request.headers.get("Host", "")
+        if not hh and request.version < (1, 1):
+            hh = f"{host}:{port}"  # HTTP/1.0 may omit Host: inside a tunnel it can only mean the target
         h_host, sep, h_port = hh.rpartition(":")
         if not sep or "]" in h_port:
             h_host, h_port = hh, str(port if port != 443 else 443)

@@ -158,3 +158,20 @@ def test_get_retried_within_max_wait_and_refused_beyond_it(
     assert text.startswith("politeproxy:") and DATA in text and "wait" in text
     assert len(arrivals(upstream, DATA)) == n  # never reached the upstream
     assert "max_wait" in p.metrics()
+
+
+def test_robots_crawl_delay_raises_the_hosts_interval(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    upstream.control({"robots": {"host": DATA, "text": "User-agent: *\nCrawl-delay: 0.5\n"}})
+    p = proxy_factory(upstream, '[schedule]\nglobal_rate = "20ms"\n[robots]\nmax_crawl_delay = "10s"\n')
+    assert tunnel_get(p.env, DATA, "/size/1?first")[0] == 200
+    wait_for(lambda: "Crawl-delay 0.5" in p.log(), 10, "the robots.txt fetch")
+    assert [a["path"] for a in upstream.log()].count("/robots.txt") == 1  # fetched once, through the schedule
+    n = len(arrivals(upstream, DATA))
+    with ThreadPoolExecutor(4) as ex:
+        assert list(ex.map(lambda i: tunnel_get(p.env, DATA, f"/size/1?cd={i}")[0], range(4))) == [200] * 4
+    ts = [a["t"] for a in arrivals(upstream, DATA)[n:]]
+    assert len(ts) == 4
+    gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]
+    assert min(gaps) >= 0.5 - 0.05, gaps  # 0.5 s apart, not the 20 ms global gap

@@ -268,3 +268,21 @@ async def test_reload_changes_the_gap(pacer: Pacer) -> None:
     t0 = time.monotonic()
     await asyncio.gather(*(pacer.wait_paced(A) for _ in range(5)))
     assert time.monotonic() - t0 >= 4 * 0.05 - 0.01
+
+
+async def test_a_full_line_of_a_host_in_backoff_does_not_refuse_another_host(
+    pacer: Pacer, store: MemoryStore
+) -> None:
+    pacer.update(settings(gap=0.02, max_wait=1.0))
+    await pacer.record(A, 503, 0.5)
+    # Fill A's line until the estimate refuses more: about max_wait / gap requests wait behind the backoff.
+    waiting = [asyncio.create_task(pacer.wait_paced(A)) for _ in range(60)]
+    await asyncio.sleep(0.05)
+    assert 20 <= pacer.depth(A) < 60  # the line is full: the rest were refused
+    # B is ready and nothing that could go now is ahead of it: it goes at once instead of being refused.
+    t0 = time.monotonic()
+    await pacer.wait_paced(B)
+    assert time.monotonic() - t0 < 0.4
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert all(isinstance(r, float | WaitTooLong) for r in results)
+    assert any(isinstance(r, WaitTooLong) for r in results)

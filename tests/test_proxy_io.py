@@ -446,10 +446,16 @@ def test_421_cross_host_inside_tunnel(fast_proxy: ProxyProc, upstream: Upstream)
             s, b"GET https://other.example/echo?evil=2 HTTP/1.1\r\nHost: data.commoncrawl.org\r\n\r\n"
         )
         assert resp.status == 421
-        # The tunnel still serves its own host.
+        # The tunnel still serves its own host (HTTP/1.0 without Host means the CONNECT target).
+        resp = exchange(s, b"GET /echo?ok=0 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        assert resp.status == 200
         resp = exchange(s, b"GET /echo?ok=1 HTTP/1.1\r\nHost: data.commoncrawl.org\r\n\r\n")
         assert resp.status == 200
-    assert [a["path"] for a in arrivals(upstream, "/echo")] == ["/echo?ok=1"]
+    with tls_through_proxy(fast_proxy.port, "data.commoncrawl.org", ca_pem(fast_proxy)) as s:
+        # HTTP/1.1 without Host is malformed (RFC 9112 3.2): refused, never forwarded.
+        resp = exchange(s, b"GET /echo?nohost=1 HTTP/1.1\r\n\r\n")
+        assert resp.status == 400
+    assert [a["path"] for a in arrivals(upstream, "/echo")] == ["/echo?ok=0", "/echo?ok=1"]
     assert metric_value(fast_proxy, "politeproxy_rejected_total", 'reason="misdirected"') == 4
 
 
@@ -538,3 +544,40 @@ def test_pipelined_requests_inside_a_tunnel(fast_proxy: ProxyProc, upstream: Ups
         s.sendall(b"".join(f"GET /echo?p={i} HTTP/1.1\r\n{host}\r\n".encode() for i in range(5)))
         bodies = [json.loads(b) for b in read_pipelined(s, 5)]
         assert [b["path"] for b in bodies] == [f"/echo?p={i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_data_path_on_each_event_loop(
+    proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs, loop: str
+) -> None:
+    """The same data path on the standard asyncio loop (start_tls differs between the loops)."""
+    p = start_with(proxy_factory, upstream, certs, env={"POLITEPROXY_EVENT_LOOP": loop})
+    assert f"event loop: {loop}" in p.log()
+    host = "Host: data.commoncrawl.org\r\n"
+    with tls_through_proxy(p.port, "data.commoncrawl.org", ca_pem(p)) as s:
+        # Pipelined requests right after the handshake: nothing read with the ClientHello may be lost.
+        s.sendall(b"".join(f"GET /echo?l={i} HTTP/1.1\r\n{host}\r\n".encode() for i in range(3)))
+        assert [json.loads(b)["path"] for b in read_pipelined(s, 3)] == [f"/echo?l={i}" for i in range(3)]
+        resp = exchange(s, f"GET /size/300000?chunked=1 HTTP/1.1\r\n{host}\r\n".encode())
+        assert resp.data == b"x" * 300000  # type: ignore[attr-defined]
+        data = os.urandom(2_000_000)
+        resp = exchange(
+            s, f"POST /echo HTTP/1.1\r\n{host}Content-Length: {len(data)}\r\n\r\n".encode() + data
+        )
+        assert json.loads(resp.data)["sha256"] == hashlib.sha256(data).hexdigest()  # type: ignore[attr-defined]
+    # A blind tunnel, plain http://, and bad TLS that must not hurt the loop.
+    with tls_through_proxy(p.port, "other.example", certs.ca_file) as s:
+        assert exchange(s, b"GET /x HTTP/1.1\r\nHost: other.example\r\n\r\n").status == 200
+    r = requests.get("http://data.commoncrawl.org/echo?plain=1", proxies=proxies(p), timeout=30)
+    assert r.json()["path"] == "/echo?plain=1"
+    s2, head = connect_tunnel(p.port, "data.commoncrawl.org:443")
+    assert head.startswith(b"HTTP/1.1 200")
+    s2.sendall(b"not tls at all\r\n\r\n")
+    s2.settimeout(30)
+    try:
+        assert s2.recv(100) == b""
+    except ConnectionResetError:
+        pass
+    s2.close()
+    still_serves(p)
+    assert "Traceback" not in p.log(), p.log()

@@ -265,3 +265,42 @@ def test_file_store_unopenable_dir_is_a_store_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         FileStore(blocker)
     assert os.path.isfile(blocker)
+
+
+async def test_one_coroutine_at_a_time_takes_the_flock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """flock belongs to the open file description all coroutines share; two waiting at once would both
+    "get" it, and the first unlock would end the second's critical section while another process writes."""
+    s = FileStore(tmp_path)
+    holder = os.open(tmp_path / "ratelimit.lock", os.O_RDWR)  # another process, as far as flock is concerned
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    real_flock = fcntl.flock
+    waiting, peak = 0, 0
+
+    def counting_flock(fd: int, op: int) -> None:
+        nonlocal waiting, peak
+        if op == fcntl.LOCK_EX:  # a blocking wait, in a worker thread
+            waiting += 1
+            peak = max(peak, waiting)
+            try:
+                real_flock(fd, op)
+            finally:
+                waiting -= 1
+        else:
+            real_flock(fd, op)
+
+    monkeypatch.setattr(file_mod.fcntl, "flock", counting_flock)
+    policy = BackoffPolicy(jitter=0.0)
+    ops = [s.claim("data.commoncrawl.org", 0.01, 0.0, None) for _ in range(3)]
+    ops += [s.throttled("index.commoncrawl.org", 0.0, policy), s.host_view("data.commoncrawl.org")]
+    tasks = [asyncio.ensure_future(op) for op in ops]
+    await asyncio.sleep(0.2)
+    assert not any(t.done() for t in tasks)  # all held up by the other process
+    real_flock(holder, fcntl.LOCK_UN)
+    await asyncio.gather(*tasks)
+    assert peak == 1
+    assert read_lock(tmp_path)[1] == 3
+    assert (await s.host_view("index.commoncrawl.org")).throttles == 1
+    os.close(holder)
+    await s.close()

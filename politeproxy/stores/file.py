@@ -13,8 +13,8 @@ import fcntl
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from politeproxy import backoff
@@ -30,7 +30,7 @@ NS = 1_000_000_000
 
 
 def _ns(t: float) -> int:
-    return max(0, int(t * NS))
+    return max(0, round(t * NS))
 
 
 def _s(ns: int) -> float:
@@ -56,6 +56,11 @@ class FileStore(Store):
         except OSError as e:
             raise StoreError(f"cannot open {self.path}: {e}") from e
         self.host_fds: dict[str, int] = {}
+        self.lock_timeout = 5.0
+        # flock belongs to the open file description, which every coroutine here shares: two of them
+        # "holding" it at once would let the first one's unlock end the second one's critical section
+        # early. So one coroutine at a time takes the flock.
+        self._inproc: asyncio.Lock | None = None
 
     # -- locking: try without blocking the loop; on contention wait in a thread ------------------------
 
@@ -72,19 +77,26 @@ class FileStore(Store):
         if self._lock_nb():
             return
         try:
-            await asyncio.wait_for(asyncio.to_thread(fcntl.flock, self.fd, fcntl.LOCK_EX), timeout=5.0)
+            await asyncio.wait_for(
+                asyncio.to_thread(fcntl.flock, self.fd, fcntl.LOCK_EX), timeout=self.lock_timeout
+            )
         except (OSError, TimeoutError) as e:
             raise StoreError(f"cannot lock {self.path}: {e!r}") from e
 
     def _unlock(self) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
 
-    @contextmanager
-    def _held(self) -> Iterator[None]:
-        try:
-            yield
-        finally:
-            self._unlock()
+    @asynccontextmanager
+    async def _held(self) -> AsyncIterator[None]:
+        """The flock, held for one synchronous read-modify-write."""
+        if self._inproc is None:
+            self._inproc = asyncio.Lock()
+        async with self._inproc:
+            await self._lock()
+            try:
+                yield
+            finally:
+                self._unlock()
 
     # -- records ----------------------------------------------------------------------------------
 
@@ -127,8 +139,7 @@ class FileStore(Store):
     # -- Store ------------------------------------------------------------------------------------
 
     async def claim(self, host: str, gap: float, interval: float, max_wait: float | None) -> Claim:
-        await self._lock()
-        with self._held():
+        async with self._held():
             nxt, count = self._read_global()
             st = self._read_host(host)
             c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait)
@@ -142,33 +153,28 @@ class FileStore(Store):
             return c
 
     async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
-        await self._lock()
-        with self._held():
+        async with self._held():
             delay, st = self.sm.throttled(self._read_host(host), retry_after, policy)
             self._write_host(host, st)
             return delay
 
     async def succeeded(self, host: str) -> None:
-        await self._lock()
-        with self._held():
+        async with self._held():
             st = self._read_host(host)
             new = backoff.apply_success(st)
             if new is not st:
                 self._write_host(host, new)
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
-        await self._lock()
-        with self._held():
+        async with self._held():
             self._write_host(host, self.sm.with_crawl_delay(self._read_host(host), delay, ttl))
 
     async def host_view(self, host: str) -> HostView:
-        await self._lock()
-        with self._held():
+        async with self._held():
             return self.sm.view(self._read_host(host))
 
     async def grants(self) -> int:
-        await self._lock()
-        with self._held():
+        async with self._held():
             return self._read_global()[1]
 
     async def close(self) -> None:
