@@ -40,6 +40,21 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def _key_usage(signs_certs: bool) -> x509.KeyUsage:
+    """Signatures only; a CA also signs certificates and CRLs."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certs,
+        crl_sign=signs_certs,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def permitted_names(cert: x509.Certificate) -> list[str]:
     try:
         nc = cert.extensions.get_extension_for_class(x509.NameConstraints).value
@@ -68,17 +83,7 @@ def make_ca(permitted: list[str]) -> tuple[x509.Certificate, ec.EllipticCurvePri
         .not_valid_after(now + CA_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(signs_certs=True),
             critical=True,
         )
         .add_extension(
@@ -114,17 +119,7 @@ def sign_leaf(
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(signs_certs=False),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(leaf_key.public_key()), critical=False)

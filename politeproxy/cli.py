@@ -119,14 +119,22 @@ def _ca(cfg: Config) -> Any:
     return ca
 
 
-def cmd_env(args: argparse.Namespace) -> int:
+def _config_and_ca(args: argparse.Namespace) -> tuple[Config, Any] | int:
+    """The config and the CA for ``env`` and ``ca``, or the exit code of a failure already reported."""
     try:
         cfg = _config(args)
-        ca = _ca(cfg)
+        return cfg, _ca(cfg)
     except ConfigError as e:
         return _fail(str(e))
     except OSError as e:
         return _fail(f"data_dir {e.filename}: {e.strerror}", 1)
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    got = _config_and_ca(args)
+    if isinstance(got, int):
+        return got
+    cfg, ca = got
     host, port = cfg.listen
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
@@ -152,13 +160,10 @@ def cmd_env(args: argparse.Namespace) -> int:
 
 
 def cmd_ca(args: argparse.Namespace) -> int:
-    try:
-        cfg = _config(args)
-        ca = _ca(cfg)
-    except ConfigError as e:
-        return _fail(str(e))
-    except OSError as e:
-        return _fail(f"data_dir {e.filename}: {e.strerror}", 1)
+    got = _config_and_ca(args)
+    if isinstance(got, int):
+        return got
+    _cfg, ca = got
     print(f"ca.pem        {ca.cert_path}")
     print(f"ca-key.pem    {ca.key_path}")
     print(f"ca-bundle.pem {ca.bundle_path}")

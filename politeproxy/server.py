@@ -269,7 +269,7 @@ class FrontProtocol(asyncio.Protocol):
         if self.timer:
             self.timer.cancel()
         log.info("%s: %d %s", self.client, status, message)
-        self.proxy.metrics.rejected("-", why)
+        self.proxy.metrics.rejected("other", why)
         if self.transport and not self.transport.is_closing():
             self.transport.write(plain_response(status, reason, message, extra))
             self.transport.close()
@@ -520,7 +520,7 @@ class Proxy:
             if raw.startswith("/") or raw == "*":
                 return await self._admin(request)
             if not self.access.auth_ok(request.headers.get("Proxy-Authorization")):
-                self.metrics.rejected("-", "auth")
+                self.metrics.rejected("other", "auth")
                 return error_response(
                     407, "proxy authentication required", {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
                 )
@@ -529,7 +529,7 @@ class Proxy:
             except ValueError:
                 url = URL()
             if url.scheme not in ("http", "https") or not url.host:
-                self.metrics.rejected("-", "bad_request")
+                self.metrics.rejected("other", "bad_request")
                 return error_response(400, f"not a URL this proxy can forward: {raw[:200]!r}")
             host = normalize_host(url.host)
             return await self._forward(request, url.scheme, host, url.port or 80, url.raw_path_qs)
@@ -636,7 +636,9 @@ class Proxy:
             self.robots.ensure(host)
         if has_body and request.headers.get("Expect", "").lower() == "100-continue":
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body: AsyncIterator[bytes] | None = self._body(request) if has_body else None
+        body: AsyncIterator[bytes] | None = (
+            self._body(request, self.metrics.bytes.labels("client_to_upstream")) if has_body else None
+        )
         async with AsyncExitStack() as stack:
             while True:
                 try:
@@ -679,8 +681,9 @@ class Proxy:
                 return await self._relay(request, upstream, info)
 
     @staticmethod
-    async def _body(request: web.BaseRequest) -> AsyncIterator[bytes]:
+    async def _body(request: web.BaseRequest, counter: Any) -> AsyncIterator[bytes]:
         async for chunk in request.content.iter_chunked(CHUNK):
+            counter.inc(len(chunk))
             yield chunk
 
     @staticmethod
