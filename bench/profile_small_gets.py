@@ -13,6 +13,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
-    p.add_argument("--out", default=str(Path.cwd() / "politeproxy-profile.txt"))
+    p.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "politeproxy-profile.txt"))
     a = p.parse_args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():

@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
 from tests.measure import achieved_rate, busiest_window, max_in_window, results, run_clients
 from tests.redis_server import RedisServer, running_redis
+from tests.test_pacing_accuracy import start_clients, warm_upstream_pool
 
 GAP = 0.02  # 50 req/s
 
@@ -48,14 +49,16 @@ def start_proxies(
 
 
 def test_three_proxies_share_one_budget(
-    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, redis_server: RedisServer
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, redis_server: RedisServer, tmp_path: Path
 ) -> None:
     proxies = start_proxies(proxy_factory, upstream, 3, redis_toml(redis_server.url))
+    for p in proxies:
+        warm_upstream_pool(p.env)  # exempt reads: no slot, but the upstream TLS handshakes are paid
     upstream.reset()
-    clients = [
-        run_clients(p.env, f"https://data.commoncrawl.org/share/p{i}-", 40, 10) for i, p in enumerate(proxies)
-    ]
-    outs = [results(c) for c in clients]
+    # Every client holds its tunnels open and fires on one signal, so the queues never drain.
+    run = start_clients([p.env for p in proxies], "data.commoncrawl.org", 40, 10, "/share/x", tmp_path)
+    run.fire()
+    outs = run.results()
     assert all(r["status"] == 200 for out in outs for r in out), outs
     times = paced_arrivals(upstream, "/share/")
     assert len(times) == 120
@@ -138,10 +141,12 @@ def test_clock_skew_does_not_split_the_schedule(
         toml,
         envs=[{"POLITEPROXY_CLOCK_OFFSET": "0"}, {"POLITEPROXY_CLOCK_OFFSET": "5"}],
     )
+    for p in (a, b):
+        warm_upstream_pool(p.env)
     upstream.reset()
-    ca = run_clients(a.env, "https://data.commoncrawl.org/skew/a-", 50, 10)
-    cb = run_clients(b.env, "https://data.commoncrawl.org/skew/b-", 50, 10)
-    assert all(r["status"] == 200 for r in results(ca) + results(cb))
+    run = start_clients([a.env, b.env], "data.commoncrawl.org", 50, 10, "/skew/x", tmp_path)
+    run.fire()
+    assert all(r["status"] == 200 for out in run.results() for r in out)
     times = paced_arrivals(upstream, "/skew/")
     assert len(times) == 100
     assert abs(achieved_rate(times) / 50.0 - 1) <= 0.02

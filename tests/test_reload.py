@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
-from tests.test_pacing_accuracy import arrival_stats, run_clients
+from tests.test_pacing_accuracy import arrival_stats, run_clients, warm_upstream_pool
 
 
 def set_rate(p: ProxyProc, old: str, new: str, keep_mtime: bool = False) -> None:
@@ -36,12 +36,14 @@ def test_global_rate_follows_the_file_and_sighup_and_survives_a_broken_file(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream, tmp_path: Path
 ) -> None:
     p = proxy_factory(upstream, NO_ROBOTS + '[schedule]\nglobal_rate = "100ms"\n')
-    rates = {"start": phase_rate(p, upstream, tmp_path, "start", 12)}
+    warm_upstream_pool(p.env)  # exempt reads: no slot taken, and no TLS handshake in the first phase
+    # Each phase spans about 2 s, so 100 ms of scheduling noise stays within the 5% tolerance.
+    rates = {"start": phase_rate(p, upstream, tmp_path, "start", 21)}
 
     # The file watch sees the change.
     set_rate(p, "100ms", "25ms")
     wait_for(lambda: "config reloaded (file changed)" in p.log(), 10, "the file-change reload")
-    rates["file"] = phase_rate(p, upstream, tmp_path, "file", 40)
+    rates["file"] = phase_rate(p, upstream, tmp_path, "file", 81)
 
     # A broken file: rejected with the key named, and the running settings stay.
     set_rate(p, "25ms", "fast")
@@ -49,13 +51,13 @@ def test_global_rate_follows_the_file_and_sighup_and_survives_a_broken_file(
     line = next(ln for ln in p.log().splitlines() if "rejected" in ln)
     assert "schedule.global_rate" in line and "keeping the running settings" in line
     assert p.proc.poll() is None and p.healthy()
-    rates["broken"] = phase_rate(p, upstream, tmp_path, "broken", 40)
+    rates["broken"] = phase_rate(p, upstream, tmp_path, "broken", 81)
 
     # SIGHUP applies a change the watch has not noticed (same mtime).
     set_rate(p, "fast", "50ms", keep_mtime=True)
     p.sighup()
     wait_for(lambda: "config reloaded (SIGHUP)" in p.log(), 10, "the SIGHUP reload")
-    rates["sighup"] = phase_rate(p, upstream, tmp_path, "sighup", 25)
+    rates["sighup"] = phase_rate(p, upstream, tmp_path, "sighup", 41)
 
     want = {"start": 10.0, "file": 40.0, "broken": 40.0, "sighup": 20.0}
     print(
