@@ -29,7 +29,8 @@ def redis_server() -> Iterator[RedisServer]:
 def redis_toml(url: str, gap: str = "20ms", expected: int = 1, extra: str = "") -> str:
     return (
         NO_ROBOTS
-        + f'[schedule]\nbackend = "redis"\nredis_url = "{url}"\nglobal_rate = "{gap}"\nexpected_proxies = {expected}\n'
+        + f'[schedule]\nbackend = "redis"\nredis_url = "{url}"\nglobal_rate = "{gap}"\n'
+        + f"expected_proxies = {expected}\n"
         + extra
     )
 
@@ -121,7 +122,8 @@ def test_redis_outage_keeps_pacing_and_recovers(
         for i in range(3)
     }
     assert count <= 53, (
-        f"{count} in the 1 s from {start - killed:+.2f}s of the kill, {start - restarted:+.2f}s of the restart; per proxy {per}"
+        f"{count} in the 1 s from {start - killed:+.2f}s of the kill, "
+        f"{start - restarted:+.2f}s of the restart; per proxy {per}"
     )
     for p in proxies:
         assert (
