@@ -61,6 +61,11 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--size", type=int, default=GIB, help="bytes (default 1 GiB)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")
+    p.add_argument(
+        "--candidate",
+        type=Path,
+        help="also measure politeproxy run from this source tree (a candidate change), side by side",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.size, a.rounds = 8 << 20, 1
@@ -70,6 +75,9 @@ def main(argv: list[str] | None = None) -> str:
         pp = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n')
         mitm = maybe_mitmdump(b, up, not a.no_mitm)
         targets: list[tuple[str, Proxy | None]] = [("direct", None), ("politeproxy", pp)]
+        if a.candidate:
+            cand = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n', src=a.candidate.resolve())
+            targets.append(("candidate", cand))
         if mitm:
             targets.append(("mitmproxy", mitm))
         url = f"https://{DATA_HOST}/size/{a.size}"

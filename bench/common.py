@@ -199,6 +199,7 @@ def start_politeproxy(
     data_dir: Path | None = None,
     name: str = "politeproxy",
     verbose: bool = False,
+    src: Path | None = None,
 ) -> Proxy:
     n = time.monotonic_ns()
     data_dir = data_dir or bench.tmp / f"data-{n}"
@@ -208,7 +209,7 @@ def start_politeproxy(
     cmd = [PY, "-m", "politeproxy", "run", "--config", str(cfg), "--data-dir", str(data_dir)]
     cmd += ["--listen", f"127.0.0.1:{port}"] + (["-v"] if verbose else [])
     # POLITEPROXY_BENCH_SRC: run politeproxy from another source tree, to measure a candidate change.
-    src = Path(os.environ.get("POLITEPROXY_BENCH_SRC") or ROOT)
+    src = src or Path(os.environ.get("POLITEPROXY_BENCH_SRC") or ROOT)
     proc = bench.spawn(cmd, f"politeproxy-{n}.log", cwd=src)
 
     def healthy() -> bool:

@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--mode", choices=("off", "exempt", "both"), default="both")
     p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")
     p.add_argument("--loadgen", choices=("auto", "hey", "python"), default="auto")
+    p.add_argument(
+        "--candidate",
+        type=Path,
+        help="also measure politeproxy run from this source tree (a candidate change), side by side",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.rounds, a.duration = 1, 0.5
@@ -112,6 +117,9 @@ def main(argv: list[str] | None = None) -> str:
         pp = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n')
         mitm = maybe_mitmdump(b, up, not a.no_mitm)
         targets: list[tuple[str, Proxy | None]] = [("direct", None), ("politeproxy", pp)]
+        if a.candidate:
+            cand = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n', src=a.candidate.resolve())
+            targets.append(("candidate", cand))
         if mitm:
             targets.append(("mitmproxy", mitm))
 
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> str:
                             fmt(p50 * 1e3, 2),
                             fmt(p99 * 1e3, 2),
                             ratio(rps, d[0]) if n != "direct" else "",
-                            vs_mitm if n == "politeproxy" else "",
+                            vs_mitm if n in ("politeproxy", "candidate") else "",
                             f"+{(p50 - d[1]) * 1e3:.2f}" if n != "direct" else "",
                             errs,
                         ]

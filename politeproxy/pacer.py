@@ -242,6 +242,10 @@ class Pacer:
             slot = now + c.wait
             if c.wait > 0:
                 await asyncio.sleep(c.wait)
+                # Event-loop timers may fire up to a millisecond early (uvloop rounds to whole ms against a
+                # cached loop time); a grant must never precede its slot.
+                while (rest := slot - self.monotonic()) > 0:
+                    await asyncio.sleep(max(rest, 0.001))
             if head.future.done():
                 # The client left while its slot came up: give the slot to the next in this host's line.
                 while q and q[0].future.done():
