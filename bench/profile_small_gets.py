@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -35,9 +36,31 @@ def frame_key(frame: str) -> str:
     return f"{path}:{name}"
 
 
+# Areas of the proxy, each a test on a sample's frames (a sample may fall in several).
+AREAS: tuple[tuple[str, Callable[[list[str]], bool]], ...] = (
+    (
+        "response writes to the client (aiohttp StreamWriter._write: TLS + send)",
+        lambda ks: any(k.endswith("StreamWriter._write") for k in ks),
+    ),
+    ("TLS decrypt (ssl.py SSLObject.read)", lambda ks: any(k.endswith("SSLObject.read") for k in ks)),
+    ("upstream client (Upstream.request)", lambda ks: any(k.endswith("Upstream.request") for k in ks)),
+    (
+        "pacer and store (politeproxy/pacer.py, stores/)",
+        lambda ks: any(k.startswith(("politeproxy/pacer.py", "politeproxy/stores/")) for k in ks),
+    ),
+    ("access log (logging)", lambda ks: any(k.startswith("logging/") for k in ks)),
+    ("metrics (prometheus_client)", lambda ks: any(k.startswith("prometheus_client/") for k in ks)),
+    (
+        "event loop, native code (self time in Runner.run)",
+        lambda ks: bool(ks) and ks[-1].endswith("Runner.run"),
+    ),
+)
+
+
 def summarize(raw: Path, top: int) -> str:
     inclusive: Counter[str] = Counter()
     self_: Counter[str] = Counter()
+    areas: Counter[str] = Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, n_s = line.rpartition(" ")
@@ -50,14 +73,20 @@ def summarize(raw: Path, top: int) -> str:
             inclusive[k] += n
         if frames:
             self_[frames[-1]] += n
+        for name, test in AREAS:
+            if test(frames):
+                areas[name] += n
     if not total:
         return "no samples (does py-spy have ptrace rights?)"
 
     def rows(c: Counter[str]) -> list[list[str]]:
         return [[f"{100 * n / total:.1f}%", f"`{k}`"] for k, n in c.most_common(top)]
 
+    by_area = [[f"{100 * areas[name] / total:.1f}%", name] for name, _ in AREAS]
     return (
-        f"{total} samples\n\n**Self time (top {top})**\n\n"
+        f"{total} samples\n\n**By area**\n\n"
+        + table(["share", "area"], by_area)
+        + f"\n\n**Self time (top {top})**\n\n"
         + table(["share", "function"], rows(self_))
         + f"\n\n**Inclusive time (top {top})**\n\n"
         + table(["share", "function"], rows(inclusive))

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -172,6 +173,9 @@ class App:
             cfg.data_dir,
             ca.cert_path,
         )
+        if not log.isEnabledFor(logging.INFO):
+            # Without -v, one line still tells a new user that it is up and where.
+            print(f"politeproxy listening on {host}:{self.proxy.port} (-v for details)", file=sys.stderr)
         return self.proxy
 
     def _store_changed(self, active: Store, degraded: bool) -> None:
