@@ -161,6 +161,21 @@ class Pacer:
         if now + est > deadline:
             self.events.rejected(host, "max_wait")
             raise WaitTooLong(est, f"{host} is paced and this request would wait {est:.1f}s")
+        if self.settings.gap <= 0 and not self.queues.get(host) and self.host_ready.get(host, 0.0) <= now:
+            # Global pacing off and nobody ahead for this host: claim in this task, skipping the hand-off
+            # to the dispatcher. The store still answers, so a host's interval and backoff still hold.
+            try:
+                c = await self.store.claim(host, 0.0, self.settings.interval_for(host), deadline - now)
+            except StoreError:
+                c = None
+            if c is not None and c.granted and c.wait <= 0:
+                self.grants += 1
+                self.events.granted(host, 0.0)
+                waited = self.monotonic() - arrived
+                self.events.waited(host, Klass.PACED, waited)
+                return waited
+            if c is not None and c.outcome is Outcome.HOST_NOT_READY:
+                self.host_ready[host] = now + c.wait
         w = _Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future())
         q = self.queues.setdefault(host, deque())
         q.append(w)

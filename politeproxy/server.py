@@ -226,6 +226,12 @@ class _Pending(asyncio.Protocol):
         self.lost = True
 
 
+class _RelayedResponse(web.StreamResponse):
+    """Sends the head with the first body chunk: one TLS record and one send for a small answer."""
+
+    _send_headers_immediately = False
+
+
 class _TrackingServer(web.Server):
     """aiohttp's low-level server, telling us when one of its connections ends."""
 
@@ -705,7 +711,7 @@ class Proxy:
         self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, info: dict[str, Any]
     ) -> web.StreamResponse:
         headers = strip_hop_by_hop(upstream.headers)
-        out = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        out = _RelayedResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         counter = self.metrics.bytes.labels("upstream_to_client")
         try:
             await out.prepare(request)

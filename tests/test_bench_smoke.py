@@ -74,7 +74,9 @@ def test_pacing() -> None:
     assert len(got) >= 5
     for r in got:
         assert r[-1] == "0", out  # every request answered 200 and seen upstream
-        assert 0.9 < float(r[5]) < 1.1, out
+        # A smoke run is too short and too noisy for a lower bound (a loaded box starts late); a ratio far
+        # above 1 would mean the budget was exceeded, which no load can excuse.
+        assert 0 < float(r[5]) < 1.1, out
     assert "Store claim latency" in out
 
 
