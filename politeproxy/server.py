@@ -475,6 +475,7 @@ class Proxy:
         if tls is None:
             transport.abort()
             return
+        log.debug("%s: intercepting %s:%d", client, host, port)
         proto = self.tunnel_server()
         self.tunnels[proto] = (host, port)
         self._tunnel_change(+1)
