@@ -19,17 +19,16 @@ from bench.common import (  # noqa: E402
     DATA_HOST,
     Bench,
     Proxy,
+    compared_paths,
     fmt,
     hwm_mib,
     log,
     machine_note,
     make_certs,
-    maybe_mitmdump,
     median,
     ratio,
     reset_hwm,
     rss_mib,
-    start_politeproxy,
     start_upstream,
     table,
 )
@@ -72,14 +71,7 @@ def main(argv: list[str] | None = None) -> str:
     with Bench() as b:
         certs = make_certs(b.tmp)
         up = start_upstream(b, certs)
-        pp = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n')
-        mitm = maybe_mitmdump(b, up, not a.no_mitm)
-        targets: list[tuple[str, Proxy | None]] = [("direct", None), ("politeproxy", pp)]
-        if a.candidate:
-            cand = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n', src=a.candidate.resolve())
-            targets.append(("candidate", cand))
-        if mitm:
-            targets.append(("mitmproxy", mitm))
+        targets = compared_paths(b, up, a.candidate, not a.no_mitm)
         url = f"https://{DATA_HOST}/size/{a.size}"
         idle = {name: rss_mib(px.pid) for name, px in targets if px}
         speeds: dict[str, list[float]] = {}

@@ -291,6 +291,24 @@ def maybe_mitmdump(bench: Bench, up: Upstream, enabled: bool) -> Proxy | None:
 # -- memory --------------------------------------------------------------------------------
 
 
+PACING_OFF = '[schedule]\nglobal_rate = "0"\n'
+
+
+def compared_paths(
+    bench: Bench, up: Upstream, candidate: Path | None, mitm: bool
+) -> list[tuple[str, Proxy | None]]:
+    """The paths a figure compares, in rotation order: direct, politeproxy (pacing off), an optional
+    candidate source tree, and mitmproxy when enabled."""
+    pp = start_politeproxy(bench, up, PACING_OFF)
+    mitmproxy = maybe_mitmdump(bench, up, mitm)
+    paths: list[tuple[str, Proxy | None]] = [("direct", None), ("politeproxy", pp)]
+    if candidate:
+        paths.append(("candidate", start_politeproxy(bench, up, PACING_OFF, src=candidate.resolve())))
+    if mitmproxy:
+        paths.append(("mitmproxy", mitmproxy))
+    return paths
+
+
 def _status_kib(pid: int, key: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

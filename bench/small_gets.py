@@ -28,14 +28,13 @@ from bench.common import (  # noqa: E402
     ROOT,
     Bench,
     Proxy,
+    compared_paths,
     fmt,
     log,
     machine_note,
     make_certs,
-    maybe_mitmdump,
     median,
     ratio,
-    start_politeproxy,
     start_upstream,
     table,
 )
@@ -114,14 +113,7 @@ def main(argv: list[str] | None = None) -> str:
         files.mkdir()
         (files / "small.bin").write_bytes(b"y" * max(a.size, 1))
         up = start_upstream(b, certs, files)
-        pp = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n')
-        mitm = maybe_mitmdump(b, up, not a.no_mitm)
-        targets: list[tuple[str, Proxy | None]] = [("direct", None), ("politeproxy", pp)]
-        if a.candidate:
-            cand = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n', src=a.candidate.resolve())
-            targets.append(("candidate", cand))
-        if mitm:
-            targets.append(("mitmproxy", mitm))
+        targets = compared_paths(b, up, a.candidate, not a.no_mitm)
 
         for mode in modes:
             if mode == "off":
