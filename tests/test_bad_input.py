@@ -15,6 +15,7 @@ import requests
 from tests.conftest import Certs, ProxyProc, Upstream, free_port, wait_for
 from tests.test_proxy_io import (
     ProxyFactory,
+    bundle,
     ca_pem,
     connect_tunnel,
     exchange,
@@ -329,3 +330,30 @@ def test_many_bad_clients_at_once_do_not_stop_a_good_one(bp: ProxyProc, tmp_path
             s.close()
     still_serves(bp)
     no_tracebacks(bp)
+
+
+def test_upstream_connect_timeout(proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs) -> None:
+    # A listener that never accepts nor answers: the TCP handshake completes in the kernel, TLS never
+    # does, so the proxy's connect timeout (which covers the TLS handshake) must answer 504.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        port = silent.getsockname()[1]
+        p = start_with(
+            proxy_factory,
+            upstream,
+            certs,
+            resolve={"data.commoncrawl.org:443": f"127.0.0.1:{port}"},
+            up_settings={"connect_timeout": '"1s"', "read_timeout": '"30s"'},
+        )
+        with tls_through_proxy(p.port, "data.commoncrawl.org", ca_pem(p)) as s:
+            resp = exchange(s, b"GET /echo HTTP/1.1\r\nHost: data.commoncrawl.org\r\n\r\n")
+            assert resp.status == 504
+            assert b"timed out" in resp.data  # type: ignore[attr-defined]
+            one_line_reason(resp.data)  # type: ignore[attr-defined]
+    # data.commoncrawl.org still points at the closed listener (and is backing off): another host answers.
+    r = requests.get(
+        "https://index.commoncrawl.org/echo", proxies=proxies(p), verify=str(bundle(p)), timeout=WAIT
+    )
+    assert r.status_code == 200
+    no_tracebacks(p)
