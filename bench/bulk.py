@@ -19,6 +19,7 @@ from bench.common import (  # noqa: E402
     DATA_HOST,
     Bench,
     Proxy,
+    add_compare_args,
     compared_paths,
     fmt,
     hwm_mib,
@@ -59,12 +60,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
     p.add_argument("--size", type=int, default=GIB, help="bytes (default 1 GiB)")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")
-    p.add_argument(
-        "--candidate",
-        type=Path,
-        help="also measure politeproxy run from this source tree (a candidate change), side by side",
-    )
+    add_compare_args(p)
     a = p.parse_args(argv)
     if a.quick:
         a.size, a.rounds = 8 << 20, 1

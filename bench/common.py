@@ -6,6 +6,7 @@ Everything listens on 127.0.0.1 only. Every process started here is registered w
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -292,6 +293,16 @@ def maybe_mitmdump(bench: Bench, up: Upstream, enabled: bool) -> Proxy | None:
 
 
 PACING_OFF = '[schedule]\nglobal_rate = "0"\n'
+
+
+def add_compare_args(p: argparse.ArgumentParser) -> None:
+    """--no-mitm and --candidate, for the figures that compare paths side by side."""
+    p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")
+    p.add_argument(
+        "--candidate",
+        type=Path,
+        help="also measure politeproxy run from this source tree (a candidate change), side by side",
+    )
 
 
 def compared_paths(

@@ -28,6 +28,7 @@ from bench.common import (  # noqa: E402
     ROOT,
     Bench,
     Proxy,
+    add_compare_args,
     compared_paths,
     fmt,
     log,
@@ -91,13 +92,8 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--concurrency", default=None, help="comma-separated (default 1,16,64)")
     p.add_argument("--size", type=int, default=1024, help="response body bytes")
     p.add_argument("--mode", choices=("off", "exempt", "both"), default="both")
-    p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")
     p.add_argument("--loadgen", choices=("auto", "hey", "python"), default="auto")
-    p.add_argument(
-        "--candidate",
-        type=Path,
-        help="also measure politeproxy run from this source tree (a candidate change), side by side",
-    )
+    add_compare_args(p)
     a = p.parse_args(argv)
     if a.quick:
         a.rounds, a.duration = 1, 0.5

@@ -9,7 +9,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -22,7 +21,7 @@ from politeproxy.crawldelay import RobotsWatcher
 from politeproxy.hostmatch import HostSet
 from politeproxy.metrics import Metrics
 from politeproxy.pacer import Pacer
-from politeproxy.server import Access, Proxy, Timeouts, is_loopback
+from politeproxy.server import Access, Proxy, Timeouts, health_response, is_loopback, metrics_response
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
@@ -81,10 +80,12 @@ def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
 
 
 class App:
-    def __init__(self, cfg: Config, config_path: str | None = None) -> None:
+    def __init__(
+        self, cfg: Config, config_path: str | None = None, overrides: dict[str, Any] | None = None
+    ) -> None:
         self.cfg = cfg
         self.config_path = config_path
-        self.overrides: dict[str, Any] = {}
+        self.overrides = overrides or {}  # env and flags, applied again on every reload
         self.metrics = Metrics()
         self.proxy: Proxy | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -152,7 +153,7 @@ class App:
             await self.upstream.close()
             raise StartupError(f"cannot listen on {host}:{port}: {e.strerror}") from None
         self.pacer.start()
-        self.metrics.configured_rate.set(1.0 / settings.gap if settings.gap > 0 else 0.0)
+        self.metrics.set_configured_gap(settings.gap)
         if cfg["metrics_listen"]:
             await self._start_metrics(cfg["metrics_listen"])
         loop = asyncio.get_running_loop()
@@ -188,15 +189,9 @@ class App:
     async def _start_metrics(self, addr: str) -> None:
         h, p = parse_hostport(addr, "metrics_listen")
 
-        async def metrics(_req: web.Request) -> web.Response:
-            return web.Response(
-                body=self.metrics.render(),
-                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
-            )
-
         app = web.Application()
-        app.router.add_get("/metrics", metrics)
-        app.router.add_get("/healthz", lambda _r: web.json_response({"status": "ok", **self._health()}))
+        app.router.add_get("/metrics", lambda _r: metrics_response(self.metrics))
+        app.router.add_get("/healthz", lambda _r: health_response(self._health))
         self._metrics_runner = web.AppRunner(app, access_log=None)
         await self._metrics_runner.setup()
         await web.TCPSite(self._metrics_runner, h, p).start()
@@ -249,7 +244,7 @@ class App:
             rb["ttl"],
             rb["max_crawl_delay"],
         )
-        self.metrics.configured_rate.set(1.0 / settings.gap if settings.gap > 0 else 0.0)
+        self.metrics.set_configured_gap(settings.gap)
         self.metrics.reloads.labels("ok").inc()
         self.cfg = new
         log.info("config reloaded (%s): global gap %gs, max_wait %gs", why, settings.gap, settings.max_wait)
@@ -277,11 +272,3 @@ class App:
         await self.stopped.wait()
         log.info("shutting down")
         await self.close()
-
-
-def data_dir_paths(data_dir: Path) -> dict[str, Path]:
-    return {
-        "ca": data_dir / "ca.pem",
-        "key": data_dir / "ca-key.pem",
-        "bundle": data_dir / "ca-bundle.pem",
-    }

@@ -48,14 +48,22 @@ def setup_logging(verbose: int, fmt: str) -> None:
     logging.getLogger("politeproxy.access").setLevel(logging.INFO)
 
 
-def _config(args: argparse.Namespace) -> Config:
-    path = getattr(args, "config", None) or os.environ.get("POLITEPROXY_CONFIG") or None
-    overrides = env_overrides()
+def _config_path(args: argparse.Namespace) -> str | None:
+    return getattr(args, "config", None) or os.environ.get("POLITEPROXY_CONFIG") or None
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """Environment, then flags: both win over the config file, and a reload applies them again."""
+    out = env_overrides()
     for key in ("listen", "data_dir", "global_rate", "metrics_listen", "log_format"):
         value = getattr(args, key, None)
         if value is not None:
-            overrides[key] = value
-    return load(path, overrides)
+            out[key] = value
+    return out
+
+
+def _config(args: argparse.Namespace) -> Config:
+    return load(_config_path(args), _overrides(args))
 
 
 def _fail(msg: str, code: int = EXIT_CONFIG) -> int:
@@ -71,13 +79,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     setup_logging(args.verbose, cfg["log_format"])
     from politeproxy.app import App, StartupError
 
-    path = args.config or os.environ.get("POLITEPROXY_CONFIG") or None
-
     async def main() -> int:
         loop_kind = type(asyncio.get_running_loop()).__module__.split(".")[0]
         logging.getLogger("politeproxy").info("event loop: %s", loop_kind)
-        app = App(cfg, path)
-        app.overrides = {k: v for k, v in _overrides(args).items() if v is not None}
+        app = App(cfg, _config_path(args), _overrides(args))
         try:
             await app.start()
         except StartupError as e:
@@ -94,15 +99,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             uvloop = None
     # The import is kept apart from the run: an ImportError inside main() must not start it twice.
     return int(uvloop.run(main()) if uvloop is not None else asyncio.run(main()))
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    out = env_overrides()
-    for key in ("listen", "data_dir", "global_rate", "metrics_listen", "log_format"):
-        value = getattr(args, key, None)
-        if value is not None:
-            out[key] = value
-    return out
 
 
 def _ca(cfg: Config) -> Any:

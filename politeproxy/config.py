@@ -18,7 +18,7 @@ from typing import Any
 from politeproxy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
 from politeproxy.hostmatch import DEFAULT_PACED_HOSTS, normalize_host, validate_pattern
-from politeproxy.pacer import INDEX_HOST_INTERVAL, PacingSettings
+from politeproxy.pacer import PacingSettings
 
 
 class ConfigError(ValueError):
@@ -292,7 +292,7 @@ class Config:
     def host_intervals(self) -> tuple[tuple[str, float], ...]:
         hosts = self.raw["hosts"]
         if hosts is None:
-            return (("index.commoncrawl.org", INDEX_HOST_INTERVAL),)
+            return PacingSettings().host_intervals
         return tuple((h, t["interval"]) for h, t in hosts.items())
 
     def pacing(self) -> PacingSettings:

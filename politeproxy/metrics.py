@@ -112,6 +112,13 @@ class Metrics(PacerEvents):
             while times and times[0] < cutoff:
                 times.popleft()
 
+    def answered(self, host: str, klass: str, status: int | None) -> None:
+        """One answered request; ``status`` None when the upstream failed."""
+        self.requests.labels(host, klass, code_class(status)).inc()
+
+    def set_configured_gap(self, gap: float) -> None:
+        self.configured_rate.set(1.0 / gap if gap > 0 else 0.0)
+
     def set_store(self, name: str, degraded: bool) -> None:
         for s in ("memory", "file", "redis"):
             self.store.labels(s).set(1 if s == name else 0)

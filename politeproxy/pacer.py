@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -283,7 +282,7 @@ class Pacer:
                 head.future.set_exception(
                     WaitTooLong(c.wait, f"{host} is paced and this request would wait {c.wait:.1f}s")
                 )
-            if c.wait > 0 and c.at > 0:
+            if c.wait > 0:
                 self.host_ready[host] = max(self.host_ready.get(host, 0.0), now + min(c.wait, 0.05))
 
     # -- exempt -------------------------------------------------------------------------------------
@@ -354,7 +353,3 @@ class Pacer:
 
     async def host_view(self, host: str) -> HostView:
         return await self.store.host_view(host)
-
-
-def retry_after_header(wait: float) -> str:
-    return str(max(1, math.ceil(wait)))

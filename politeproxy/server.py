@@ -29,10 +29,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from yarl import URL
 
-from politeproxy.backoff import parse_retry_after
+from politeproxy.backoff import parse_retry_after, retry_after_seconds
 from politeproxy.classify import Klass
 from politeproxy.hostmatch import normalize_host
-from politeproxy.pacer import Pacer, WaitTooLong, retry_after_header
+from politeproxy.pacer import Pacer, WaitTooLong
 from politeproxy.upstream import CHUNK, Upstream, strip_hop_by_hop
 
 log = logging.getLogger("politeproxy")
@@ -62,11 +62,17 @@ http_log.addFilter(_BadRequestOneLine())
 REPLAYABLE = frozenset({"GET", "HEAD"})
 
 
-def is_loopback(ip: str) -> bool:
+def _address(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address of a peer name, without an IPv6 zone; None when it is not an address."""
     try:
-        return ipaddress.ip_address(ip.split("%", 1)[0]).is_loopback
+        return ipaddress.ip_address(ip.split("%", 1)[0])
     except ValueError:
-        return False
+        return None
+
+
+def is_loopback(ip: str) -> bool:
+    addr = _address(ip)
+    return addr is not None and addr.is_loopback
 
 
 class Access:
@@ -84,11 +90,8 @@ class Access:
         if is_loopback(ip):
             return True
         if self.networks:
-            try:
-                addr = ipaddress.ip_address(ip.split("%", 1)[0])
-            except ValueError:
-                return False
-            return any(addr in n for n in self.networks)
+            addr = _address(ip)
+            return addr is not None and any(addr in n for n in self.networks)
         return bool(self.users)
 
     def auth_ok(self, header: str | None) -> bool:
@@ -121,6 +124,21 @@ def plain_response(status: int, reason: str, message: str, extra: dict[str, str]
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, text=f"politeproxy: {message}\n", headers=headers)
+
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def metrics_response(metrics: Any) -> web.Response:
+    """/metrics, on the proxy port and on --metrics-listen."""
+    return web.Response(
+        body=metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
+
+
+def health_response(health: Callable[[], dict[str, Any]]) -> web.Response:
+    """/healthz, on the proxy port and on --metrics-listen."""
+    return web.json_response({"status": "ok", **health()})
 
 
 @dataclass
@@ -339,7 +357,6 @@ class FrontProtocol(asyncio.Protocol):
         host, sep, port_s = target.rpartition(":")
         host = normalize_host(host)
         if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
-            self.done = False
             self._fail(400, "Bad Request", f"CONNECT needs host:port, got {target!r}", "bad_request")
             return
         port = int(port_s)
@@ -492,7 +509,7 @@ class Proxy:
         self, transport: asyncio.Transport, client: str, host: str, port: int, leftover: bytes
     ) -> None:
         loop = asyncio.get_running_loop()
-        dest_host, dest_port = await self.upstream.open_tunnel(host, port)
+        dest_host, dest_port = self.upstream.tunnel_address(host, port)
 
         def bytes_seen(from_client: bool, n: int) -> None:
             self.metrics.bytes.labels("client_to_upstream" if from_client else "upstream_to_client").inc(n)
@@ -546,7 +563,7 @@ class Proxy:
             hh = f"{host}:{port}"  # HTTP/1.0 may omit Host: inside a tunnel it can only mean the target
         h_host, sep, h_port = hh.rpartition(":")
         if not sep or "]" in h_port:
-            h_host, h_port = hh, str(port if port != 443 else 443)
+            h_host, h_port = hh, str(port)  # no port in Host: the tunnel's own
         path = request.raw_path
         if not path.startswith("/"):
             try:
@@ -565,12 +582,9 @@ class Proxy:
         if request.method not in ("GET", "HEAD"):
             return error_response(405, "admin endpoints answer GET only")
         if path == "/metrics":
-            return web.Response(
-                body=self.metrics.render(),
-                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
-            )
+            return metrics_response(self.metrics)
         if path == "/healthz":
-            return web.json_response({"status": "ok", **self.health()})
+            return health_response(self.health)
         if path == "/ca.pem":
             return web.Response(body=self.ca.pem(), content_type="application/x-pem-file")
         return error_response(404, "not found: the admin endpoints are /metrics, /healthz and /ca.pem")
@@ -589,8 +603,7 @@ class Proxy:
         finally:
             info["duration"] = time.monotonic() - started
             self._access(request, host, klass, info)
-        code = info["status"]
-        self.metrics.requests.labels(label, klass.value, f"{code // 100}xx" if code else "error").inc()
+        self.metrics.answered(label, klass.value, info["status"] or None)
         return resp
 
     def _access(self, request: web.BaseRequest, host: str, klass: Klass, info: dict[str, Any]) -> None:
@@ -655,7 +668,7 @@ class Proxy:
                         info["wait"] = await stack.enter_async_context(self.pacer.exempt(host, arrived))
                 except WaitTooLong as e:
                     info["status"], info["note"] = 503, "max_wait"
-                    return error_response(503, e.why, {"Retry-After": retry_after_header(e.wait)})
+                    return error_response(503, e.why, {"Retry-After": str(retry_after_seconds(e.wait))})
                 try:
                     upstream = await self.upstream.request(method, str(url), headers, body)
                 except (aiohttp.ClientError, TimeoutError, OSError) as e:

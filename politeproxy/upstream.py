@@ -137,7 +137,7 @@ class Upstream:
             raise_for_status=False,
         )
 
-    async def open_tunnel(self, host: str, port: int) -> tuple[str, int]:
+    def tunnel_address(self, host: str, port: int) -> tuple[str, int]:
         """Where a blind tunnel to ``host:port`` should connect (the --resolve map applies)."""
         hit = self.resolver.lookup(host, port)
         return hit if hit else (host, port)
