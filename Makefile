@@ -27,6 +27,7 @@ run: $(VENV)/.installed-run
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check politeproxy tests bench
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: $(VENV)/.installed-test

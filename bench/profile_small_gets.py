@@ -45,8 +45,8 @@ AREAS: tuple[tuple[str, Callable[[list[str]], bool]], ...] = (
     ("TLS decrypt (ssl.py SSLObject.read)", lambda ks: any(k.endswith("SSLObject.read") for k in ks)),
     ("upstream client (Upstream.request)", lambda ks: any(k.endswith("Upstream.request") for k in ks)),
     (
-        "pacer and store (politeproxy/pacer.py, stores/)",
-        lambda ks: any(k.startswith(("politeproxy/pacer.py", "politeproxy/stores/")) for k in ks),
+        "pacer and store (politeproxy/pacing/, stores/)",
+        lambda ks: any(k.startswith(("politeproxy/pacing/", "politeproxy/stores/")) for k in ks),
     ),
     ("access log (logging)", lambda ks: any(k.startswith("logging/") for k in ks)),
     ("metrics (prometheus_client)", lambda ks: any(k.startswith("prometheus_client/") for k in ks)),

@@ -14,19 +14,21 @@ from typing import Any
 from aiohttp import web
 
 from politeproxy import config as config_mod
-from politeproxy.ca import CertificateAuthority
-from politeproxy.classify import Classifier
 from politeproxy.config import Config, ConfigError, parse_hostport
-from politeproxy.crawldelay import RobotsWatcher
-from politeproxy.hostmatch import HostSet
 from politeproxy.metrics import Metrics
-from politeproxy.pacer import Pacer
-from politeproxy.server import Access, Proxy, Timeouts, health_response, is_loopback, metrics_response
+from politeproxy.pacing.pacer import Pacer
+from politeproxy.policy.access import Access, is_loopback
+from politeproxy.policy.classify import Classifier
+from politeproxy.policy.hosts import HostSet
+from politeproxy.proxy.ca import CertificateAuthority
+from politeproxy.proxy.listener import Proxy, Timeouts
+from politeproxy.proxy.responses import health_response, metrics_response
+from politeproxy.proxy.robots_fetch import RobotsWatcher
+from politeproxy.proxy.upstream import Upstream
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
 from politeproxy.stores.memory import MemoryStore
-from politeproxy.upstream import Upstream
 
 log = logging.getLogger("politeproxy")
 

@@ -102,8 +102,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _ca(cfg: Config) -> Any:
-    from politeproxy.ca import CertificateAuthority
-    from politeproxy.hostmatch import HostSet
+    from politeproxy.policy.hosts import HostSet
+    from politeproxy.proxy.ca import CertificateAuthority
 
     ca = CertificateAuthority(cfg.data_dir, HostSet(cfg.paced_hosts).permitted_subtrees(), remake=False)
     if ca.missing:

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from politeproxy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
-from politeproxy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
-from politeproxy.hostmatch import DEFAULT_PACED_HOSTS, normalize_host, validate_pattern
-from politeproxy.pacer import PacingSettings
+from politeproxy.pacing.pacer import PacingSettings
+from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
+from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
+from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS, normalize_host, validate_pattern
 
 
 class ConfigError(ValueError):

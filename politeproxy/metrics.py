@@ -11,8 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from politeproxy.classify import Klass
-from politeproxy.pacer import PacerEvents
+from politeproxy.pacing.pacer import PacerEvents
+from politeproxy.policy.classify import Klass
 
 # The achieved-rate gauge's window; POLITEPROXY_RATE_WINDOW shortens it (tests, quick dashboards).
 RATE_WINDOW = float(os.environ.get("POLITEPROXY_RATE_WINDOW", "60") or 60)

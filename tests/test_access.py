@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from politeproxy.server import Access
+from politeproxy.policy.access import Access
 from tests.conftest import POLITEPROXY, ROOT, Certs, Upstream, free_port, need_tool
 from tests.test_proxy_io import ProxyFactory, bundle, read_head, start_with
 

@@ -17,8 +17,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from politeproxy.ca import sign_leaf
-from politeproxy.hostmatch import DEFAULT_PACED_HOSTS
+from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS
+from politeproxy.proxy.ca import sign_leaf
 from tests.conftest import POLITEPROXY, ROOT, Certs, Upstream, need_tool
 from tests.test_proxy_io import FAST, ProxyFactory, exchange, tls_through_proxy, upstream_toml
 

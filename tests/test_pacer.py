@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from politeproxy.backoff import BackoffPolicy
-from politeproxy.pacer import Pacer, PacingSettings, WaitTooLong
+from politeproxy.pacing.pacer import Pacer, PacingSettings, WaitTooLong
+from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.stores.memory import MemoryStore
 
 A = "data.commoncrawl.org"

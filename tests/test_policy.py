@@ -7,7 +7,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from politeproxy.backoff import (
+from politeproxy.policy.backoff import (
     DEFAULT_THROTTLE_CODES,
     BackoffPolicy,
     apply_success,
@@ -16,10 +16,10 @@ from politeproxy.backoff import (
     retry_after_seconds,
     throttle_delay,
 )
-from politeproxy.classify import DEFAULT_EXEMPT_RULES, Classifier, ExemptRule, Klass
-from politeproxy.hostmatch import HostSet, host_matches
-from politeproxy.robots import crawl_delay, effective_crawl_delay
-from politeproxy.slots import HostState, Outcome, claim
+from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, Classifier, ExemptRule, Klass
+from politeproxy.policy.hosts import HostSet, host_matches
+from politeproxy.policy.robots import crawl_delay, effective_crawl_delay
+from politeproxy.policy.slots import HostState, Outcome, claim
 
 NOW = 1_700_000_000.0
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from politeproxy.backoff import BackoffPolicy
-from politeproxy.slots import Outcome
+from politeproxy.policy.backoff import BackoffPolicy
+from politeproxy.policy.slots import Outcome
 from politeproxy.stores.base import StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.memory import MemoryStore

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from politeproxy.backoff import BackoffPolicy
-from politeproxy.slots import Outcome
+from politeproxy.policy.backoff import BackoffPolicy
+from politeproxy.policy.slots import Outcome
 from politeproxy.stores import file as file_mod
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore

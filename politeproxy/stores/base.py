@@ -10,8 +10,8 @@ import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from politeproxy.backoff import BackoffPolicy, Delay
-from politeproxy.slots import Claim
+from politeproxy.policy.backoff import BackoffPolicy, Delay
+from politeproxy.policy.slots import Claim
 
 
 class StoreError(Exception):

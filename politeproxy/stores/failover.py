@@ -17,8 +17,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from politeproxy.backoff import BackoffPolicy, Delay
-from politeproxy.slots import Claim, Outcome
+from politeproxy.policy.backoff import BackoffPolicy, Delay
+from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.base import HostView, Store, StoreError
 
 log = logging.getLogger("politeproxy.store")

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from politeproxy import backoff
-from politeproxy.backoff import BackoffPolicy, Delay
-from politeproxy.slots import Claim, HostState
+from politeproxy.policy import backoff
+from politeproxy.policy.backoff import BackoffPolicy, Delay
+from politeproxy.policy.slots import Claim, HostState
 from politeproxy.stores.base import HostView, Store, StoreError, jitter_source
 from politeproxy.stores.memory import StateMachine
 

@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from politeproxy import backoff, slots
-from politeproxy.backoff import BackoffPolicy, Delay
-from politeproxy.slots import Claim, HostState
+from politeproxy.policy import backoff, slots
+from politeproxy.policy.backoff import BackoffPolicy, Delay
+from politeproxy.policy.slots import Claim, HostState
 from politeproxy.stores.base import HostView, Store, jitter_source
 
 

@@ -25,9 +25,9 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from politeproxy import backoff
-from politeproxy.backoff import BackoffPolicy, Delay
-from politeproxy.slots import Claim, Outcome
+from politeproxy.policy import backoff
+from politeproxy.policy.backoff import BackoffPolicy, Delay
+from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.base import HostView, Store, StoreError, jitter_source
 
 T = TypeVar("T")

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 
-from politeproxy.slots import HostState
+from politeproxy.policy.slots import HostState
 
 # Why these: 429 and 503 are the standard "slow down"; Common Crawl's CloudFront rate rules answer 403,
 # and S3's SlowDown reaches clients as 503 or wrapped in a 500. A 404 or 416 is an ordinary answer.

@@ -16,13 +16,13 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from politeproxy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy, Delay
-from politeproxy.classify import Klass
-from politeproxy.hostmatch import host_matches
-from politeproxy.slots import Outcome
+from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy, Delay
+from politeproxy.policy.classify import Klass
+from politeproxy.policy.hosts import host_matches
+from politeproxy.policy.slots import Outcome
 from politeproxy.stores.base import HostView, Store, StoreError
 
-log = logging.getLogger("politeproxy.pacer")
+log = logging.getLogger("politeproxy.pacing.pacer")
 
 INDEX_HOST_INTERVAL = 1.0
 SUCCESS_RECHECK = 1.0  # seconds between store resets of a host's throttle count on success

@@ -19,9 +19,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from politeproxy.hostmatch import is_covered
+from politeproxy.policy.hosts import is_covered
 
-log = logging.getLogger("politeproxy.ca")
+log = logging.getLogger("politeproxy.proxy.ca")
 
 CA_VALIDITY = dt.timedelta(days=3650)
 LEAF_VALIDITY = dt.timedelta(days=397)

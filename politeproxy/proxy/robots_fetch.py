@@ -9,11 +9,11 @@ import time
 import aiohttp
 from multidict import CIMultiDict
 
-from politeproxy.pacer import Pacer, WaitTooLong
-from politeproxy.robots import crawl_delay, effective_crawl_delay
-from politeproxy.upstream import Upstream
+from politeproxy.pacing.pacer import Pacer, WaitTooLong
+from politeproxy.policy.robots import crawl_delay, effective_crawl_delay
+from politeproxy.proxy.upstream import Upstream
 
-log = logging.getLogger("politeproxy.robots")
+log = logging.getLogger("politeproxy.policy.robots")
 
 MAX_ROBOTS_BYTES = 512 * 1024
 RETRY_AFTER_FAILURE = 300.0

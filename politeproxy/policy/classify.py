@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import unquote
 
-from politeproxy.hostmatch import HostSet, host_matches
+from politeproxy.policy.hosts import HostSet, host_matches
 
 
 def normalize_path(path: str) -> str:

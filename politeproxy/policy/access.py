@@ -1,0 +1,55 @@
+"""Who may use the proxy (policy core, no I/O): loopback by default; CIDRs and/or Basic proxy auth."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import ipaddress
+
+
+def _address(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address of a peer name, without an IPv6 zone; None when it is not an address."""
+    try:
+        return ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return None
+
+
+def is_loopback(ip: str) -> bool:
+    addr = _address(ip)
+    return addr is not None and addr.is_loopback
+
+
+class Access:
+    """Who may use the proxy: loopback only by default; CIDRs and/or Basic proxy authentication."""
+
+    def __init__(self, allow_clients: list[str], users: dict[str, str]) -> None:
+        self.networks = [ipaddress.ip_network(c, strict=False) for c in allow_clients]
+        self.users = users
+
+    @property
+    def open_beyond_loopback(self) -> bool:
+        return bool(self.networks or self.users)
+
+    def ip_allowed(self, ip: str) -> bool:
+        if is_loopback(ip):
+            return True
+        if self.networks:
+            addr = _address(ip)
+            return addr is not None and any(addr in n for n in self.networks)
+        return bool(self.users)
+
+    def auth_ok(self, header: str | None) -> bool:
+        if not self.users:
+            return True
+        if not header or not header[:6].lower() == "basic ":
+            return False
+        try:
+            user, _, password = (
+                base64.b64decode(header[6:].strip(), validate=True).decode("utf-8").partition(":")
+            )
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        want = self.users.get(user)
+        return want is not None and hmac.compare_digest(want.encode(), password.encode())
