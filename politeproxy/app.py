@@ -39,6 +39,8 @@ RESTART_ONLY = (
     "allow_clients",
     "metrics_listen",
     "paced_hosts",
+    "tunnel_ports",
+    "allow_private_destinations",
     "auth",
     "client",
     "upstream",
@@ -135,7 +137,11 @@ class App:
         self.classifier = Classifier(hosts, cfg.exempt_rules())
         cl = cfg["client"]
         timeouts = Timeouts(
-            cl["handshake_timeout"], cl["header_timeout"], cl["idle_timeout"], cl["max_header_size"]
+            cl["handshake_timeout"],
+            cl["header_timeout"],
+            cl["idle_timeout"],
+            cl["max_header_size"],
+            cl["max_connections"],
         )
         self.proxy = Proxy(
             ca=ca,
@@ -148,6 +154,8 @@ class App:
             robots=self.robots,
             log_json=cfg["log_format"] == "json",
             health=self._health,
+            tunnel_ports=frozenset(cfg["tunnel_ports"]),
+            allow_private_destinations=cfg["allow_private_destinations"],
         )
         try:
             await self.proxy.start(host, port)

@@ -204,12 +204,15 @@ SCHEMA: dict[str, Any] = {
     "metrics_listen": (_optional_hostport, ""),
     "log_format": (_choice("plain", "json"), "plain"),
     "paced_hosts": (_list(_pattern), list(DEFAULT_PACED_HOSTS)),
+    "tunnel_ports": (_list(_int(1, 65535)), [443]),
+    "allow_private_destinations": (_bool, False),
     "auth": {"users": (_table_of(_str), {})},
     "client": {
         "handshake_timeout": (_dur, 10.0),
         "header_timeout": (_dur, 15.0),
         "idle_timeout": (_dur, 60.0),
         "max_header_size": (_int(1024, 1 << 20), 32768),
+        "max_connections": (_int(1, 1_000_000), 4096),
     },
     "upstream": {
         "ca_file": (_str, ""),

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy, Delay
+from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy, Delay, parse_retry_after
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.hosts import host_matches
 from politeproxy.policy.slots import Outcome
@@ -75,7 +75,36 @@ class _Waiter:
     future: asyncio.Future[float]
 
 
+class Permit:
+    """One request's turn, from ``Pacer.permit``: how long it was held, and where its answer goes."""
+
+    __slots__ = ("_pacer", "host", "klass", "waited")
+
+    def __init__(self, pacer: Pacer, host: str, klass: Klass, waited: float) -> None:
+        self._pacer = pacer
+        self.host = host
+        self.klass = klass
+        self.waited = waited
+
+    async def answered(self, status: int | None, retry_after: str | None) -> Delay | None:
+        """Feed the upstream's answer back (``status`` None: the connection failed or timed out).
+
+        The store write runs in a task the pacer owns and is awaited through ``asyncio.shield``: a caller
+        cancelled here (its client left) never loses a throttle the upstream already sent.
+        """
+        return await self._pacer.feedback(self.host, status, retry_after)
+
+
 class Pacer:
+    """One request budget for every paced host. Use it as aiolimiter's limiters are used::
+
+        async with pacer.permit(host, Klass.PACED) as p:      # waits for a slot, or raises WaitTooLong
+            resp = await send(...)
+            delay = await p.answered(resp.status, resp.headers.get("Retry-After"))
+
+    ``Klass.EXEMPT`` holds one of the host's exempt places for the block instead of a slot.
+    """
+
     def __init__(
         self,
         store: Store,
@@ -96,6 +125,7 @@ class Pacer:
         self._exempt_cond: dict[str, asyncio.Condition] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._feedback_tasks: set[asyncio.Task[Delay | None]] = set()
         self.grants = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------
@@ -105,6 +135,8 @@ class Pacer:
             self._task = asyncio.get_running_loop().create_task(self._dispatch_forever())
 
     async def close(self) -> None:
+        if self._feedback_tasks:
+            await asyncio.wait(set(self._feedback_tasks), timeout=5.0)
         if self._task:
             self._task.cancel()
             try:
@@ -322,6 +354,26 @@ class Pacer:
             self.events.exempt_changed(host, self.in_flight[host])
             async with cond:
                 cond.notify(1)
+
+    # -- the facade ---------------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def permit(self, host: str, klass: Klass, arrived: float | None = None) -> AsyncIterator[Permit]:
+        """Hold the request until it may go (a slot, or an exempt place); raises WaitTooLong."""
+        if klass is Klass.EXEMPT:
+            async with self.exempt(host, arrived) as waited:
+                yield Permit(self, host, klass, waited)
+        else:
+            waited = await self.wait_paced(host, arrived)
+            yield Permit(self, host, klass, waited)
+
+    async def feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None:
+        """Record an answer in a task of our own, shielded from the caller's cancellation."""
+        ra = parse_retry_after(retry_after, time.time())
+        task = asyncio.get_running_loop().create_task(self.record(host, status, ra))
+        self._feedback_tasks.add(task)
+        task.add_done_callback(self._feedback_tasks.discard)
+        return await asyncio.shield(task)
 
     # -- answers ------------------------------------------------------------------------------------
 

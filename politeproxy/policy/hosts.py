@@ -64,6 +64,24 @@ def normalize_host(host: str) -> str:
     return host
 
 
+_HOSTNAME_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+def valid_hostname(host: str) -> bool:
+    """True for a DNS name of RFC 1123 labels (after ``normalize_host``): letters, digits and inner
+    hyphens, 1-63 characters a label, at most 253 in all, at least two labels, not all-numeric at the end.
+
+    Client-chosen names are checked with this before they are classified, used as a key, or put near a
+    path: ``../x.commoncrawl.org``, ``a/b``, ``a..b`` and names with NUL or spaces are all refused.
+    """
+    if not isinstance(host, str) or not host or len(host) > 253:
+        return False
+    labels = host.split(".")
+    if len(labels) < 2 or labels[-1].isdigit():
+        return False
+    return all(_HOSTNAME_LABEL.match(lab) for lab in labels)
+
+
 def validate_pattern(pattern: str) -> str | None:
     """Return an error message for a malformed pattern, or None."""
     p = normalize_host(pattern)

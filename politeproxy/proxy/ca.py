@@ -23,6 +23,11 @@ from politeproxy.policy.hosts import is_covered
 
 log = logging.getLogger("politeproxy.proxy.ca")
 
+
+class CAError(Exception):
+    """The CA in the data dir cannot be read, parsed or written; the message is one line for the user."""
+
+
 CA_VALIDITY = dt.timedelta(days=3650)
 LEAF_VALIDITY = dt.timedelta(days=397)
 

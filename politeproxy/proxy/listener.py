@@ -58,6 +58,7 @@ class Timeouts:
     header: float = 15.0
     idle: float = 60.0
     max_header_size: int = 32768
+    max_connections: int = 4096  # client connections open at once (tunnels included)
 
 
 class _TrackingServer(web.Server):
@@ -202,7 +203,11 @@ class Proxy:
         robots: Any = None,
         log_json: bool = False,
         health: Callable[[], dict[str, Any]] | None = None,
+        tunnel_ports: frozenset[int] = frozenset({443}),
+        allow_private_destinations: bool = False,
     ) -> None:
+        self.tunnel_ports = tunnel_ports
+        self.allow_private_destinations = allow_private_destinations
         self.ca = ca
         self.classifier = classifier
         self.pacer = pacer
