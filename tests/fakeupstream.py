@@ -4,7 +4,14 @@ Run as ``python -m tests.fakeupstream --cert server.pem --port-file F [--log FIL
 port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once listening. Routes (any host):
   /size/N[?chunked=1]     N bytes of b"x" (Content-Length, or chunked)
   /echo                   JSON: method, path, host, headers, body length and sha256
-  /status/CODE[?retry_after=V]
+  /status/CODE[?retry_after=V]   V is sent as the raw bytes of its percent-decoding ("--5", "%C2%B2" for "²");
+                          CR and LF are dropped so the head stays one head
+  /closedelim/N[?cut=reset|noclose_notify|none]   HTTP/1.1 200 with neither Content-Length nor chunked
+                          framing: N bytes of b"x", then a TCP reset (SO_LINGER 0; the default), a transport
+                          abort (on TLS: no close_notify), or a clean close (close_notify, then FIN)
+  /cutmid/N               Content-Length: N, but the connection is reset after N//2 bytes
+  /hang                   reads the request and never answers, until the client goes away
+  /badframing?kind=cl|chunk   cl: two conflicting Content-Length headers; chunk: an invalid chunk size
   /gzip                   a gzip-encoded body with Content-Encoding: gzip
   /robots.txt             404 unless /__control set robots text
   /slow?delay=S           answers after S seconds
@@ -28,14 +35,102 @@ import gzip
 import hashlib
 import json
 import os
+import socket
 import ssl
+import struct
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 LOG_KEY = web.AppKey("log", list)
+RAW_ROUTES = ("/status/", "/closedelim/", "/cutmid/", "/hang", "/badframing")
+
+
+def _raw_query(request: web.Request, name: str) -> bytes | None:
+    """The percent-decoded bytes of one query value, undecoded as text: any byte an upstream might send."""
+    raw = request.raw_path.partition("?")[2]
+    for part in raw.split("&"):
+        k, _, v = part.partition("=")
+        if urllib.parse.unquote(k) == name:
+            return urllib.parse.unquote_to_bytes(v.replace("+", " ")).replace(b"\r", b"").replace(b"\n", b"")
+    return None
+
+
+async def _flush(transport: asyncio.BaseTransport) -> None:
+    """Wait until the transport's buffer left the process, so a following cut does not drop it."""
+    deadline = time.monotonic() + 10
+    while transport.get_write_buffer_size() and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.1)  # let the peer read it before the reset (an RST may discard unread data)
+
+
+def _reset(transport: asyncio.BaseTransport) -> None:
+    """A TCP reset: SO_LINGER 0, then close without any TLS goodbye."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()  # type: ignore[attr-defined]
+
+
+async def raw_answer(request: web.Request) -> web.StreamResponse:
+    """Routes whose answer aiohttp would refuse to write: bytes go straight to the transport.
+
+    The handler still returns a response object; aiohttp's write of it then fails on the closed transport,
+    which aiohttp treats as a client that went away (no log line).
+    """
+    path, tr = request.path, request.transport
+    assert tr is not None
+    if path == "/hang":
+        while not tr.is_closing():
+            await asyncio.sleep(0.05)
+        return web.Response()
+    if request.method != "HEAD":
+        async for _ in request.content.iter_chunked(65536):
+            pass
+    if path.startswith("/status/"):
+        code = int(path[len("/status/") :])
+        ra = _raw_query(request, "retry_after")
+        body = f"status {code}\n".encode()
+        head = f"HTTP/1.1 {code} X\r\nContent-Length: {len(body)}\r\nContent-Type: text/plain\r\n".encode()
+        head += b"Connection: close\r\n"
+        if ra is not None:
+            head += b"Retry-After: " + ra + b"\r\n"
+        tr.write(head + b"\r\n" + (body if request.method != "HEAD" else b""))
+        request.protocol.force_close()  # the next write (aiohttp's) is refused; the connection then closes
+        await _flush(tr)
+        tr.close()
+        return web.Response()
+    if path.startswith("/closedelim/") or path.startswith("/cutmid/"):
+        n = int(path.rsplit("/", 1)[1])
+        cut = request.query.get("cut", "reset") if path.startswith("/closedelim/") else "reset"
+        framing = b"" if path.startswith("/closedelim/") else f"Content-Length: {n}\r\n".encode()
+        send = n if path.startswith("/closedelim/") else n // 2
+        tr.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n" + framing + b"\r\n")
+        block = b"x" * 65536
+        while send > 0:
+            tr.write(block[: min(send, len(block))])
+            send -= len(block)
+            if tr.get_write_buffer_size() > 1 << 20:  # type: ignore[attr-defined]
+                await _flush(tr)
+        await _flush(tr)
+        if cut == "none":
+            tr.close()
+        elif cut == "noclose_notify":
+            tr.abort()
+        else:
+            _reset(tr)
+        return web.Response()
+    kind = request.query.get("kind", "cl")
+    if kind == "chunk":
+        tr.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz!\r\nxx\r\n0\r\n\r\n")
+    else:
+        tr.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello..")
+    await _flush(tr)
+    tr.close()
+    return web.Response()
 
 
 def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
@@ -119,12 +214,8 @@ def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
                     "sha256": h.hexdigest(),
                 }
             )
-        if path.startswith("/status/"):
-            code = int(path[len("/status/") :])
-            headers = {}
-            if "retry_after" in request.query:
-                headers["Retry-After"] = request.query["retry_after"]
-            return web.Response(status=code, text=f"status {code}\n", headers=headers)
+        if path.startswith(RAW_ROUTES):
+            return await raw_answer(request)
         if path == "/gzip":
             body = gzip.compress(b"hello gzip " * 100)
             return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
