@@ -8,19 +8,20 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from politeproxy import config as config_mod
-from politeproxy.config import Config, ConfigError, parse_hostport
+from politeproxy.config import Config, ConfigError, changes, env_number, parse_hostport
 from politeproxy.metrics import Metrics
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.access import Access, is_loopback
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
-from politeproxy.proxy.ca import CertificateAuthority
+from politeproxy.proxy.ca import CAError, CertificateAuthority
 from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.responses import health_response, metrics_response
 from politeproxy.proxy.robots_fetch import RobotsWatcher
@@ -36,6 +37,7 @@ log = logging.getLogger("politeproxy")
 RESTART_ONLY = (
     "listen",
     "data_dir",
+    "log_format",
     "allow_clients",
     "metrics_listen",
     "paced_hosts",
@@ -48,12 +50,29 @@ RESTART_ONLY = (
 
 
 class StartupError(Exception):
-    pass
+    """The proxy cannot start; the message is one line for the user (exit 2)."""
+
+
+class RepeatLog:
+    """One warning line for an error, then at most one a minute for repeats, with how many there were."""
+
+    def __init__(self, what: str, every: float = 60.0) -> None:
+        self.what, self.every = what, every
+        self.last: float | None = None
+        self.repeats = 0
+
+    def report(self, exc: BaseException, now: float) -> None:
+        if self.last is not None and now - self.last < self.every:
+            self.repeats += 1
+            return
+        more = f" ({self.repeats} more since the last line)" if self.repeats else ""
+        log.warning("%s: %s: %s%s", self.what, type(exc).__name__, one_line(str(exc)), more)
+        self.last, self.repeats = now, 0
 
 
 def wall_clock() -> Callable[[], float]:
     """time.time, shifted by POLITEPROXY_CLOCK_OFFSET seconds (a testing aid for clock skew)."""
-    offset = float(os.environ.get("POLITEPROXY_CLOCK_OFFSET", "0") or 0)
+    offset = env_number(os.environ, "POLITEPROXY_CLOCK_OFFSET")  # finite and bounded, or ConfigError
     if not offset:
         return time.time
     return lambda: time.time() + offset
@@ -83,6 +102,44 @@ def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
     return FailoverStore(primary, local, mult, on_change=on_change)
 
 
+def _check_writable(data_dir: Path) -> None:
+    """Create and remove a file: a read-only data dir is refused at start, not at the first CONNECT."""
+    probe = data_dir / f".politeproxy-write-test-{os.getpid()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.close(fd)
+    os.unlink(probe)
+
+
+def open_data_dir(data_dir: Path, hosts: HostSet) -> CertificateAuthority:
+    """Make the data dir, check it is writable, load (or make) the CA and the well-known leaves.
+
+    Every failure is a one-line StartupError: an unwritable dir, a corrupt or unreadable CA file.
+    Runs in a thread: it signs and writes files.
+    """
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        _check_writable(data_dir)
+    except OSError as e:
+        raise StartupError(f"data_dir {data_dir} is not a writable directory: {e.strerror}") from None
+    try:
+        ca = CertificateAuthority(data_dir, hosts.permitted_subtrees())
+        if ca.created:
+            log.warning("made a new CA in %s; trust %s (see `politeproxy env`)", data_dir, ca.cert_path)
+        for h in hosts.concrete_hosts():
+            ca.context_for(h)
+    except CAError as e:
+        raise StartupError(one_line(str(e))) from None
+    except OSError as e:
+        raise StartupError(f"the CA in {data_dir}: {e.filename or ''}: {e.strerror}") from None
+    except ValueError as e:  # cryptography's parse errors, should the CA code let one through
+        raise StartupError(f"the CA in {data_dir} cannot be read: {one_line(str(e))}") from None
+    return ca
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())[:300]
+
+
 class App:
     def __init__(
         self, cfg: Config, config_path: str | None = None, overrides: dict[str, Any] | None = None
@@ -97,11 +154,17 @@ class App:
         self._metrics_runner: web.AppRunner | None = None
         self.stopped = asyncio.Event()
 
-    def _stat(self) -> float | None:
+    def _stat(self) -> tuple[int, int] | None:
+        """(mtime, size) of the config file: a change in either is a change to look at."""
         try:
-            return os.stat(self.config_path).st_mtime if self.config_path else None
+            st = os.stat(self.config_path) if self.config_path else None
         except OSError:
             return None
+        return (st.st_mtime_ns, st.st_size) if st else None
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Start a task the App owns: kept referenced here, cancelled and awaited by close()."""
+        self._tasks.append(asyncio.get_running_loop().create_task(coro, name=name))
 
     async def start(self) -> Proxy:
         cfg = self.cfg
@@ -112,16 +175,12 @@ class App:
                 f"refusing to listen on {host}:{port} as an open proxy: "
                 "set allow_clients (CIDRs) or [auth] users"
             )
-        try:
-            cfg.data_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StartupError(f"data_dir {cfg.data_dir}: {e.strerror}") from None
         hosts = HostSet(cfg.paced_hosts)
-        ca = await asyncio.to_thread(CertificateAuthority, cfg.data_dir, hosts.permitted_subtrees())
-        if ca.created:
-            log.warning("made a new CA in %s; trust %s (see `politeproxy env`)", cfg.data_dir, ca.cert_path)
-        await asyncio.to_thread(lambda: [ca.context_for(h) for h in hosts.concrete_hosts()])
-        store = make_store(cfg, self._store_changed)
+        ca = await asyncio.to_thread(open_data_dir, cfg.data_dir, hosts)
+        try:
+            store = make_store(cfg, self._store_changed)
+        except ConfigError as e:  # POLITEPROXY_CLOCK_OFFSET; cli checks it first, this is the backstop
+            raise StartupError(str(e)) from None
         self.store = store
         self._store_changed(store if not isinstance(store, FailoverStore) else store.active, False)
         settings = cfg.pacing()
@@ -166,10 +225,9 @@ class App:
         self.metrics.set_configured_gap(settings.gap)
         if cfg["metrics_listen"]:
             await self._start_metrics(cfg["metrics_listen"])
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._refresh_gauges()))
+        self._spawn(self._refresh_gauges(), "gauges")
         if self.config_path:
-            self._tasks.append(loop.create_task(self._watch_config()))
+            self._spawn(self._watch_config(), "config watch")
         rate = (
             f"{1.0 / settings.gap:g} req/s (one slot per {settings.gap * 1000:g} ms)"
             if settings.gap
@@ -202,34 +260,60 @@ class App:
         app = web.Application()
         app.router.add_get("/metrics", lambda _r: metrics_response(self.metrics))
         app.router.add_get("/healthz", lambda _r: health_response(self._health))
+        # Loopback and allow_clients only: [auth] users do not open /metrics, which takes no password.
+        allowed = Access(self.cfg["allow_clients"], {})
+
+        @web.middleware
+        async def only_allowed(request: web.Request, handler: Any) -> web.StreamResponse:
+            if not allowed.ip_allowed(request.remote or ""):
+                return web.Response(status=403, text="politeproxy: client not allowed\n")
+            return await handler(request)
+
+        app.middlewares.append(only_allowed)
         self._metrics_runner = web.AppRunner(app, access_log=None)
         await self._metrics_runner.setup()
         await web.TCPSite(self._metrics_runner, h, p).start()
+        who = ", ".join(["loopback", *self.cfg["allow_clients"]])
+        log.info("metrics on %s answer %s (allow_clients); others get 403", addr, who)
 
     async def _refresh_gauges(self) -> None:
-        """Backoff remaining per host comes from the store, which may be remote: read it once a second."""
+        """Backoff remaining per host comes from the store, which may be remote: read it once a second.
+
+        A failure skips that host for this round and is logged (one line, then once a minute)."""
+        errors = RepeatLog("backoff gauge refresh failed")
         while True:
             await asyncio.sleep(1.0)
-            for host in list(
-                self.pacer.queues.keys() | self.pacer.maybe_throttled | self.pacer.host_ready.keys()
-            ):
+            pacer = self.pacer
+            for host in list(pacer.queues.keys() | pacer.maybe_throttled | pacer.host_ready.keys()):
                 try:
                     view = await self.store.host_view(host)
-                except Exception:  # noqa: BLE001 - a gauge must not kill the loop
-                    continue
-                self.metrics.backoff.labels(host).set(view.backoff_in)
+                    self.metrics.backoff.labels(host).set(view.backoff_in)
+                except Exception as e:  # noqa: BLE001 - a gauge must not kill the loop
+                    errors.report(e, time.monotonic())
 
     async def _watch_config(self) -> None:
+        """Reload when the file changes, once it has stopped changing; nothing in a reload ends the watch."""
         while True:
             await asyncio.sleep(1.0)
             m = self._stat()
-            if m is not None and m != self._mtime:
-                self._mtime = m
+            if m is None or m == self._mtime:
+                continue
+            # A writer may still be at it: wait until two looks 0.25 s apart agree (bounded).
+            for _ in range(20):
+                await asyncio.sleep(0.25)
+                again = self._stat()
+                if again == m:
+                    break
+                m = again
+            self._mtime = m
+            try:
                 self.reload("file changed")
+            except Exception:  # noqa: BLE001 - a bug in one reload must not stop every later one
+                log.exception("config reload (file changed) failed; keeping the running settings")
 
     def reload(self, why: str = "SIGHUP") -> bool:
         try:
-            new = config_mod.load(self.config_path, self.overrides)
+            new = config_mod.load(self.config_path, self.overrides, allow_empty=False)
         except ConfigError as e:
             log.error("config reload (%s) rejected, keeping the running settings: %s", why, e)
             self.metrics.reloads.labels("error").inc()
@@ -256,13 +340,16 @@ class App:
         )
         self.metrics.set_configured_gap(settings.gap)
         self.metrics.reloads.labels("ok").inc()
-        self.cfg = new
-        log.info("config reloaded (%s): global gap %gs, max_wait %gs", why, settings.gap, settings.max_wait)
+        old, self.cfg = self.cfg.raw, new
+        log.info("config reloaded (%s): %s", why, "; ".join(changes(old, new.raw)) or "no changes")
         return True
 
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
+        # Awaited, so none of them still runs (or logs) against closed parts below.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
         if self.proxy:
             await self.proxy.close()
         await self.pacer.close()

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from politeproxy import __version__
-from politeproxy.config import Config, ConfigError, env_overrides, load
+from politeproxy.config import Config, ConfigError, check_environment, env_overrides, load
 
 EXIT_CONFIG = 2
 
@@ -74,6 +74,7 @@ def _fail(msg: str, code: int = EXIT_CONFIG) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         cfg = _config(args)
+        check_environment(os.environ)  # POLITEPROXY_CLOCK_OFFSET, POLITEPROXY_RATE_WINDOW
     except ConfigError as e:
         return _fail(str(e))
     setup_logging(args.verbose, cfg["log_format"])
@@ -103,9 +104,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _ca(cfg: Config) -> Any:
     from politeproxy.policy.hosts import HostSet
-    from politeproxy.proxy.ca import CertificateAuthority
+    from politeproxy.proxy.ca import CAError, CertificateAuthority
 
-    ca = CertificateAuthority(cfg.data_dir, HostSet(cfg.paced_hosts).permitted_subtrees(), remake=False)
+    try:
+        ca = CertificateAuthority(cfg.data_dir, HostSet(cfg.paced_hosts).permitted_subtrees(), remake=False)
+    except (CAError, ValueError) as e:  # a corrupt CA file: one line, not a traceback
+        raise ConfigError(" ".join(f"the CA in {cfg.data_dir}: {e}".split())[:300]) from None
     if ca.missing:
         print(
             f"politeproxy: warning: the CA in {cfg.data_dir} does not permit {', '.join(ca.missing)}; "

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,41 +18,26 @@ from politeproxy.pacing.pacer import PacingSettings
 from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
 from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS, normalize_host, validate_pattern
+from politeproxy.policy.settings import (
+    ConfigError,
+    check_environment,
+    check_number,
+    env_number,
+    parse_duration,
+)
 
+__all__ = [
+    "ConfigError",
+    "check_environment",
+    "changes",
+    "env_number",
+    "parse_duration",
+    "load",
+    "build",
+    "Config",
+]
 
-class ConfigError(ValueError):
-    pass
-
-
-_DUR = re.compile(r"(\d+(?:\.\d+)?)(ms|us|s|m|h)")
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(value: Any, key: str = "duration") -> float:
-    """Seconds from a number (seconds) or a string like "200ms", "1.5s", "5m", "1m30s" or "0"."""
-    if isinstance(value, bool):
-        raise ConfigError(f'{key}: expected a duration such as "200ms" or a number of seconds, got {value!r}')
-    if isinstance(value, int | float):
-        if value < 0:
-            raise ConfigError(f"{key}: expected a duration >= 0, got {value!r}")
-        return float(value)
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("0", "off"):
-            return 0.0
-        try:
-            return float(v)
-        except ValueError:
-            pass
-        pos, total = 0, 0.0
-        for m in _DUR.finditer(v):
-            if m.start() != pos:
-                break
-            total += float(m.group(1)) * _UNITS[m.group(2)]
-            pos = m.end()
-        if pos == len(v) and pos > 0:
-            return total
-    raise ConfigError(f'{key}: expected a duration such as "200ms", "1.5s" or "5m", got {value!r}')
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KiB; this refuses a wrong path to a huge file
 
 
 def parse_hostport(value: str, key: str, default_port: int | None = None) -> tuple[str, int]:
@@ -88,11 +72,11 @@ def _bool(v: Any, key: str) -> bool:
     return v
 
 
-def _int(lo: int, hi: int | None = None) -> Callable[[Any, str], int]:
+def _int(lo: int, hi: int) -> Callable[[Any, str], int]:
     def conv(v: Any, key: str) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-            rng = f">= {lo}" if hi is None else f"from {lo} to {hi}"
-            raise ConfigError(f"{key}: expected an integer {rng}, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{key}: expected an integer from {lo} to {hi}, got {v!r}")
+        check_number(v, key, lo, hi)
         return v
 
     return conv
@@ -100,9 +84,7 @@ def _int(lo: int, hi: int | None = None) -> Callable[[Any, str], int]:
 
 def _float(lo: float, hi: float) -> Callable[[Any, str], float]:
     def conv(v: Any, key: str) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not lo <= v <= hi:
-            raise ConfigError(f"{key}: expected a number from {lo} to {hi}, got {v!r}")
-        return float(v)
+        return check_number(v, key, lo, hi)
 
     return conv
 
@@ -219,7 +201,7 @@ SCHEMA: dict[str, Any] = {
         "resolve": (_table_of(_hostport), {}),
         "connect_timeout": (_dur, 10.0),
         "read_timeout": (_dur, 60.0),
-        "max_connections": (_int(1), 256),
+        "max_connections": (_int(1, 100_000), 256),
     },
     "schedule": {
         "backend": (_choice("memory", "file", "redis"), "file"),
@@ -227,7 +209,7 @@ SCHEMA: dict[str, Any] = {
         "redis_url": (_str, "redis://127.0.0.1:6379/0"),
         "redis_prefix": (_str, "politeproxy:"),
         "redis_key_ttl": (_dur, 86400.0),
-        "expected_proxies": (_int(1), 1),
+        "expected_proxies": (_int(1, 1000), 1),
     },
     "pacing": {
         "max_wait": (_dur, 25.0),
@@ -243,7 +225,7 @@ SCHEMA: dict[str, Any] = {
         "max_crawl_delay": (_dur, 10.0),
     },
     "exempt": {
-        "max_in_flight": (_int(1), 16),
+        "max_in_flight": (_int(1, 10_000), 16),
         "respect_backoff": (_bool, True),
         "rules": (_rules, None),
     },
@@ -325,7 +307,10 @@ def build(
         elif key == "data_dir":
             merged["data_dir"] = _str(value, "data_dir")
         elif key == "global_rate":
-            merged["schedule"]["global_rate"] = parse_duration(value, "global_rate")
+            try:
+                merged["schedule"]["global_rate"] = parse_duration(value, "schedule.global_rate")
+            except ConfigError as e:
+                raise ConfigError(f"--global-rate or POLITEPROXY_GLOBAL_RATE: {e}") from None
         elif key == "metrics_listen":
             merged["metrics_listen"] = _optional_hostport(value, "metrics_listen")
         elif key == "log_format":
@@ -337,18 +322,39 @@ def build(
     return Config(raw=merged, source=source, listen=listen, data_dir=data_dir)
 
 
-def load(path: str | os.PathLike[str] | None, overrides: Mapping[str, Any] | None = None) -> Config:
-    if not path:
-        return build({}, "<defaults>", overrides)
+def read_toml(path: str | os.PathLike[str], allow_empty: bool = True) -> dict[str, Any]:
+    """The parsed file; every failure (missing, not UTF-8, not TOML, empty) is one ConfigError line."""
     try:
         with open(path, "rb") as f:
-            raw = tomllib.load(f)
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as e:
         raise ConfigError(f"{path}: {e.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a config file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 (byte {e.start})") from None
+    if not allow_empty and not text.strip():
+        # An editor that truncates before writing leaves this for a moment; defaults are never meant.
+        raise ConfigError(f"{path}: the file is empty")
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def load(
+    path: str | os.PathLike[str] | None,
+    overrides: Mapping[str, Any] | None = None,
+    allow_empty: bool = True,
+) -> Config:
+    """The Config from ``path`` (defaults when None); ``allow_empty=False`` refuses an empty file (reload)."""
+    if not path:
+        return build({}, "<defaults>", overrides)
+    raw = read_toml(path, allow_empty)
     try:
         return build(raw, str(path), overrides)
     except ConfigError as e:
@@ -361,3 +367,28 @@ def env_overrides(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
         "data_dir": env.get("POLITEPROXY_DATA_DIR") or None,
         "global_rate": env.get("POLITEPROXY_GLOBAL_RATE") or None,
     }
+
+
+# Values never written to the log on reload: passwords, and URLs that may carry one.
+_HIDDEN = ("auth.", "schedule.redis_url")
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for every key a reload changed (secrets shown as changed, never their value)."""
+    a, b = _flat(old), _flat(new)
+    out = []
+    for key in sorted(a.keys() | b.keys()):
+        if a.get(key) != b.get(key):
+            hidden = key.startswith(_HIDDEN)
+            out.append(f"{key} changed" if hidden else f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+    return out

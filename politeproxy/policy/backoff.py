@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
@@ -21,22 +22,41 @@ class BackoffPolicy:
     jitter: float = 0.2  # a delay grows by up to this fraction, never beyond the cap
 
 
+# The longest Retry-After taken at its word; a longer one (or a date years ahead) is cut to this. The
+# pacer cuts again at backoff_cap, and logs the value it cut.
+RETRY_AFTER_MAX = 86400.0
+_MAX_HEADER = 128  # an HTTP-date is 29 characters; anything much longer is not a Retry-After
+
+
 def parse_retry_after(value: str | None, now: float) -> float | None:
-    """Seconds to wait from a Retry-After value (delta-seconds or HTTP-date); None when invalid."""
-    if value is None:
+    """Seconds to wait from a Retry-After value (delta-seconds or HTTP-date); None when invalid.
+
+    Never raises, whatever the upstream sent; the result is finite, >= 0 and <= RETRY_AFTER_MAX.
+    A negative delta ("-5") means now; "--5", "1.5", "²" and other non-ASCII digits are invalid.
+    """
+    if not isinstance(value, str) or not math.isfinite(now):
         return None
     value = value.strip()
     if not value:
         return None
-    if value.lstrip("-").isdigit():
-        return max(0.0, float(int(value)))
+    digits = value[1:] if value[0] == "-" else value
+    if digits.isascii() and digits.isdigit():
+        if value[0] == "-":
+            return 0.0
+        # Compare as text first: int() refuses more than 4300 digits, and 10 digits already exceed the cap.
+        return RETRY_AFTER_MAX if len(digits) > 9 else min(RETRY_AFTER_MAX, float(int(digits)))
+    if len(value) > _MAX_HEADER:
+        return None
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:  # the asctime form carries no zone; every HTTP-date is in GMT
+            when = when.replace(tzinfo=dt.UTC)
+        delay = when.timestamp() - now
+    except (TypeError, ValueError, IndexError, OverflowError, AttributeError):
         return None
-    if when is None or when.tzinfo is None:
+    if not math.isfinite(delay):
         return None
-    return max(0.0, when.timestamp() - now)
+    return min(RETRY_AFTER_MAX, max(0.0, delay))
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,6 @@ AWS_REGIONS: tuple[str, ...] = (
     "us-gov-west-1",
 )
 
-_LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
-
 
 def normalize_host(host: str) -> str:
     """Lower-case, strip a trailing dot and IPv6 brackets."""
@@ -64,7 +62,8 @@ def normalize_host(host: str) -> str:
     return host
 
 
-_HOSTNAME_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+# Used with fullmatch: "$" would also match before a trailing newline, letting "a\n" pass as a label.
+_HOSTNAME_LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
 def valid_hostname(host: str) -> bool:
@@ -79,20 +78,28 @@ def valid_hostname(host: str) -> bool:
     labels = host.split(".")
     if len(labels) < 2 or labels[-1].isdigit():
         return False
-    return all(_HOSTNAME_LABEL.match(lab) for lab in labels)
+    return all(_HOSTNAME_LABEL.fullmatch(lab) for lab in labels)
 
 
 def validate_pattern(pattern: str) -> str | None:
-    """Return an error message for a malformed pattern, or None."""
+    """Return an error message for a malformed pattern, or None.
+
+    Besides the ``*`` label, a pattern is a valid host name (``valid_hostname``): it reaches the CA's
+    name constraints and the leaf names, so a label with "/", "_", NUL or spaces is refused here.
+    """
     p = normalize_host(pattern)
     labels = p.split(".")
     if len(labels) < 2:
         return f"{pattern!r} needs at least two labels"
+    if len(p) > 253:
+        return f"{pattern!r} is longer than 253 characters"
+    if labels[-1].isdigit():
+        return f"{pattern!r} is an IP address, not a host name"
     stars = [i for i, lab in enumerate(labels) if lab == "*"]
     if len(stars) > 1:
         return f"{pattern!r} may hold at most one '*' label"
     for lab in labels:
-        if lab != "*" and not _LABEL.match(lab):
+        if lab != "*" and not _HOSTNAME_LABEL.fullmatch(lab):
             return f"{pattern!r} has an invalid label {lab!r}"
     if stars and stars[0] == len(labels) - 1:
         return f"{pattern!r} may not end in '*'"

@@ -1,0 +1,147 @@
+"""The bounds of every duration and number the proxy reads from a config file, a flag or the environment.
+
+One validator, ``check_number``, is the only way a number gets in: it refuses NaN, infinities, negative
+values and values beyond the key's bound, with one line naming the key. ``float("nan")`` is a valid
+float that makes every ``gap > 0`` test false, so an unchecked NaN switches pacing off.
+
+Policy core: no I/O. Environment values are passed in as a mapping.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config value, flag or environment variable is invalid; the message is one line naming it."""
+
+
+DAY = 86400.0
+
+# (lowest, highest) per duration key, in seconds. The upper bounds are far above any sensible value and
+# exist so that a typo ("1e9") cannot park the proxy for years.
+DURATION_BOUNDS: dict[str, tuple[float, float]] = {
+    "client.handshake_timeout": (0.0, 3600.0),
+    "client.header_timeout": (0.0, 3600.0),
+    "client.idle_timeout": (0.0, DAY),
+    "upstream.connect_timeout": (0.0, 600.0),
+    "upstream.read_timeout": (0.0, DAY),
+    "schedule.global_rate": (0.0, 3600.0),
+    "schedule.redis_key_ttl": (60.0, 30 * DAY),
+    "pacing.max_wait": (0.0, 3600.0),
+    "pacing.backoff_base": (0.0, 3600.0),
+    "pacing.backoff_cap": (0.0, DAY),
+    "robots.ttl": (0.0, 30 * DAY),
+    "robots.max_crawl_delay": (0.0, 3600.0),
+    "hosts.*.interval": (0.0, 3600.0),
+}
+# The fallback for a duration key not listed above.
+DEFAULT_DURATION_BOUNDS = (0.0, DAY)
+
+# Environment variables that hold numbers: (lowest, highest, default).
+ENV_NUMBERS: dict[str, tuple[float, float, float]] = {
+    # A testing aid for clock skew between proxies; a week either way is already absurd.
+    "POLITEPROXY_CLOCK_OFFSET": (-7 * DAY, 7 * DAY, 0.0),
+    # The achieved-rate gauge's window (metrics.py).
+    "POLITEPROXY_RATE_WINDOW": (1.0, DAY, 60.0),
+}
+
+
+def check_number(value: float, key: str, lo: float = 0.0, hi: float = DAY, unit: str = "") -> float:
+    """``value`` as a float when finite and within [lo, hi]; else a ConfigError naming ``key``.
+
+    Every duration and number from a config file, a flag or the environment passes through here.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}: expected a number, got {shown(value)}")
+    try:
+        f = float(value)
+    except OverflowError:  # an int too large for a float
+        raise ConfigError(f"{key}: expected a finite number, got a number too large") from None
+    if not math.isfinite(f):
+        raise ConfigError(f"{key}: expected a finite number, got {f!r}")
+    if not lo <= f <= hi:
+        raise ConfigError(f"{key}: expected a value from {lo:g}{unit} to {hi:g}{unit}, got {value:g}{unit}")
+    return f
+
+
+def shown(value: Any) -> str:
+    """A value for an error line: its repr, cut short (a line names the key; it is not a dump)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return "a number too large"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def duration_bounds(key: str) -> tuple[float, float]:
+    """The bounds of a duration key; ``hosts.<pattern>.interval`` keys share one entry."""
+    if key.startswith("hosts.") and key.endswith(".interval"):
+        return DURATION_BOUNDS["hosts.*.interval"]
+    return DURATION_BOUNDS.get(key, DEFAULT_DURATION_BOUNDS)
+
+
+# ASCII digits only: ``\d`` and float() also accept other scripts' digits, "1_0", "nan" and "inf".
+_NUMBER = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,15})?")
+_PART = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,15})?)(ms|us|s|m|h)")
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_HELP = 'expected a duration such as "200ms", "1.5s" or "5m"'
+
+
+def _duration_seconds(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ConfigError(f"{key}: {_DURATION_HELP} or a number of seconds, got {shown(value)}")
+    if not isinstance(value, str):
+        return check_number(value, key, -math.inf, math.inf)  # finite; the bounds follow
+    v = value.strip().lower()
+    if v == "off":
+        return 0.0
+    if _NUMBER.fullmatch(v):
+        return float(v)
+    pos, total = 0, 0.0
+    for m in _PART.finditer(v):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos == len(v) and pos > 0:
+        return total
+    raise ConfigError(f"{key}: {_DURATION_HELP}, got {shown(value)}")
+
+
+def parse_duration(value: Any, key: str = "duration") -> float:
+    """Seconds from a number (seconds) or a string like "200ms", "1.5s", "5m", "1m30s", "0" or "off".
+
+    The result is finite and within the key's bounds (``duration_bounds``); anything else is a
+    ConfigError naming the key, never another exception.
+    """
+    lo, hi = duration_bounds(key)
+    return check_number(_duration_seconds(value, key), key, lo, hi, unit=" s")
+
+
+def parse_number(value: Any, key: str, lo: float, hi: float) -> float:
+    """A plain number (int, float or a decimal string such as "60" or "-5.5") within [lo, hi]."""
+    if isinstance(value, str):
+        v = value.strip()
+        body = v[1:] if v[:1] in "+-" else v
+        if not _NUMBER.fullmatch(body):
+            raise ConfigError(f"{key}: expected a number, got {shown(value)}")
+        value = float(v)
+    return check_number(value, key, lo, hi)
+
+
+def env_number(env: Mapping[str, str], name: str) -> float:
+    """The value of a numeric environment variable (see ENV_NUMBERS), its default when unset or empty."""
+    lo, hi, default = ENV_NUMBERS[name]
+    raw = env.get(name, "")
+    if not raw.strip():
+        return default
+    return parse_number(raw, name, lo, hi)
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Raise a ConfigError for the first invalid numeric environment variable."""
+    for name in ENV_NUMBERS:
+        env_number(env, name)
