@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from politeproxy.policy.access import Access
+from politeproxy.policy.access import Access, is_loopback
 from tests.conftest import POLITEPROXY, ROOT, Certs, Upstream, free_port, need_tool
 from tests.test_proxy_io import ProxyFactory, bundle, read_head, start_with
 
@@ -175,3 +175,18 @@ def test_access_rules() -> None:
     assert not users.auth_ok("Basic " + base64.b64encode(b"\xff\xfe:x").decode())
     both = Access(["10.0.0.0/8"], {"alice": "pw"})
     assert both.ip_allowed("10.9.9.9") and not both.ip_allowed("192.0.2.1")
+
+
+def test_ipv4_mapped_ipv6_clients_match_ipv4_rules() -> None:
+    """A dual-stack listener on :: reports IPv4 clients as ::ffff:a.b.c.d: the IPv4 rules apply."""
+    a = Access(["10.0.0.0/8"], {})
+    assert a.ip_allowed("::ffff:10.1.2.3")
+    assert a.ip_allowed("::FFFF:10.255.0.1")
+    assert not a.ip_allowed("::ffff:11.1.2.3")
+    assert not a.ip_allowed("::ffff:192.0.2.1")
+    loop_only = Access([], {})
+    assert loop_only.ip_allowed("::ffff:127.0.0.1")  # mapped loopback is loopback
+    assert not loop_only.ip_allowed("::ffff:10.1.2.3")
+    assert is_loopback("::ffff:127.0.0.9") and not is_loopback("::ffff:10.0.0.1")
+    v6 = Access(["::ffff:0:0/96"], {})  # a rule written in the mapped form still matches nothing else
+    assert not v6.ip_allowed("2001:db8::1")

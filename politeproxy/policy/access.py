@@ -9,11 +9,18 @@ import ipaddress
 
 
 def _address(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """The address of a peer name, without an IPv6 zone; None when it is not an address."""
+    """The address of a peer name, without an IPv6 zone; None when it is not an address.
+
+    An IPv4-mapped IPv6 peer (``::ffff:10.1.2.3``, what a dual-stack listener on ``::`` reports for an
+    IPv4 client) is its IPv4 address, so IPv4 CIDRs and the loopback rule match it.
+    """
     try:
-        return ipaddress.ip_address(ip.split("%", 1)[0])
+        addr = ipaddress.ip_address(ip.split("%", 1)[0])
     except ValueError:
         return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
 
 
 def is_loopback(ip: str) -> bool:
