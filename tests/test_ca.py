@@ -123,7 +123,10 @@ def test_ca_name_constraints_are_critical_and_permit_only_paced_domains(tmp_path
     cert, _ = load_ca(d)
     ext = cert.extensions.get_extension_for_class(x509.NameConstraints)
     assert ext.critical
-    permitted = sorted(g.value for g in ext.value.permitted_subtrees or [])
+    subtrees = ext.value.permitted_subtrees or []
+    permitted = sorted(g.value for g in subtrees if isinstance(g, x509.DNSName))
+    # Other name types are permitted only under the reserved "invalid" domain, i.e. never.
+    assert {g.value for g in subtrees if not isinstance(g, x509.DNSName)} == {"invalid"}
     assert "commoncrawl.org" in permitted
     assert "commoncrawl.s3.amazonaws.com" in permitted
     assert "commoncrawl.s3.us-east-1.amazonaws.com" in permitted

@@ -1,102 +1,133 @@
-"""The local CA and its leaves (cryptography).
-
-The CA carries critical NameConstraints permitting only the paced domains, so a leaked key cannot
-impersonate any other site. One EC key serves every leaf, so a new leaf costs one signature.
-"""
+"""The local CA and its leaves (cryptography). Critical NameConstraints permit DNS names under the paced
+domains only, no IP address, and e-mail/URI names under the reserved ``invalid`` only: a leaked key cannot
+impersonate anything else. One EC key serves every leaf, so a new leaf costs one signature."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
+import functools
+import ipaddress
 import logging
 import os
 import ssl
+import tempfile
 import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import certifi
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from politeproxy.policy.hosts import is_covered
+from politeproxy.policy.hosts import is_covered, normalize_host, valid_hostname
 
 log = logging.getLogger("politeproxy.proxy.ca")
+Key = ec.EllipticCurvePrivateKey
 
 
 class CAError(Exception):
     """The CA in the data dir cannot be read, parsed or written; the message is one line for the user."""
 
 
+class NameRefused(CAError, ValueError):
+    """A leaf was asked for a name that is not a host name, or that the CA's constraints do not permit."""
+
+
 CA_VALIDITY = dt.timedelta(days=3650)
 LEAF_VALIDITY = dt.timedelta(days=397)
+MAX_CONTEXTS = 256  # unpinned contexts (any covered name a client asks for); least recently used go first
+MAX_PINNED = 64  # pinned contexts: the configured concrete hosts, whose leaves are kept in leaves/
+
+# RFC 2606 reserves "invalid": permitting only it for e-mail and URI names rejects every real one, since
+# excluded subtrees have no "every address" form that OpenSSL honours. directoryName is not constrained:
+# Go's crypto/x509 treats a critical NameConstraints with one as unhandled and would reject every leaf.
+NO_MAIL = x509.RFC822Name("invalid")
+NO_URI = x509.UniformResourceIdentifier("invalid")
+ALL_IPS = tuple(x509.IPAddress(ipaddress.ip_network(n)) for n in ("0.0.0.0/0", "::/0"))
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(path, 0o600)
+def _atomic_write(path: Path, data: bytes, mode: int) -> None:
+    """Unique temp file in the same dir, then rename: others see the old file or the new, never half."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+def _pem_key(key: Key) -> bytes:
+    pkcs8, plain = serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    return key.private_bytes(serialization.Encoding.PEM, pkcs8, plain)
 
 
 def _key_usage(signs_certs: bool) -> x509.KeyUsage:
     """Signatures only; a CA also signs certificates and CRLs."""
-    return x509.KeyUsage(
-        digital_signature=True,
-        content_commitment=False,
-        key_encipherment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        key_cert_sign=signs_certs,
-        crl_sign=signs_certs,
-        encipher_only=False,
-        decipher_only=False,
-    )
+    # digital_signature, content_commitment, key/data encipherment, key_agreement, cert and CRL signing
+    return x509.KeyUsage(True, False, False, False, False, signs_certs, signs_certs, False, False)
+
+
+def _constraints(cert: x509.Certificate) -> x509.NameConstraints | None:
+    try:
+        return cert.extensions.get_extension_for_class(x509.NameConstraints).value
+    except x509.ExtensionNotFound:
+        return None
 
 
 def permitted_names(cert: x509.Certificate) -> list[str]:
-    try:
-        nc = cert.extensions.get_extension_for_class(x509.NameConstraints).value
-    except x509.ExtensionNotFound:
-        return []
-    return [g.value for g in nc.permitted_subtrees or [] if isinstance(g, x509.DNSName)]
+    nc = _constraints(cert)
+    return [g.value for g in (nc and nc.permitted_subtrees) or [] if isinstance(g, x509.DNSName)]
 
 
-def make_ca(permitted: list[str]) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
+def name_constraints(permitted: list[str]) -> x509.NameConstraints:
+    dns: list[x509.GeneralName] = [x509.DNSName(n) for n in permitted]
+    return x509.NameConstraints(permitted_subtrees=[*dns, NO_MAIL, NO_URI], excluded_subtrees=list(ALL_IPS))
+
+
+def constraints_current(cert: x509.Certificate) -> bool:
+    """True when the CA excludes every IP address and permits e-mail and URI names only under
+    ``invalid``: a CA made before these exclusions is replaced."""
+    nc = _constraints(cert)
+    others = {repr(g) for g in (nc and nc.permitted_subtrees) or [] if not isinstance(g, x509.DNSName)}
+    excluded = (nc and nc.excluded_subtrees) or []
+    return others == {repr(NO_MAIL), repr(NO_URI)} and all(ip in excluded for ip in ALL_IPS)
+
+
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePublicKey, until: dt.datetime
+) -> x509.CertificateBuilder:
     now = dt.datetime.now(dt.UTC)
-    name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "politeproxy"),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"politeproxy local CA {now:%Y-%m-%d %H:%M:%S}"),
-        ]
-    )
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    cert = (
+    return (
         x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(now + CA_VALIDITY)
+        .not_valid_after(min(until, now + CA_VALIDITY))
+    )
+
+
+def make_ca(permitted: list[str]) -> tuple[x509.Certificate, Key]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC)
+    cn = x509.NameAttribute(NameOID.COMMON_NAME, f"politeproxy local CA {now:%Y-%m-%d %H:%M:%S}")
+    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "politeproxy"), cn])
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (
+        _builder(name, name, key.public_key(), now + CA_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            _key_usage(signs_certs=True),
-            critical=True,
-        )
-        .add_extension(
-            x509.NameConstraints(
-                permitted_subtrees=[x509.DNSName(n) for n in permitted], excluded_subtrees=None
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(signs_certs=True), critical=True)
+        .add_extension(name_constraints(permitted), critical=True)
         .add_extension(ski, critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
         .sign(key, hashes.SHA256())
@@ -104,111 +135,155 @@ def make_ca(permitted: list[str]) -> tuple[x509.Certificate, ec.EllipticCurvePri
     return cert, key
 
 
-def sign_leaf(
-    host: str,
-    ca_cert: x509.Certificate,
-    ca_key: ec.EllipticCurvePrivateKey,
-    leaf_key: ec.EllipticCurvePrivateKey,
-) -> x509.Certificate:
+def sign_leaf(host: str, ca_cert: x509.Certificate, ca_key: Key, leaf_key: Key) -> x509.Certificate:
     now = dt.datetime.now(dt.UTC)
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    until = min(now + LEAF_VALIDITY, ca_cert.not_valid_after_utc)
     return (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(leaf_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(days=1))
-        .not_valid_after(min(now + LEAF_VALIDITY, ca_cert.not_valid_after_utc))
+        _builder(subject, ca_cert.subject, leaf_key.public_key(), until)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            _key_usage(signs_certs=False),
-            critical=True,
-        )
+        .add_extension(_key_usage(signs_certs=False), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(leaf_key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
 
 
-class CertificateAuthority:
-    """The CA in ``data_dir``; made on first run, remade when the paced host set outgrows it."""
+_REMEDY = "move ca.pem and ca-key.pem away to make a new CA (tools must then trust the new ca.pem)"
 
-    def __init__(self, data_dir: Path, permitted: list[str], remake: bool = True) -> None:
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise CAError(f"cannot read {path}: {e.strerror}; fix its permissions or {_REMEDY}") from None
+
+
+def _make_private(path: Path) -> None:
+    """A key readable by others is made 0600, loudly; one that cannot be fixed is refused."""
+    if not (mode := path.stat().st_mode & 0o777) & 0o077:
+        return
+    try:
+        os.chmod(path, 0o600)
+    except OSError as e:
+        why = f"{path} is readable by others (mode {mode:o}) and chmod 600 failed ({e.strerror})"
+        raise CAError(f"{why}; chmod 600 it as its owner") from None
+    msg = "!!! %s WAS READABLE BY OTHERS (mode %o); made it 0600. Whoever read it can impersonate the paced"
+    log.warning(msg + " hosts to tools that trust ca.pem: if that worries you, %s !!!", path, mode, _REMEDY)
+
+
+def load_pair(cert_path: Path, key_path: Path) -> tuple[x509.Certificate, object]:
+    """The CA certificate and its key, or CAError naming the file that is wrong."""
+    try:
+        cert = x509.load_pem_x509_certificate(_read(cert_path))
+    except ValueError:
+        raise CAError(f"{cert_path} is not a PEM certificate; restore it or {_REMEDY}") from None
+    try:
+        key = serialization.load_pem_private_key(_read(key_path), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm):
+        raise CAError(f"{key_path} is not an unencrypted PEM private key; restore it or {_REMEDY}") from None
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):  # type: ignore[union-attr]
+        raise CAError(f"{key_path} is not the key of {cert_path}; restore the pair or {_REMEDY}")
+    return cert, key
+
+
+class CertificateAuthority:
+    """The CA in ``data_dir``; made on first run, remade (loudly) when the paced hosts outgrow it or it
+    lacks today's exclusions. ``await ca.context(host)`` serves clients (bounded LRU, nothing on disk);
+    ``ca.context_for(host)`` is the blocking form that pins configured hosts and keeps their leaves."""
+
+    def __init__(
+        self, data_dir: Path, permitted: list[str], remake: bool = True, max_contexts: int = MAX_CONTEXTS
+    ) -> None:
         """``remake=False`` (``politeproxy env``/``ca``) never replaces an existing CA: only ``run`` may,
         or a helper command run without the proxy's config would swap the CA under a running proxy."""
-        self.dir = Path(data_dir)
-        self.remake = remake
+        self.dir, self.remake, self.max_contexts = Path(data_dir), remake, max_contexts
         self.missing: list[str] = []
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.cert_path = self.dir / "ca.pem"
-        self.key_path = self.dir / "ca-key.pem"
-        self.bundle_path = self.dir / "ca-bundle.pem"
-        self.leaf_key_path = self.dir / "leaf-key.pem"
+        self.cert_path, self.key_path = self.dir / "ca.pem", self.dir / "ca-key.pem"
+        self.bundle_path, self.leaf_key_path = self.dir / "ca-bundle.pem", self.dir / "leaf-key.pem"
         self.leaf_dir = self.dir / "leaves"
         self.created = False
-        self._load_or_make(permitted)
-        self._contexts: dict[str, ssl.SSLContext] = {}
-        self._lock = threading.Lock()
+        self._pinned: dict[str, ssl.SSLContext] = {}
+        self._lru: OrderedDict[str, ssl.SSLContext] = OrderedDict()
+        self._cache_lock = threading.Lock()  # dict operations only
+        self._make_lock = threading.Lock()  # one signer at a time, so two asks for one name make one leaf
+        self._inflight: dict[str, asyncio.Future[ssl.SSLContext]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._load_or_make(permitted)
+            self._load_leaf_key()
+            self._write_bundle()
+        except OSError as e:
+            why = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
+            raise CAError(f"cannot write the CA in {self.dir} ({why}); make data_dir writable") from None
+        self._permitted = permitted_names(self.cert)
 
     def _load_or_make(self, permitted: list[str]) -> None:
-        if self.cert_path.exists() and self.key_path.exists():
-            cert = x509.load_pem_x509_certificate(self.cert_path.read_bytes())
-            key = serialization.load_pem_private_key(self.key_path.read_bytes(), password=None)
-            have = permitted_names(cert)
-            missing = [n for n in permitted if not is_covered(n, have)]
-            expired = cert.not_valid_after_utc < dt.datetime.now(dt.UTC) + dt.timedelta(days=30)
-            usable = isinstance(key, ec.EllipticCurvePrivateKey)
-            if usable and (not self.remake or (not missing and not expired)):
-                self.cert, self.key = cert, key  # type: ignore[assignment]
-                self.missing = missing
-                self._load_leaf_key()
-                self._write_bundle()
+        have_cert, have_key = self.cert_path.exists(), self.key_path.exists()
+        if have_cert != have_key:
+            there, gone = (self.cert_path, self.key_path) if have_cert else (self.key_path, self.cert_path)
+            raise CAError(f"{there} exists but {gone} does not; restore {gone.name} or {_REMEDY}")
+        if have_cert:
+            _make_private(self.key_path)
+            cert, key = load_pair(self.cert_path, self.key_path)
+            missing = [n for n in permitted if not is_covered(n, permitted_names(cert))]
+            why = self._why_remake(cert, key, missing)
+            usable = isinstance(key, Key)
+            if why is None or (usable and not self.remake):
+                self.cert, self.key, self.missing = cert, key, missing  # type: ignore[assignment]
+                if why is not None and not missing:
+                    log.warning("the CA in %s is outdated (%s); `politeproxy run` replaces it", self.dir, why)
                 return
-            why = (
-                "its key is not an EC key"
-                if not usable
-                else f"its name constraints lack {', '.join(missing)}"
-                if missing
-                else "it expires soon"
-            )
-            log.warning(
-                "!!! MAKING A NEW CA in %s because %s; tools that trusted the old ca.pem must trust the new "
-                "one (run `politeproxy env` again) !!!",
-                self.dir,
-                why,
-            )
+            msg = "!!! MAKING A NEW CA in %s because %s; tools that trusted the old ca.pem must trust"
+            log.warning(msg + " the new one (run `politeproxy env` again) !!!", self.dir, why)
         self.cert, self.key = make_ca(permitted)
-        _write_private(self.key_path, _pem_key(self.key))
-        self.cert_path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
-        if self.leaf_dir.exists():
-            for p in self.leaf_dir.glob("*.pem"):
-                p.unlink()
+        _atomic_write(self.key_path, _pem_key(self.key), 0o600)
+        _atomic_write(self.cert_path, self.pem(), 0o644)
+        for p in self.leaf_dir.glob("*.pem") if self.leaf_dir.exists() else ():
+            p.unlink(missing_ok=True)
         self.created = True
-        self._load_leaf_key()
-        self._write_bundle()
+
+    @staticmethod
+    def _why_remake(cert: x509.Certificate, key: object, missing: list[str]) -> str | None:
+        if not isinstance(key, Key):
+            return "its key is not an EC key"
+        if missing:
+            return f"its name constraints lack {', '.join(missing)}"
+        if not constraints_current(cert):
+            return "its name constraints do not exclude IP addresses, e-mail and URI names (an older CA)"
+        if cert.not_valid_after_utc < dt.datetime.now(dt.UTC) + dt.timedelta(days=30):
+            return "it expires soon"
+        return None
 
     def _load_leaf_key(self) -> None:
+        """The one leaf key; a broken one is only replaced (it signs nothing, leaves are remade)."""
         if self.leaf_key_path.exists():
-            key = serialization.load_pem_private_key(self.leaf_key_path.read_bytes(), password=None)
-            if isinstance(key, ec.EllipticCurvePrivateKey):
+            _make_private(self.leaf_key_path)
+            try:
+                key = serialization.load_pem_private_key(_read(self.leaf_key_path), password=None)
+            except (ValueError, TypeError, UnsupportedAlgorithm):
+                key = None
+            if isinstance(key, Key):
                 self.leaf_key = key
+                self._leaf_key_pem = _pem_key(key)
                 return
+            log.warning("%s is not an EC private key; making a new leaf key", self.leaf_key_path)
         self.leaf_key = ec.generate_private_key(ec.SECP256R1())
-        _write_private(self.leaf_key_path, _pem_key(self.leaf_key))
+        self._leaf_key_pem = _pem_key(self.leaf_key)
+        _atomic_write(self.leaf_key_path, self._leaf_key_pem, 0o600)
 
     def _write_bundle(self) -> None:
         roots = Path(certifi.where()).read_bytes()
-        data = (
-            roots.rstrip(b"\n")
-            + b"\n\n# politeproxy local CA\n"
-            + self.cert.public_bytes(serialization.Encoding.PEM)
-        )
-        tmp = self.bundle_path.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self.bundle_path)
+        data = roots.rstrip(b"\n") + b"\n\n# politeproxy local CA\n" + self.pem()
+        with contextlib.suppress(OSError):
+            if self.bundle_path.read_bytes() == data:
+                return  # unchanged: a read-only data dir holding a CA still works
+        _atomic_write(self.bundle_path, data, 0o644)
 
     @property
     def permitted(self) -> list[str]:
@@ -217,25 +292,108 @@ class CertificateAuthority:
     def pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
 
-    def context_for(self, host: str) -> ssl.SSLContext:
-        """A server-side SSLContext presenting a leaf for ``host``; made once, then cached."""
-        ctx = self._contexts.get(host)
+    def check_name(self, host: str) -> str:
+        """The normalized ``host``, or NameRefused: never build a path or a leaf from anything else."""
+        name = normalize_host(host) if isinstance(host, str) else ""
+        if not valid_hostname(name):
+            raise NameRefused(f"{host!r} is not a host name")
+        if not is_covered(name, self._permitted):
+            raise NameRefused(f"{name} is outside the CA's name constraints")
+        return name
+
+    @property
+    def context_count(self) -> int:
+        with self._cache_lock:
+            return len(self._pinned) + len(self._lru)
+
+    def _cached(self, host: str) -> ssl.SSLContext | None:
+        with self._cache_lock:
+            ctx = self._pinned.get(host)
+            if ctx is None and (ctx := self._lru.get(host)) is not None:
+                self._lru.move_to_end(host)
+            return ctx
+
+    def context_for(self, host: str, pin: bool = True) -> ssl.SSLContext:
+        """Blocking: a server SSLContext for ``host``. ``pin`` (configured hosts, pre-warmed at start)
+        keeps it for good and its leaf in ``leaves/``; at most MAX_PINNED are pinned."""
+        return self._get(self.check_name(host), pin)
+
+    async def context(self, host: str) -> ssl.SSLContext:
+        """A server SSLContext for a client-chosen ``host``, made in a worker thread; concurrent first
+        asks for one name share one job, and a waiter that leaves does not cancel it for the others."""
+        name = self.check_name(host)
+        ctx = self._cached(name)
         if ctx is not None:
             return ctx
-        with self._lock:
-            ctx = self._contexts.get(host)
-            if ctx is None:
-                ctx = self._make_context(host)
-                self._contexts[host] = ctx
-        return ctx
+        fut = self._inflight.get(name)
+        if fut is None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="politeproxy-ca")
+            fut = asyncio.get_running_loop().run_in_executor(self._pool, self._get, name, False)
+            self._inflight[name] = fut
+            fut.add_done_callback(functools.partial(self._job_done, name))
+        return await asyncio.shield(fut)
 
-    def _make_context(self, host: str) -> ssl.SSLContext:
-        self.leaf_dir.mkdir(exist_ok=True)
-        path = self.leaf_dir / f"{host}.pem"
+    def _job_done(self, name: str, fut: asyncio.Future[ssl.SSLContext]) -> None:
+        self._inflight.pop(name, None)
+        if not fut.cancelled():
+            fut.exception()  # retrieved here: every waiter may have left
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _get(self, host: str, pin: bool) -> ssl.SSLContext:
+        with self._make_lock:
+            ctx = self._cached(host)
+            if ctx is not None and (not pin or host in self._pinned or len(self._pinned) >= MAX_PINNED):
+                return ctx
+            pin = pin and len(self._pinned) < MAX_PINNED
+            ctx = self._new_context(host, persist=pin)
+            with self._cache_lock:
+                if pin:
+                    self._pinned[host] = ctx
+                    self._lru.pop(host, None)
+                else:
+                    self._lru[host] = ctx
+                    while len(self._lru) > self.max_contexts:
+                        self._lru.popitem(last=False)
+            return ctx
+
+    def _new_context(self, host: str, persist: bool) -> ssl.SSLContext:
         leaf = sign_leaf(host, self.cert, self.key, self.leaf_key)
-        path.write_bytes(leaf.public_bytes(serialization.Encoding.PEM) + self.pem())
+        chain = leaf.public_bytes(serialization.Encoding.PEM) + self.pem()
+        if persist:
+            self._keep_leaf(host, chain)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.set_alpn_protocols(["http/1.1"])
-        ctx.load_cert_chain(path, self.leaf_key_path)
+        _load_chain(ctx, chain + self._leaf_key_pem, self.dir)
         return ctx
+
+    def _keep_leaf(self, host: str, chain: bytes) -> None:
+        """Configured hosts' leaves stay in leaves/ for `openssl verify`; unwritable costs a warning."""
+        path = self.leaf_dir / f"{host}.pem"
+        assert path.parent == self.leaf_dir  # check_name let through no '/' and no '..'
+        try:
+            self.leaf_dir.mkdir(exist_ok=True)
+            _atomic_write(path, chain, 0o644)
+        except OSError as e:
+            log.warning("cannot keep the leaf for %s in %s: %s", host, self.leaf_dir, e.strerror)
+
+
+def _load_chain(ctx: ssl.SSLContext, pem: bytes, tmp_dir: Path) -> None:
+    """load_cert_chain reads files only: a memfd on Linux, else a 0600 mkstemp file removed once loaded."""
+    if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+        with os.fdopen(os.memfd_create("politeproxy-leaf"), "wb") as f:
+            f.write(pem)
+            f.flush()
+            ctx.load_cert_chain(f"/proc/self/fd/{f.fileno()}")
+        return
+    fd, tmp = tempfile.mkstemp(prefix=".leaf-", suffix=".tmp", dir=tmp_dir)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+        ctx.load_cert_chain(tmp)
+    finally:
+        os.unlink(tmp)

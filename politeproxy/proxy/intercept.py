@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from politeproxy.proxy.responses import plain_response
 
@@ -38,12 +39,15 @@ async def upgrade(
     port: int,
     leftover: bytes,
     *,
-    context_for: Callable[[str], ssl.SSLContext],
+    context_for: Callable[[str], Awaitable[ssl.SSLContext] | ssl.SSLContext],
     handshake_timeout: float,
     attach: Callable[[asyncio.Transport], asyncio.Protocol],
 ) -> None:
     """Answer 200, run the TLS handshake as the server for ``host``, then hand the TLS transport to the
-    protocol ``attach`` returns, with any application bytes that came with the end of the handshake."""
+    protocol ``attach`` returns, with any application bytes that came with the end of the handshake.
+
+    ``context_for`` is ``CertificateAuthority.context`` (async: signing runs off the loop); a plain
+    callable returning a context is still accepted."""
     loop = asyncio.get_running_loop()
     if leftover:
         # TLS bytes sent before our 200 would be lost to start_tls; refuse rather than corrupt.
@@ -52,11 +56,19 @@ async def upgrade(
         transport.close()
         return
     try:
-        ctx = context_for(host)
+        got = context_for(host)
+        ctx = await got if inspect.isawaitable(got) else got
+    except ValueError as e:  # the CA refused the name (ca.NameRefused): the client's doing, one line
+        log.info("%s: CONNECT %s:%d refused: %s", client, host, port, e)
+        transport.write(plain_response(403, "Forbidden", "the CA may not sign this name"))
+        transport.close()
+        return
     except Exception as e:  # noqa: BLE001 - a bad leaf must not take the listener down
         log.error("%s: no leaf for %s: %s", client, host, e)
         transport.write(plain_response(502, "Bad Gateway", f"cannot make a certificate for {host}"))
         transport.close()
+        return
+    if transport.is_closing():  # the client left while its leaf was made
         return
     transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
     pending = _Pending()
