@@ -6,30 +6,53 @@ admin endpoints in origin form) and HTTP/1.1 inside an intercepted tunnel.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from yarl import URL
 
-from politeproxy.pacing.pacer import Pacer, WaitTooLong
+from politeproxy.pacing.pacer import Pacer, Permit, WaitTooLong
 from politeproxy.policy.access import Access
-from politeproxy.policy.backoff import parse_retry_after, retry_after_seconds
+from politeproxy.policy.backoff import retry_after_seconds
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.hosts import normalize_host
+from politeproxy.policy.retry import decide_retry
 from politeproxy.proxy.responses import error_response, health_response, metrics_response
-from politeproxy.proxy.upstream import CHUNK, Upstream, strip_hop_by_hop
+from politeproxy.proxy.upstream import (
+    CHUNK,
+    EndWatch,
+    PoolFull,
+    Upstream,
+    close_delimited,
+    loggable,
+    strip_hop_by_hop,
+)
 
 log = logging.getLogger("politeproxy")
 access_log = logging.getLogger("politeproxy.access")
 
-REPLAYABLE = frozenset({"GET", "HEAD"})
+
+@dataclass
+class _Try:
+    """What stays the same across the tries of one request."""
+
+    host: str
+    url: URL
+    headers: Any
+    body: AsyncIterator[bytes] | None
+    expect: bool
+    arrived: float
+    continued: bool = False
 
 
 class _RelayedResponse(web.StreamResponse):
@@ -132,6 +155,11 @@ class Forwarder:
         info: dict[str, Any] = {"wait": 0.0, "status": 0, "bytes": 0}
         try:
             resp = await self._exchange(request, klass, host, url, started, info)
+        except asyncio.CancelledError:
+            # handler_cancellation: the client closed its connection while we waited or relayed
+            info.setdefault("note", "client_gone")
+            log.info("%s %s %s: client went away", request.remote, request.method, loggable(url))
+            raise
         finally:
             info["duration"] = time.monotonic() - started
             self._access(request, host, klass, info)
@@ -180,63 +208,123 @@ class Forwarder:
         arrived: float,
         info: dict[str, Any],
     ) -> web.StreamResponse:
-        method = request.method
         has_body = request.body_exists
-        headers = strip_hop_by_hop(request.headers, drop=("Host", "Expect"))
-        retries_left = self.pacer.settings.retries if method in REPLAYABLE and not has_body else 0
-        if klass is not Klass.PASSTHROUGH and self.robots is not None:
-            self.robots.ensure(host)
-        if has_body and request.headers.get("Expect", "").lower() == "100-continue":
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body: AsyncIterator[bytes] | None = (
-            self._body(request, self.metrics.bytes.labels("client_to_upstream")) if has_body else None
+        t = _Try(
+            host=host,
+            url=url,
+            headers=strip_hop_by_hop(request.headers, drop=("Host", "Expect")),
+            body=self._body(request, self.metrics.bytes.labels("client_to_upstream"), info)
+            if has_body
+            else None,
+            expect=has_body and request.headers.get("Expect", "").lower() == "100-continue",
+            arrived=arrived,
         )
+        retries_left = self.pacer.settings.retries
+        while True:
+            try:
+                if klass is Klass.PASSTHROUGH:
+                    out = await self._attempt(request, None, t, info, 0)
+                else:
+                    async with self.pacer.permit(host, klass, arrived) as p:
+                        info["wait"] = p.waited
+                        out = await self._attempt(request, p, t, info, retries_left)
+            except WaitTooLong as e:
+                info["status"], info["note"] = 503, "max_wait"
+                resp = error_response(503, e.why, {"Retry-After": str(retry_after_seconds(e.wait))})
+                if t.expect and not t.continued:
+                    resp.force_close()  # the client holds its body back: this connection cannot go on
+                return resp
+            if isinstance(out, web.StreamResponse):
+                return out
+            retries_left -= 1
+            await asyncio.sleep(out)  # bounded: decide_retry keeps it within max_wait
+
+    async def _attempt(
+        self, request: web.BaseRequest, p: Permit | None, t: _Try, info: dict[str, Any], retries_left: int
+    ) -> web.StreamResponse | float:
+        """One try upstream, holding the permit: the relayed answer, or how long to wait before a retry."""
+        if t.expect and not t.continued:
+            # Only now that the request may go: a client refused before this point never sent its body.
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            t.continued = True
+        method = request.method
+        pool = p.klass.value if p is not None else Klass.PASSTHROUGH.value
         async with AsyncExitStack() as stack:
-            while True:
-                try:
-                    if klass is Klass.PACED:
-                        info["wait"] = await self.pacer.wait_paced(host, arrived)
-                    elif klass is Klass.EXEMPT:
-                        info["wait"] = await stack.enter_async_context(self.pacer.exempt(host, arrived))
-                except WaitTooLong as e:
-                    info["status"], info["note"] = 503, "max_wait"
-                    return error_response(503, e.why, {"Retry-After": str(retry_after_seconds(e.wait))})
-                try:
-                    upstream = await self.upstream.request(method, str(url), headers, body)
-                except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                    status, message = self._upstream_error(e, url)
-                    if klass is not Klass.PASSTHROUGH:
-                        await self.pacer.record(host, None, None)
-                    info["status"], info["note"] = status, "upstream_error"
-                    log.info("%s %s: %d %s", method, url, status, message)
-                    return error_response(status, message)
-                if klass is not Klass.PASSTHROUGH:
-                    ra = parse_retry_after(upstream.headers.get("Retry-After"), time.time())
-                    delay = await self.pacer.record(host, upstream.status, ra)
-                    if delay is not None and retries_left > 0:
-                        elapsed = time.monotonic() - arrived
-                        if elapsed + delay.seconds < self.pacer.settings.max_wait:
-                            retries_left -= 1
-                            upstream.close()
-                            self.metrics.retries.labels(host).inc()
-                            log.info(
-                                "%s %s: %d from upstream; retrying after %.1fs",
-                                method,
-                                url,
-                                upstream.status,
-                                delay.seconds,
-                            )
-                            if klass is Klass.EXEMPT:
-                                await stack.aclose()
-                            continue
-                info["status"] = upstream.status
-                return await self._relay(request, upstream, info)
+            try:
+                upstream = await stack.enter_async_context(
+                    self.upstream.exchange(
+                        method, str(t.url), t.headers, t.body, pool, self.upstream.connect_timeout
+                    )
+                )
+            except PoolFull as e:
+                self.metrics.rejected(t.host if p is not None else "other", "pool_full")
+                info["status"], info["note"] = 503, "pool_full"
+                log.warning(
+                    "%s %s: 503 %s (a local limit, not an upstream throttle)", method, loggable(t.url), e
+                )
+                return error_response(503, f"{e}; try again shortly", {"Retry-After": "1"})
+            except Exception as e:  # noqa: BLE001 - every upstream failure shape is one line, never a traceback
+                return await self._failed(request, p, t, e, info)
+            if p is not None:
+                delay = await self._answered(p, upstream.status, upstream.headers.get("Retry-After"))
+                if self.robots is not None:
+                    self.robots.ensure(t.host)  # the host answered: worth its robots.txt
+                elapsed = time.monotonic() - t.arrived
+                d = decide_retry(
+                    method, t.body is not None, retries_left, elapsed, delay, self.pacer.settings.max_wait
+                )
+                if d.retry:
+                    self.metrics.retries.labels(t.host).inc()
+                    log.info(
+                        "%s %s: %d from upstream; retrying after %.1fs",
+                        method,
+                        loggable(t.url),
+                        upstream.status,
+                        d.after,
+                    )
+                    return d.after
+            info["status"] = upstream.status
+            return await self._relay(request, upstream, info)
+        raise AssertionError("unreachable")  # pragma: no cover - AsyncExitStack never swallows here
+
+    async def _answered(self, p: Permit, status: int | None, retry_after: str | None) -> float | None:
+        """Feed the answer back (shielded inside the facade); a Retry-After nobody can parse still counts."""
+        try:
+            d = await p.answered(status, retry_after)
+        except Exception as e:  # noqa: BLE001 - the facade should not raise; the throttle must not be lost
+            log.warning(
+                "%s: feedback with Retry-After %r failed (%s); recorded without it", p.host, retry_after, e
+            )
+            try:
+                d = await p.answered(status, None)
+            except Exception as e2:  # noqa: BLE001
+                log.warning("%s: feedback failed: %s", p.host, e2)
+                return None
+        return d.seconds if d is not None else None
+
+    async def _failed(
+        self, request: web.BaseRequest, p: Permit | None, t: _Try, e: BaseException, info: dict[str, Any]
+    ) -> web.StreamResponse:
+        if info.get("note") == "client_gone":  # the request body broke on our side: not the upstream's doing
+            log.info("%s %s %s: client went away", request.remote, request.method, loggable(t.url))
+            info["status"] = 499
+            return error_response(400, "the request body ended early")
+        status, message = self._upstream_error(e, t.url)
+        if p is not None:
+            await self._answered(p, None, None)
+        info["status"], info["note"] = status, "upstream_error"
+        log.info("%s %s: %d %s", request.method, loggable(t.url), status, message)
+        return error_response(status, message)
 
     @staticmethod
-    async def _body(request: web.BaseRequest, counter: Any) -> AsyncIterator[bytes]:
-        async for chunk in request.content.iter_chunked(CHUNK):
-            counter.inc(len(chunk))
-            yield chunk
+    async def _body(request: web.BaseRequest, counter: Any, info: dict[str, Any]) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in request.content.iter_chunked(CHUNK):
+                counter.inc(len(chunk))
+                yield chunk
+        except (OSError, aiohttp.ClientError, HttpProcessingError):
+            info["note"] = "client_gone"
+            raise
 
     @staticmethod
     def _upstream_error(e: BaseException, url: URL) -> tuple[int, str]:
@@ -256,22 +344,51 @@ class Forwarder:
     async def _relay(
         self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, info: dict[str, Any]
     ) -> web.StreamResponse:
+        """Stream the answer back. A close-delimited body goes out chunked to HTTP/1.1 clients (aiohttp
+        frames a length-less answer so), so a cut can be passed on as a cut: the client connection is
+        aborted before the last chunk. An HTTP/1.0 client gets it close-delimited and cannot see a cut."""
         headers = strip_hop_by_hop(upstream.headers)
         out = _RelayedResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+        watch = EndWatch(upstream) if close_delimited(upstream, request.method) else None
         counter = self.metrics.bytes.labels("upstream_to_client")
         try:
             await out.prepare(request)
-            async for chunk in upstream.content.iter_chunked(CHUNK):
+        except (ConnectionError, aiohttp.ClientError):
+            return self._client_gone(request, upstream, info, out)
+        while True:
+            try:
+                chunk = await upstream.content.read(CHUNK)
+                why = watch.cut() if watch is not None and not chunk else None
+            except Exception as e:  # noqa: BLE001 - any upstream shape: one line, the client sees a cut
+                why = f"{type(e).__name__}: {e}"
+            if why is not None:
+                # Headers are gone already: cut the client off so it sees a truncated body, never a short one.
+                info["note"] = "upstream_broke"
+                log.info("%s %s: upstream failed mid-body: %s", request.method, loggable(upstream.url), why)
+                if request.transport is not None:
+                    request.transport.abort()
+                return out
+            if not chunk:
+                break
+            try:
                 await out.write(chunk)
-                info["bytes"] += len(chunk)
-                counter.inc(len(chunk))
+            except (ConnectionError, aiohttp.ClientError):
+                return self._client_gone(request, upstream, info, out)
+            info["bytes"] += len(chunk)
+            counter.inc(len(chunk))
+        try:
             await out.write_eof()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            # Headers are gone already: cut the client off so it sees a truncated body, never a short one.
-            info["note"] = f"upstream_broke:{type(e).__name__}"
-            log.info("%s %s: upstream failed mid-body: %r", request.method, upstream.url, e)
-            if request.transport is not None:
-                request.transport.abort()
-        finally:
-            upstream.close() if not upstream.content.at_eof() else upstream.release()
+        except (ConnectionError, aiohttp.ClientError):
+            return self._client_gone(request, upstream, info, out)
+        return out
+
+    @staticmethod
+    def _client_gone(
+        request: web.BaseRequest,
+        upstream: aiohttp.ClientResponse,
+        info: dict[str, Any],
+        out: web.StreamResponse,
+    ) -> web.StreamResponse:
+        info["note"] = "client_gone"
+        log.info("%s %s %s: client went away", request.remote, request.method, loggable(upstream.url))
         return out
