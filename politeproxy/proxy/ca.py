@@ -7,14 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import functools
+import fcntl
 import ipaddress
 import logging
 import os
 import ssl
 import tempfile
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -47,8 +49,7 @@ MAX_PINNED = 64  # pinned contexts: the configured concrete hosts, whose leaves 
 # RFC 2606 reserves "invalid": permitting only it for e-mail and URI names rejects every real one, since
 # excluded subtrees have no "every address" form that OpenSSL honours. directoryName is not constrained:
 # Go's crypto/x509 treats a critical NameConstraints with one as unhandled and would reject every leaf.
-NO_MAIL = x509.RFC822Name("invalid")
-NO_URI = x509.UniformResourceIdentifier("invalid")
+NO_MAIL, NO_URI = x509.RFC822Name("invalid"), x509.UniformResourceIdentifier("invalid")
 ALL_IPS = tuple(x509.IPAddress(ipaddress.ip_network(n)) for n in ("0.0.0.0/0", "::/0"))
 
 
@@ -60,9 +61,22 @@ def _atomic_write(path: Path, data: bytes, mode: int) -> None:
             f.write(data)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # already gone unless something failed
+
+
+@contextlib.contextmanager
+def _dir_lock(d: Path) -> Iterator[None]:
+    """Two proxies starting on one data dir must not both make a CA: wait 10 s at most, else go on."""
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(OSError):  # no lock file (read-only dir) or no locks (some NFS): go on
+            f = stack.enter_context(open(d / ".ca.lock", "ab"))
+            for _ in range(200):
+                with contextlib.suppress(BlockingIOError):
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                time.sleep(0.05)
+        yield  # closing the file releases the lock
 
 
 def _pem_key(key: Key) -> bytes:
@@ -77,10 +91,8 @@ def _key_usage(signs_certs: bool) -> x509.KeyUsage:
 
 
 def _constraints(cert: x509.Certificate) -> x509.NameConstraints | None:
-    try:
-        return cert.extensions.get_extension_for_class(x509.NameConstraints).value
-    except x509.ExtensionNotFound:
-        return None
+    found = [e.value for e in cert.extensions if isinstance(e.value, x509.NameConstraints)]
+    return found[0] if found else None
 
 
 def permitted_names(cert: x509.Certificate) -> list[str]:
@@ -89,13 +101,11 @@ def permitted_names(cert: x509.Certificate) -> list[str]:
 
 
 def name_constraints(permitted: list[str]) -> x509.NameConstraints:
-    dns: list[x509.GeneralName] = [x509.DNSName(n) for n in permitted]
-    return x509.NameConstraints(permitted_subtrees=[*dns, NO_MAIL, NO_URI], excluded_subtrees=list(ALL_IPS))
+    return x509.NameConstraints([*map(x509.DNSName, permitted), NO_MAIL, NO_URI], list(ALL_IPS))
 
 
 def constraints_current(cert: x509.Certificate) -> bool:
-    """True when the CA excludes every IP address and permits e-mail and URI names only under
-    ``invalid``: a CA made before these exclusions is replaced."""
+    """False for a CA made before the IP, e-mail and URI exclusions: it is replaced."""
     nc = _constraints(cert)
     others = {repr(g) for g in (nc and nc.permitted_subtrees) or [] if not isinstance(g, x509.DNSName)}
     excluded = (nc and nc.excluded_subtrees) or []
@@ -136,10 +146,9 @@ def make_ca(permitted: list[str]) -> tuple[x509.Certificate, Key]:
 
 
 def sign_leaf(host: str, ca_cert: x509.Certificate, ca_key: Key, leaf_key: Key) -> x509.Certificate:
-    now = dt.datetime.now(dt.UTC)
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
-    until = min(now + LEAF_VALIDITY, ca_cert.not_valid_after_utc)
+    until = min(dt.datetime.now(dt.UTC) + LEAF_VALIDITY, ca_cert.not_valid_after_utc)
     return (
         _builder(subject, ca_cert.subject, leaf_key.public_key(), until)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
@@ -209,15 +218,16 @@ class CertificateAuthority:
         self.created = False
         self._pinned: dict[str, ssl.SSLContext] = {}
         self._lru: OrderedDict[str, ssl.SSLContext] = OrderedDict()
-        self._cache_lock = threading.Lock()  # dict operations only
-        self._make_lock = threading.Lock()  # one signer at a time, so two asks for one name make one leaf
+        # _cache_lock guards dict operations only; _make_lock lets one signer work, so one name, one leaf
+        self._cache_lock, self._make_lock = threading.Lock(), threading.Lock()
         self._inflight: dict[str, asyncio.Future[ssl.SSLContext]] = {}
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="politeproxy-ca")  # threads on use
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            self._load_or_make(permitted)
-            self._load_leaf_key()
-            self._write_bundle()
+            with _dir_lock(self.dir):
+                self._load_or_make(permitted)
+                self._load_leaf_key()
+                self._write_bundle()
         except OSError as e:
             why = f"{e.filename}: {e.strerror}" if e.filename else e.strerror
             raise CAError(f"cannot write the CA in {self.dir} ({why}); make data_dir writable") from None
@@ -233,8 +243,7 @@ class CertificateAuthority:
             cert, key = load_pair(self.cert_path, self.key_path)
             missing = [n for n in permitted if not is_covered(n, permitted_names(cert))]
             why = self._why_remake(cert, key, missing)
-            usable = isinstance(key, Key)
-            if why is None or (usable and not self.remake):
+            if why is None or (isinstance(key, Key) and not self.remake):
                 self.cert, self.key, self.missing = cert, key, missing  # type: ignore[assignment]
                 if why is not None and not missing:
                     log.warning("the CA in %s is outdated (%s); `politeproxy run` replaces it", self.dir, why)
@@ -262,20 +271,17 @@ class CertificateAuthority:
 
     def _load_leaf_key(self) -> None:
         """The one leaf key; a broken one is only replaced (it signs nothing, leaves are remade)."""
+        key: object = None
         if self.leaf_key_path.exists():
             _make_private(self.leaf_key_path)
-            try:
+            with contextlib.suppress(ValueError, TypeError, UnsupportedAlgorithm):
                 key = serialization.load_pem_private_key(_read(self.leaf_key_path), password=None)
-            except (ValueError, TypeError, UnsupportedAlgorithm):
-                key = None
-            if isinstance(key, Key):
-                self.leaf_key = key
-                self._leaf_key_pem = _pem_key(key)
-                return
-            log.warning("%s is not an EC private key; making a new leaf key", self.leaf_key_path)
-        self.leaf_key = ec.generate_private_key(ec.SECP256R1())
-        self._leaf_key_pem = _pem_key(self.leaf_key)
-        _atomic_write(self.leaf_key_path, self._leaf_key_pem, 0o600)
+            if not isinstance(key, Key):
+                log.warning("%s is not an EC private key; making a new leaf key", self.leaf_key_path)
+        if not isinstance(key, Key):
+            key = ec.generate_private_key(ec.SECP256R1())
+            _atomic_write(self.leaf_key_path, _pem_key(key), 0o600)
+        self.leaf_key, self._leaf_key_pem = key, _pem_key(key)
 
     def _write_bundle(self) -> None:
         roots = Path(certifi.where()).read_bytes()
@@ -314,8 +320,7 @@ class CertificateAuthority:
             return ctx
 
     def context_for(self, host: str, pin: bool = True) -> ssl.SSLContext:
-        """Blocking: a server SSLContext for ``host``. ``pin`` (configured hosts, pre-warmed at start)
-        keeps it for good and its leaf in ``leaves/``; at most MAX_PINNED are pinned."""
+        """Blocking; ``pin`` (configured hosts) keeps the context for good and its leaf in leaves/."""
         return self._get(self.check_name(host), pin)
 
     async def context(self, host: str) -> ssl.SSLContext:
@@ -327,11 +332,9 @@ class CertificateAuthority:
             return ctx
         fut = self._inflight.get(name)
         if fut is None:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="politeproxy-ca")
             fut = asyncio.get_running_loop().run_in_executor(self._pool, self._get, name, False)
             self._inflight[name] = fut
-            fut.add_done_callback(functools.partial(self._job_done, name))
+            fut.add_done_callback(lambda f: self._job_done(name, f))
         return await asyncio.shield(fut)
 
     def _job_done(self, name: str, fut: asyncio.Future[ssl.SSLContext]) -> None:
@@ -339,16 +342,12 @@ class CertificateAuthority:
         if not fut.cancelled():
             fut.exception()  # retrieved here: every waiter may have left
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-
     def _get(self, host: str, pin: bool) -> ssl.SSLContext:
         with self._make_lock:
             ctx = self._cached(host)
-            if ctx is not None and (not pin or host in self._pinned or len(self._pinned) >= MAX_PINNED):
+            pin = pin and host not in self._pinned and len(self._pinned) < MAX_PINNED
+            if ctx is not None and not pin:
                 return ctx
-            pin = pin and len(self._pinned) < MAX_PINNED
             ctx = self._new_context(host, persist=pin)
             with self._cache_lock:
                 if pin:
@@ -385,15 +384,14 @@ class CertificateAuthority:
 def _load_chain(ctx: ssl.SSLContext, pem: bytes, tmp_dir: Path) -> None:
     """load_cert_chain reads files only: a memfd on Linux, else a 0600 mkstemp file removed once loaded."""
     if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
-        with os.fdopen(os.memfd_create("politeproxy-leaf"), "wb") as f:
-            f.write(pem)
-            f.flush()
-            ctx.load_cert_chain(f"/proc/self/fd/{f.fileno()}")
-        return
-    fd, tmp = tempfile.mkstemp(prefix=".leaf-", suffix=".tmp", dir=tmp_dir)
+        fd, tmp = os.memfd_create("politeproxy-leaf"), ""
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=".leaf-", suffix=".tmp", dir=tmp_dir)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(pem)
-        ctx.load_cert_chain(tmp)
+            f.flush()
+            ctx.load_cert_chain(tmp or f"/proc/self/fd/{fd}")
     finally:
-        os.unlink(tmp)
+        if tmp:
+            os.unlink(tmp)
