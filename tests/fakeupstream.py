@@ -4,7 +4,8 @@ Run as ``python -m tests.fakeupstream --cert server.pem --port-file F [--log FIL
 port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once listening. Routes (any host):
   /size/N[?chunked=1]     N bytes of b"x" (Content-Length, or chunked)
   /echo                   JSON: method, path, host, headers, body length and sha256
-  /status/CODE[?retry_after=V]   V is sent as the raw bytes of its percent-decoding ("--5", "%C2%B2" for "²");
+  /status/CODE[?retry_after=V&delay=S]   answers after S seconds (default 0), with Connection: close;
+                          V is sent as the raw bytes of its percent-decoding ("--5", "%C2%B2" for "²");
                           CR and LF are dropped so the head stays one head
   /closedelim/N[?cut=reset|noclose_notify|none]   HTTP/1.1 200 with neither Content-Length nor chunked
                           framing: N bytes of b"x", then a TCP reset (SO_LINGER 0; the default), a transport
@@ -92,6 +93,7 @@ async def raw_answer(request: web.Request) -> web.StreamResponse:
             pass
     if path.startswith("/status/"):
         code = int(path[len("/status/") :])
+        await asyncio.sleep(float(request.query.get("delay", "0")))
         ra = _raw_query(request, "retry_after")
         body = f"status {code}\n".encode()
         head = f"HTTP/1.1 {code} X\r\nContent-Length: {len(body)}\r\nContent-Type: text/plain\r\n".encode()
