@@ -255,6 +255,10 @@ async def test_lock_failure_raises_store_error_and_failover_warns_once(
         await asyncio.sleep(0.02)
     assert not fo.degraded and fo.name == "file"
     assert changes[-1] == ("file", False)
+    # The last local grant (c3) may still lie ahead: the first shared grant waits one widened gap after it.
+    held = await fo.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    assert held.outcome is Outcome.HOST_NOT_READY and 0 < held.wait <= 2 * 3 * gap
+    await asyncio.sleep(held.wait)
     assert (await fo.claim("data.commoncrawl.org", 0.2, 0.0, None)).granted
     await fo.close()
 
@@ -275,29 +279,26 @@ async def test_one_coroutine_at_a_time_takes_the_flock(
     s = FileStore(tmp_path)
     holder = os.open(tmp_path / "ratelimit.lock", os.O_RDWR)  # another process, as far as flock is concerned
     fcntl.flock(holder, fcntl.LOCK_EX)
-    real_flock = fcntl.flock
+    real_run = file_mod._LockWait.run
     waiting, peak = 0, 0
 
-    def counting_flock(fd: int, op: int) -> None:
+    def counting_run(self: file_mod._LockWait) -> bool:  # a contended wait, in the lock thread
         nonlocal waiting, peak
-        if op == fcntl.LOCK_EX:  # a blocking wait, in a worker thread
-            waiting += 1
-            peak = max(peak, waiting)
-            try:
-                real_flock(fd, op)
-            finally:
-                waiting -= 1
-        else:
-            real_flock(fd, op)
+        waiting += 1
+        peak = max(peak, waiting)
+        try:
+            return real_run(self)
+        finally:
+            waiting -= 1
 
-    monkeypatch.setattr(file_mod.fcntl, "flock", counting_flock)
+    monkeypatch.setattr(file_mod._LockWait, "run", counting_run)
     policy = BackoffPolicy(jitter=0.0)
     ops = [s.claim("data.commoncrawl.org", 0.01, 0.0, None) for _ in range(3)]
     ops += [s.throttled("index.commoncrawl.org", 0.0, policy), s.host_view("data.commoncrawl.org")]
     tasks = [asyncio.ensure_future(op) for op in ops]
     await asyncio.sleep(0.2)
     assert not any(t.done() for t in tasks)  # all held up by the other process
-    real_flock(holder, fcntl.LOCK_UN)
+    fcntl.flock(holder, fcntl.LOCK_UN)
     await asyncio.gather(*tasks)
     assert peak == 1
     assert read_lock(tmp_path)[1] == 3

@@ -67,3 +67,69 @@ def claim(
     step = max(interval, host.crawl_delay)
     new_host = replace(host, next_allowed=slot + step) if step > 0 else host
     return Claim(Outcome.GRANTED, slot - now, slot), new_next, new_host
+
+
+# -- sanity bounds for records read back from a store ------------------------------------------------------
+#
+# A record is a file or a Redis hash that anything may have written: a corrupt file, a clock that stepped
+# back, a stray HSET. A time further ahead than the longest wait that could be legitimate is treated as now
+# (and the store logs it once); a value that is not a finite number is treated as absent. The Lua scripts in
+# stores/redis_lua.py apply the same bounds; tests/test_claim_cases.py keeps the two in step.
+
+SCHEDULE_SLACK = 60.0  # the global next: a minute ...
+SCHEDULE_GAPS = 4.0  # ... plus a few gaps (each proxy reserves at most about one slot ahead)
+MAX_CRAWL_DELAY = 3600.0  # the ceiling of robots.max_crawl_delay
+MAX_ROBOTS_TTL = 30 * 86400.0  # the ceiling of robots.ttl
+MAX_BACKOFF = 86400.0  # the ceiling of pacing.backoff_cap: the bound when a store is not told the cap
+MAX_DURATION = 86400.0  # any gap, interval or wait a store is handed is clamped to this
+MAX_THROTTLES = 1000  # beyond 64 the exponential backoff is at its cap anyway
+
+
+def duration(x: float, hi: float = MAX_DURATION) -> float:
+    """A duration clamped to [0, hi]. NaN and +inf become ``hi`` (the polite end), so an odd number handed
+    to a store never raises (OverflowError) and never switches pacing off (NaN fails every ``> 0``)."""
+    if x != x:
+        return hi
+    return min(hi, max(0.0, x))
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How far ahead of now each recorded time may legitimately be (seconds)."""
+
+    gap: float = 0.0  # the global gap of the claim at hand
+    step: float = 0.0  # the host's own interval
+    backoff: float = MAX_BACKOFF  # the backoff cap (a Retry-After is capped to it too)
+
+    def schedule(self) -> float:
+        return SCHEDULE_SLACK + SCHEDULE_GAPS * self.gap
+
+    def host_next(self, crawl_delay: float) -> float:
+        return self.schedule() + max(self.step, crawl_delay)
+
+
+def sane_time(t: float, now: float, ahead: float) -> tuple[float, bool]:
+    """``t`` when it is a finite time at most ``ahead`` past ``now``, else ``now``; and whether it was sane.
+    Times before the epoch become 0 (the past: no constraint)."""
+    if t != t or t > now + ahead:  # NaN or too far ahead (+inf included)
+        return now, False
+    return max(0.0, t), True
+
+
+def sane_global(global_next: float, now: float, b: Bounds) -> tuple[float, bool]:
+    return sane_time(global_next, now, b.schedule())
+
+
+def sane_host(h: HostState, now: float, b: Bounds) -> tuple[HostState, bool]:
+    """The host record with every field within its bound; and whether it already was."""
+    cd = h.crawl_delay
+    cd_ok = cd == cd and 0.0 <= cd <= MAX_CRAWL_DELAY
+    cd = cd if cd_ok else 0.0
+    nxt, ok1 = sane_time(h.next_allowed, now, b.host_next(cd))
+    until, ok2 = sane_time(h.backoff_until, now, b.backoff + 1.0)  # 1 s: rounding and a slow write
+    robots, ok3 = sane_time(h.robots_expires, now, MAX_ROBOTS_TTL)
+    throttles = min(max(0, h.throttles), MAX_THROTTLES)
+    ok = cd_ok and ok1 and ok2 and ok3 and throttles == h.throttles
+    if ok:
+        return h, True
+    return HostState(nxt, until, throttles, cd, robots), False

@@ -6,12 +6,15 @@ clock for memory and file, the server's ``TIME`` for Redis) without the callers 
 
 from __future__ import annotations
 
+import logging
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay
 from politeproxy.policy.slots import Claim
+
+log = logging.getLogger("politeproxy.store")
 
 
 class StoreError(Exception):
@@ -27,6 +30,18 @@ class HostView:
     throttles: int = 0
     crawl_delay: float = 0.0
     robots_fresh: bool = False  # the cached crawl-delay is still within its TTL
+
+
+class WarnOnce:
+    """Log a kind of bad record once as a warning, then at debug: a corrupt record is read on every claim,
+    and one line says all there is to say."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, kind: str, msg: str, *args: object) -> None:
+        (log.debug if kind in self.seen else log.warning)(msg, *args)
+        self.seen.add(kind)
 
 
 class Store(ABC):
@@ -58,6 +73,11 @@ class Store(ABC):
     @abstractmethod
     async def grants(self) -> int:
         """Grants counted by the global record (all processes sharing this store)."""
+
+    async def mirror_backoff(self, host: str, seconds: float) -> None:
+        """Push the host's backoff out to at least ``seconds`` from now, leaving its throttle count alone:
+        the failover store copies every backoff the shared store records here, so the fallback knows it."""
+        raise NotImplementedError(f"{self.name} cannot be a fallback store")
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass

@@ -4,25 +4,36 @@ N proxies that lose their shared store together each pace alone, so each multipl
 ``gap_multiplier`` (``schedule.expected_proxies``) to keep the sum within the budget. The primary is
 probed in the background and used again as soon as it answers.
 
-Both switches are guarded, because the proxies do not switch at the same instant: the first local grant
-waits one widened gap after the last shared one, and for a grace period after the return each grant must
-also fit the local widened schedule, since other proxies may still be pacing locally.
+Both switches are guarded, because the proxies do not switch at the same instant, and because a slot is
+reserved before its wait, so the last grant of one schedule may still lie ahead when the switch happens:
+
+- to the fallback: the first local grant waits one widened gap after the last shared one (or after the
+  switch, when that is later);
+- back to the primary: the first shared grant waits one widened gap after the last local one, and for a
+  grace period each grant must also fit the local widened schedule, since other proxies may still be
+  pacing locally; the first grant after the grace waits one gap after the last grace grant.
+
+Both are one ``_floor`` (monotonic): no paced grant before it. Every backoff and crawl-delay the primary
+records is mirrored into the fallback, so a proxy that loses (or starts without) the shared store still
+knows which hosts are resting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay
-from politeproxy.policy.slots import Claim, Outcome
-from politeproxy.stores.base import HostView, Store, StoreError
+from politeproxy.policy.slots import Claim, Outcome, duration
+from politeproxy.stores.base import HostView, Store, StoreError, WarnOnce
 
 log = logging.getLogger("politeproxy.store")
 T = TypeVar("T")
+FAILS = (StoreError, OSError, ConnectionError)
 
 
 class FailoverStore(Store):
@@ -33,18 +44,23 @@ class FailoverStore(Store):
         gap_multiplier: float = 1.0,
         probe_interval: float = 1.0,
         on_change: Callable[[Store, bool], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.primary = primary
         self.fallback = fallback
-        self.gap_multiplier = max(1.0, gap_multiplier)
+        self.gap_multiplier = max(1.0, duration(gap_multiplier, 1000.0))
         self.probe_interval = probe_interval
         self.on_change = on_change
+        self.monotonic = monotonic
         self.degraded = False
         self._warned = False
+        self._warn = WarnOnce()
         self._probe: asyncio.Task[None] | None = None
-        self._hold_until = 0.0  # monotonic: no local grant before this, after switching to the fallback
-        self._grace_until = 0.0  # monotonic: after returning, grants also respect the local schedule
-        self._last_gap = 0.0
+        self._floor = 0.0  # no paced grant before this (monotonic): the switch-over guards
+        self._grace_until = 0.0  # after returning, grants also fit the local widened schedule
+        self._gap = 0.0  # the gap of the last paced claim
+        self._last_shared = 0.0  # slot of the last paced grant from the primary alone (monotonic)
+        self._last_local = 0.0  # slot of the last paced grant that went by the local schedule
 
     @property
     def active(self) -> Store:
@@ -54,11 +70,15 @@ class FailoverStore(Store):
     def name(self) -> str:  # type: ignore[override]
         return self.active.name
 
+    @property
+    def _wide(self) -> float:
+        return self._gap * self.gap_multiplier
+
     def _degrade(self, err: BaseException) -> None:
         if self.degraded:
             return
         self.degraded = True
-        self._hold_until = time.monotonic() + self._last_gap * self.gap_multiplier
+        self._floor = max(self._floor, max(self.monotonic(), self._last_shared) + self._wide)
         msg = "schedule store %s failed (%s); pacing on %s with the gap x%g until it answers again"
         args = (self.primary.name, err, self.fallback.name, self.gap_multiplier)
         # Warn once whatever the verbosity; later flaps go to info.
@@ -69,55 +89,130 @@ class FailoverStore(Store):
         if self._probe is None or self._probe.done():
             self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
 
+    def _returned(self) -> None:
+        self.degraded = False
+        self._grace_until = self.monotonic() + 2 * self.probe_interval + 0.5
+        self._floor = max(self._floor, self._last_local + self._wide)
+        log.warning("schedule store %s answers again; back on it", self.primary.name)
+        if self.on_change:
+            self.on_change(self.primary, False)
+
     async def _probe_loop(self) -> None:
         while self.degraded:
             await asyncio.sleep(self.probe_interval)
             try:
                 await self.primary.grants()
-            except (StoreError, OSError, ConnectionError):
+            except FAILS:
                 continue
-            self.degraded = False
-            self._grace_until = time.monotonic() + 2 * self.probe_interval + 0.5
-            log.warning("schedule store %s answers again; back on it", self.primary.name)
-            if self.on_change:
-                self.on_change(self.primary, False)
+            except Exception as e:  # noqa: BLE001 - a probe that dies would leave the proxy degraded for good
+                self._warn("probe", "probing schedule store %s failed unexpectedly: %r", self.primary.name, e)
+                continue
+            self._returned()
 
     async def _run(self, call: Callable[[Store], Awaitable[T]]) -> T:
         if not self.degraded:
             try:
                 return await call(self.primary)
-            except (StoreError, OSError, ConnectionError) as e:
+            except FAILS as e:
                 self._degrade(e)
         return await call(self.fallback)
 
+    # -- claims -----------------------------------------------------------------------------------
+
+    def _held(self) -> Claim | None:
+        hold = self._floor - self.monotonic()
+        return Claim(Outcome.HOST_NOT_READY, hold, time.time() + hold) if hold > 0 else None
+
+    def _shared_granted(self, c: Claim) -> None:
+        slot = self.monotonic() + c.wait
+        self._last_shared = max(self._last_shared, slot)
+        if self.degraded:  # its answer came after another claim failed over: hold the local schedule
+            self._floor = max(self._floor, slot + self._wide)
+
+    def _local_granted(self, c: Claim, grace: bool) -> None:
+        slot = self.monotonic() + c.wait
+        self._last_local = max(self._last_local, slot)
+        if grace:  # the shared schedule lies behind this slot: the first grant after the grace follows it
+            self._floor = max(self._floor, slot + self._gap)
+        elif not self.degraded:  # its answer came after the return
+            self._floor = max(self._floor, slot + self._wide)
+
     async def claim(self, host: str, gap: float, interval: float, max_wait: float | None) -> Claim:
-        self._last_gap = gap
+        gap = duration(gap)
+        paced = gap > 0  # a gap of 0 is no global schedule, so there is nothing to guard
+        if paced:
+            self._gap = gap
+            if (held := self._held()) is not None:
+                return held
         if not self.degraded:
             try:
                 c = await self.primary.claim(host, gap, interval, max_wait)
-            except (StoreError, OSError, ConnectionError) as e:
+            except FAILS as e:
                 self._degrade(e)
+                if paced and (held := self._held()) is not None:
+                    return held
             else:
-                if not c.granted or time.monotonic() >= self._grace_until:
+                if not c.granted or not paced:
                     return c
-                # Just back: the shared slot is ours, but go no faster than the local share either.
-                local = await self.fallback.claim(host, gap * self.gap_multiplier, interval, max_wait)
-                if not local.granted:
-                    return local  # the shared slot goes unused: a gap, never a burst
-                return c if c.wait >= local.wait else local
-        hold = self._hold_until - time.monotonic()
-        if hold > 0:
-            return Claim(Outcome.HOST_NOT_READY, hold, time.time() + hold)
-        return await self.fallback.claim(host, gap * self.gap_multiplier, interval, max_wait)
+                if self.monotonic() >= self._grace_until:
+                    self._shared_granted(c)
+                    return c
+                return await self._grace_claim(c, host, gap, interval, max_wait)
+        c = await self.fallback.claim(host, gap * self.gap_multiplier, interval, max_wait)
+        if c.granted and paced:
+            self._local_granted(c, grace=False)
+        return c
+
+    async def _grace_claim(
+        self, shared: Claim, host: str, gap: float, interval: float, max_wait: float | None
+    ) -> Claim:
+        """Just back: the shared slot is ours, but go no faster than the local share either."""
+        try:
+            local = await self.fallback.claim(host, gap * self.gap_multiplier, interval, max_wait)
+        except FAILS:
+            self._shared_granted(shared)
+            return shared
+        if not local.granted:
+            return local  # the shared slot goes unused: a gap, never a burst
+        c = shared if shared.wait >= local.wait else local
+        self._local_granted(c, grace=True)
+        return c
+
+    # -- feedback: recorded in the active store, and every backoff mirrored into the fallback --------
+
+    async def _mirror(self, what: str, call: Callable[[Store], Awaitable[None]]) -> None:
+        try:
+            await call(self.fallback)
+        except (*FAILS, NotImplementedError) as e:
+            self._warn("mirror", "could not mirror a %s into %s: %r", what, self.fallback.name, e)
 
     async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
-        return await self._run(lambda s: s.throttled(host, retry_after, policy))
+        if not self.degraded:
+            try:
+                delay = await self.primary.throttled(host, retry_after, policy)
+            except FAILS as e:
+                self._degrade(e)
+            else:
+                await self._mirror("backoff", lambda s: s.mirror_backoff(host, delay.seconds))
+                return delay
+        return await self.fallback.throttled(host, retry_after, policy)
+
+    async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
+        if not self.degraded:
+            try:
+                await self.primary.set_crawl_delay(host, delay, ttl)
+            except FAILS as e:
+                self._degrade(e)
+            else:
+                await self._mirror("crawl-delay", lambda s: s.set_crawl_delay(host, delay, ttl))
+                return
+        await self.fallback.set_crawl_delay(host, delay, ttl)
+
+    async def mirror_backoff(self, host: str, seconds: float) -> None:
+        await self._run(lambda s: s.mirror_backoff(host, seconds))
 
     async def succeeded(self, host: str) -> None:
         await self._run(lambda s: s.succeeded(host))
-
-    async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
-        await self._run(lambda s: s.set_crawl_delay(host, delay, ttl))
 
     async def host_view(self, host: str) -> HostView:
         return await self._run(lambda s: s.host_view(host))
@@ -126,7 +221,10 @@ class FailoverStore(Store):
         return await self._run(lambda s: s.grants())
 
     async def close(self) -> None:
-        if self._probe:
+        if self._probe is not None:
             self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+            self._probe = None
         await self.primary.close()
         await self.fallback.close()

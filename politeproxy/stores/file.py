@@ -4,22 +4,31 @@
 next free slot, then big-endian uint64 count of grants, read and written under ``flock(LOCK_EX)`` held only
 for that read and write. Per-host state lives in ``hosts/<host>``, read and written under the same lock,
 so one claim checks and reserves both atomically.
+
+Records are untrusted (ccrawl, a crash, a disk): decoding never raises, and a time no legitimate wait gives
+is treated as now (``slots.Bounds``), logged once. Only a name that passes ``valid_hostname`` becomes a
+file name; any other name gets a hashed one, never a path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import os
 import struct
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from politeproxy.policy import backoff
 from politeproxy.policy.backoff import BackoffPolicy, Delay
-from politeproxy.policy.slots import Claim, HostState
+from politeproxy.policy.hosts import normalize_host, valid_hostname
+from politeproxy.policy.slots import MAX_BACKOFF, MAX_THROTTLES, Claim, HostState, duration
 from politeproxy.stores.base import HostView, Store, StoreError, jitter_source
 from politeproxy.stores.memory import StateMachine
 
@@ -27,14 +36,91 @@ GLOBAL = struct.Struct(">QQ")
 # next_allowed, backoff_until, robots_expires (UnixNano), throttles, crawl_delay (ns)
 HOST = struct.Struct(">QQQQQ")
 NS = 1_000_000_000
+U64 = 2**64 - 1
+MAX_HOST_FDS = 64  # open host files kept (LRU); a name a client chose must not cost an fd for good
 
 
 def _ns(t: float) -> int:
-    return max(0, round(t * NS))
+    """Seconds to uint64 nanoseconds; never raises (callers hand sane times, this is the last fence)."""
+    if t != t or t <= 0:
+        return 0
+    return U64 if t >= U64 / NS else round(t * NS)
 
 
 def _s(ns: int) -> float:
     return ns / NS
+
+
+def decode_global(data: bytes) -> tuple[float, int] | None:
+    """The (next, count) of a 16-byte record, or None for a short one. Never raises: any 16 bytes are two
+    uint64s, the time then goes through the sanity bounds."""
+    if len(data) < GLOBAL.size:
+        return None
+    nxt, count = GLOBAL.unpack_from(data)
+    return _s(nxt), count
+
+
+def decode_host(data: bytes) -> HostState | None:
+    """The host state of a 40-byte record, or None for a short one. Never raises."""
+    if len(data) < HOST.size:
+        return None
+    nxt, until, robots, throttles, delay = HOST.unpack_from(data)
+    return HostState(_s(nxt), _s(until), min(throttles, MAX_THROTTLES + 1), _s(delay), _s(robots))
+
+
+def encode_host(st: HostState) -> bytes:
+    throttles = min(max(0, st.throttles), U64)
+    return HOST.pack(
+        _ns(st.next_allowed), _ns(st.backoff_until), _ns(st.robots_expires), throttles, _ns(st.crawl_delay)
+    )
+
+
+def host_file_name(host: str) -> str:
+    """The file name for a host: the normalised name when it is RFC 1123 labels, else a hash of it.
+
+    Hashed rather than refused: a StoreError would make the failover store treat a client-chosen name as
+    an outage and switch every host to the fallback. ``_`` cannot start a valid name, so no collision."""
+    name = normalize_host(host)
+    if valid_hostname(name):
+        return name
+    return "_" + hashlib.sha256(host.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+class _LockWait:
+    """One wait for the flock in the lock thread. It polls LOCK_NB until its deadline rather than blocking
+    in flock(), so the thread never outlives its waiter by more than one poll; and a lock it gets after its
+    waiter left is released at once (``abandon``), so nobody is locked out by a thread nobody awaits."""
+
+    def __init__(self, fd: int, deadline: float) -> None:
+        self.fd = fd
+        self.deadline = deadline
+        self.mu = threading.Lock()
+        self.abandoned = False
+        self.acquired = False
+
+    def run(self) -> bool:
+        pause = 0.001
+        while True:
+            with self.mu:  # the waiter's abandon() cannot slip between the check and the flock
+                if self.abandoned:
+                    return False
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self.acquired = True
+                    return True
+                except BlockingIOError:
+                    pass
+            if time.monotonic() >= self.deadline:
+                return False
+            time.sleep(pause)
+            pause = min(0.01, pause * 2)
+
+    def abandon(self) -> None:
+        with self.mu:
+            self.abandoned = True
+            if self.acquired:
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                self.acquired = False
 
 
 class FileStore(Store):
@@ -45,9 +131,11 @@ class FileStore(Store):
         data_dir: Path,
         clock: Callable[[], float] = time.time,
         rand: Callable[[], float] = jitter_source,
+        max_backoff: float = MAX_BACKOFF,
     ) -> None:
         self.dir = Path(data_dir)
-        self.sm = StateMachine(clock, rand)
+        self.sm = StateMachine(clock, rand, self.name)
+        self.sm.max_backoff = duration(max_backoff, MAX_BACKOFF)
         self.path = self.dir / "ratelimit.lock"
         self.host_dir = self.dir / "hosts"
         try:
@@ -55,14 +143,16 @@ class FileStore(Store):
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise StoreError(f"cannot open {self.path}: {e}") from e
-        self.host_fds: dict[str, int] = {}
+        self.host_fds: OrderedDict[str, int] = OrderedDict()
         self.lock_timeout = 5.0
         # flock belongs to the open file description, which every coroutine here shares: two of them
         # "holding" it at once would let the first one's unlock end the second one's critical section
         # early. So one coroutine at a time takes the flock.
         self._inproc: asyncio.Lock | None = None
+        # Contended waits run here, never in the default executor (DNS uses that); one at a time.
+        self._executor: ThreadPoolExecutor | None = None
 
-    # -- locking: try without blocking the loop; on contention wait in a thread ------------------------
+    # -- locking: try without blocking the loop; on contention wait in the lock thread -----------------
 
     def _lock_nb(self) -> bool:
         try:
@@ -76,12 +166,22 @@ class FileStore(Store):
     async def _lock(self) -> None:
         if self._lock_nb():
             return
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="politeproxy-flock")
+        wait = _LockWait(self.fd, time.monotonic() + self.lock_timeout)
+        fut = asyncio.get_running_loop().run_in_executor(self._executor, wait.run)
         try:
-            await asyncio.wait_for(
-                asyncio.to_thread(fcntl.flock, self.fd, fcntl.LOCK_EX), timeout=self.lock_timeout
-            )
-        except (OSError, TimeoutError) as e:
-            raise StoreError(f"cannot lock {self.path}: {e!r}") from e
+            # The thread stops at its own deadline; this bound only covers a thread still finishing the
+            # previous (abandoned) wait.
+            async with asyncio.timeout(self.lock_timeout + 1.0):
+                got = await asyncio.shield(fut)
+        except BaseException as e:  # timeout or the waiter cancelled: a late lock must not be kept
+            wait.abandon()
+            if isinstance(e, (OSError, TimeoutError)):
+                raise StoreError(f"cannot lock {self.path}: {e!r}") from e
+            raise
+        if not got:
+            raise StoreError(f"cannot lock {self.path}: held by another process for {self.lock_timeout:g}s")
 
     def _unlock(self) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -91,50 +191,65 @@ class FileStore(Store):
         """The flock, held for one synchronous read-modify-write."""
         if self._inproc is None:
             self._inproc = asyncio.Lock()
-        async with self._inproc:
+        try:
+            async with asyncio.timeout(self.lock_timeout):
+                await self._inproc.acquire()
+        except TimeoutError as e:
+            raise StoreError(f"cannot lock {self.path}: busy in this process") from e
+        try:
             await self._lock()
             try:
                 yield
             finally:
                 self._unlock()
+        finally:
+            self._inproc.release()
 
     # -- records ----------------------------------------------------------------------------------
 
     def _read_global(self) -> tuple[float, int]:
         data = os.pread(self.fd, GLOBAL.size, 0)
-        if len(data) < GLOBAL.size:
+        rec = decode_global(data)
+        if rec is None:
+            if data:
+                self.sm.warn(
+                    "short", "file store: %s is %d bytes, not 16; treated as empty", self.path, len(data)
+                )
             return 0.0, 0
-        nxt, count = GLOBAL.unpack(data)
-        return _s(nxt), count
+        return rec
 
     def _write_global(self, nxt: float, count: int) -> None:
-        os.pwrite(self.fd, GLOBAL.pack(_ns(nxt), count), 0)
+        os.pwrite(self.fd, GLOBAL.pack(_ns(nxt), count & U64), 0)
 
     def _host_fd(self, host: str) -> int:
-        fd = self.host_fds.get(host)
-        if fd is None:
-            safe = host.replace("/", "_")
-            fd = os.open(self.host_dir / safe, os.O_RDWR | os.O_CREAT, 0o644)
-            self.host_fds[host] = fd
+        name = host_file_name(host)
+        fd = self.host_fds.get(name)
+        if fd is not None:
+            self.host_fds.move_to_end(name)
+            return fd
+        while len(self.host_fds) >= MAX_HOST_FDS:
+            os.close(self.host_fds.popitem(last=False)[1])
+        fd = os.open(self.host_dir / name, os.O_RDWR | os.O_CREAT, 0o644)
+        self.host_fds[name] = fd
         return fd
 
     def _read_host(self, host: str) -> HostState:
         data = os.pread(self._host_fd(host), HOST.size, 0)
-        if len(data) < HOST.size:
+        st = decode_host(data)
+        if st is None:
+            if data:
+                self.sm.warn(
+                    "short",
+                    "file store: a record in %s is %d bytes, not 40; treated as empty",
+                    self.host_dir,
+                    len(data),
+                )
             return HostState()
-        nxt, until, robots, throttles, delay = HOST.unpack(data)
-        return HostState(_s(nxt), _s(until), throttles, _s(delay), _s(robots))
+        return st
 
     def _write_host(self, host: str, st: HostState) -> None:
-        rec = HOST.pack(
-            _ns(st.next_allowed),
-            _ns(st.backoff_until),
-            _ns(st.robots_expires),
-            st.throttles,
-            _ns(st.crawl_delay),
-        )
         # One pwrite of 40 bytes: a kill -9 leaves the old or the new record, never half of each.
-        os.pwrite(self._host_fd(host), rec, 0)
+        os.pwrite(self._host_fd(host), encode_host(st), 0)
 
     # -- Store ------------------------------------------------------------------------------------
 
@@ -144,12 +259,9 @@ class FileStore(Store):
             st = self._read_host(host)
             c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait)
             if c.granted:
-                if gap > 0:
-                    self._write_global(new_next, count + 1)
-                else:
-                    self._write_global(nxt, count + 1)
-                if new_st != st:
-                    self._write_host(host, new_st)
+                self._write_global(new_next, count + 1)
+            if new_st != st:  # granted with a step, or a corrupt record replaced by its sane form
+                self._write_host(host, new_st)
             return c
 
     async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
@@ -158,11 +270,18 @@ class FileStore(Store):
             self._write_host(host, st)
             return delay
 
+    async def mirror_backoff(self, host: str, seconds: float) -> None:
+        async with self._held():
+            st = self._read_host(host)
+            new = self.sm.held(st, seconds)
+            if new != st:
+                self._write_host(host, new)
+
     async def succeeded(self, host: str) -> None:
         async with self._held():
             st = self._read_host(host)
-            new = backoff.apply_success(st)
-            if new is not st:
+            new = backoff.apply_success(self.sm.checked(st))
+            if new != st:
                 self._write_host(host, new)
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
@@ -184,3 +303,5 @@ class FileStore(Store):
             except OSError:
                 pass
         self.host_fds.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)

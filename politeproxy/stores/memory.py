@@ -8,38 +8,80 @@ from dataclasses import replace
 
 from politeproxy.policy import backoff, slots
 from politeproxy.policy.backoff import BackoffPolicy, Delay
-from politeproxy.policy.slots import Claim, HostState
-from politeproxy.stores.base import HostView, Store, jitter_source
+from politeproxy.policy.slots import MAX_BACKOFF, MAX_DURATION, Bounds, Claim, HostState, duration
+from politeproxy.stores.base import HostView, Store, WarnOnce, jitter_source
+
+# Outside a claim the host's interval is unknown: bound next_allowed by the longest interval a config may
+# give, so a throttle or a view never cuts a legitimate interval short (0xFF bytes are still far beyond).
+LOOSE = Bounds(step=MAX_DURATION)
 
 
 class StateMachine:
-    """The store logic over plain values, shared by the memory and file stores."""
+    """The store logic over plain values, shared by the memory and file stores.
 
-    def __init__(self, clock: Callable[[], float], rand: Callable[[], float] = jitter_source) -> None:
+    Every record handed in is checked against the sanity bounds (``slots.Bounds``) first: a time that cannot
+    be legitimate is treated as now and logged once, so a corrupt file or a clock step back never stalls
+    pacing for longer than the longest legitimate wait.
+    """
+
+    def __init__(
+        self, clock: Callable[[], float], rand: Callable[[], float] = jitter_source, name: str = "memory"
+    ) -> None:
         self.clock = clock
         self.rand = rand
+        self.name = name
+        self.max_backoff = MAX_BACKOFF
+        self.warn = WarnOnce()
+
+    def check_global(self, global_next: float, now: float, b: Bounds) -> float:
+        sane, ok = slots.sane_global(global_next, now, b)
+        if not ok:
+            msg = "%s store: the global next slot (%r s from now) is beyond %.0f s ahead; treated as now"
+            self.warn("global", msg, self.name, global_next - now, b.schedule())
+        return sane
+
+    def check_host(self, host: HostState, now: float, b: Bounds) -> HostState:
+        sane, ok = slots.sane_host(host, now, b)
+        if not ok:
+            msg = (
+                "%s store: a host record holds times or values no legitimate wait gives (%r); treated as now"
+            )
+            self.warn("host", msg, self.name, host)
+        return sane
 
     def claim(
         self, global_next: float, host: HostState, gap: float, interval: float, max_wait: float | None
     ) -> tuple[Claim, float, HostState]:
         now = self.clock()
-        # A record far in the future means the wall clock jumped back: trust now, not the record.
-        if global_next > now + max(3600.0, gap * 100_000):
-            global_next = now
-        deadline = None if max_wait is None else now + max_wait
+        gap, interval = duration(gap), duration(interval)
+        b = Bounds(gap, interval, self.max_backoff)
+        global_next = self.check_global(global_next, now, b)
+        host = self.check_host(host, now, b)
+        deadline = None if max_wait is None else now + duration(max_wait)
         return slots.claim(now, global_next, gap, host, interval, deadline)
 
     def throttled(
         self, host: HostState, retry_after: float | None, policy: BackoffPolicy
     ) -> tuple[Delay, HostState]:
         now = self.clock()
-        if host.backoff_until > now + policy.cap * 2:
-            host = replace(host, backoff_until=now)
-        delay = backoff.throttle_delay(host.throttles, retry_after, policy, self.rand())
+        host = self.check_host(host, now, replace(LOOSE, backoff=min(self.max_backoff, policy.cap)))
+        ra = None if retry_after is None else duration(retry_after)
+        delay = backoff.throttle_delay(host.throttles, ra, policy, self.rand())
         return delay, backoff.apply_throttle(host, now, delay.seconds)
+
+    def held(self, host: HostState, seconds: float) -> HostState:
+        """The host with its backoff pushed out to at least ``seconds`` from now (a mirrored backoff)."""
+        now = self.clock()
+        host = self.check_host(host, now, replace(LOOSE, backoff=self.max_backoff))
+        until = now + duration(seconds, self.max_backoff)
+        return host if host.backoff_until >= until else replace(host, backoff_until=until)
+
+    def checked(self, host: HostState) -> HostState:
+        return self.check_host(host, self.clock(), replace(LOOSE, backoff=self.max_backoff))
 
     def view(self, host: HostState) -> HostView:
         now = self.clock()
+        host = self.check_host(host, now, replace(LOOSE, backoff=self.max_backoff))
         return HostView(
             ready_in=max(0.0, host.ready_at() - now),
             backoff_in=max(0.0, host.backoff_until - now),
@@ -49,14 +91,27 @@ class StateMachine:
         )
 
     def with_crawl_delay(self, host: HostState, delay: float, ttl: float) -> HostState:
-        return replace(host, crawl_delay=delay, robots_expires=self.clock() + ttl)
+        host = self.checked(host)
+        ttl = duration(ttl, slots.MAX_ROBOTS_TTL)
+        return replace(
+            host, crawl_delay=duration(delay, slots.MAX_CRAWL_DELAY), robots_expires=self.clock() + ttl
+        )
 
 
 class MemoryStore(Store):
+    """Pacing for this process alone. Its clock is monotonic by default: nobody else reads its records, so a
+    wall-clock step back (NTP, a VM resumed) cannot stall it."""
+
     name = "memory"
 
-    def __init__(self, clock: Callable[[], float] = time.time, rand: Callable[[], float] = jitter_source):
-        self.sm = StateMachine(clock, rand)
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = jitter_source,
+        max_backoff: float = MAX_BACKOFF,
+    ) -> None:
+        self.sm = StateMachine(clock, rand, self.name)
+        self.sm.max_backoff = duration(max_backoff, MAX_BACKOFF)
         self.global_next = 0.0
         self.count = 0
         self.hosts: dict[str, HostState] = {}
@@ -72,6 +127,9 @@ class MemoryStore(Store):
     async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
         delay, self.hosts[host] = self.sm.throttled(self.hosts.get(host, HostState()), retry_after, policy)
         return delay
+
+    async def mirror_backoff(self, host: str, seconds: float) -> None:
+        self.hosts[host] = self.sm.held(self.hosts.get(host, HostState()), seconds)
 
     async def succeeded(self, host: str) -> None:
         if host in self.hosts:
