@@ -260,6 +260,8 @@ class FileStore(Store):
             c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait)
             if c.granted:
                 self._write_global(new_next, count + 1)
+            elif new_next != nxt:  # a corrupt record, treated as now: write that back
+                self._write_global(new_next, count)
             if new_st != st:  # granted with a step, or a corrupt record replaced by its sane form
                 self._write_host(host, new_st)
             return c

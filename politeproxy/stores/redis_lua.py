@@ -90,7 +90,11 @@ local ttl_ms = tonumber(ARGV[4])
 
 local corrupt = 0
 local gnext, gok = sane(num(redis.call('HGET', KEYS[1], 'next')), now, SLACK + GAPS * gap)
-if not gok then corrupt = 1 end
+if not gok then
+  corrupt = 1
+  redis.call('HSET', KEYS[1], 'next', fmt(gnext))  -- treated as now, and written so (as the file store)
+  keep(KEYS[1], now, ttl_ms, gnext)
+end
 local h, hok = sane_host(KEYS[2], now, gap, interval, tonumber(ARGV[5]))
 if not hok then
   corrupt = corrupt + 2
@@ -109,7 +113,7 @@ if deadline ~= nil and slot > deadline then return {2, slot - now, slot, corrupt
 
 local new_next = gnext
 if gap > 0 then new_next = slot + gap end
-if gap > 0 or not gok then redis.call('HSET', KEYS[1], 'next', fmt(new_next)) end
+if gap > 0 then redis.call('HSET', KEYS[1], 'next', fmt(new_next)) end
 redis.call('HINCRBY', KEYS[1], 'count', 1)
 keep(KEYS[1], now, ttl_ms, new_next)
 

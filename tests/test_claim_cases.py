@@ -1,0 +1,310 @@
+"""One table of (state, event) -> expected state, run against the Python rules (MemoryStore over
+``StateMachine``: ``slots.claim``, the sanity bounds, ``backoff.throttle_delay``) AND the Redis Lua scripts,
+so the two cannot drift. Times in the table are seconds relative to the store's now."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from politeproxy.policy.backoff import BackoffPolicy
+from politeproxy.policy.slots import HostState, Outcome
+from politeproxy.stores.base import Store
+from politeproxy.stores.memory import MemoryStore
+from politeproxy.stores.redis_store import RedisStore
+
+try:
+    from redis_server import RedisServer, running_redis, server_kinds
+except ImportError:  # pragma: no cover
+    from tests.redis_server import RedisServer, running_redis, server_kinds
+
+H = "data.commoncrawl.org"
+NOW = 1_700_000_000.0
+DAY = 86400.0
+FF = 2**64 / 1e9 - NOW  # a uint64 of 0xFF bytes as UnixNano, relative to NOW (about 1.7e10 s ahead)
+POLICY = BackoffPolicy(base=1.0, factor=2.0, cap=300.0, jitter=0.2)
+TIMES = ("next", "next_allowed", "backoff_until", "robots_expires")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    state: dict[
+        str, float
+    ]  # next (global), next_allowed, backoff_until, robots_expires (relative), throttles, crawl_delay
+    event: tuple[
+        Any, ...
+    ]  # ("claim", gap, interval, max_wait) | ("throttle", retry_after, rand) | ("success",)
+    expect: dict[str, Any] = field(default_factory=dict)  # outcome, wait, delay, and any state key after
+
+
+CASES = [
+    # -- claims: the slot arithmetic
+    Case("fresh", {}, ("claim", 1.0, 0.0, None), {"outcome": Outcome.GRANTED, "wait": 0.0, "next": 1.0}),
+    Case(
+        "queued",
+        {"next": 0.5},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.5, "next": 1.5},
+    ),
+    Case(
+        "host_interval",
+        {"next_allowed": 2.0, "next": 0.2},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.HOST_NOT_READY, "wait": 2.0, "next": 0.2},
+    ),
+    Case(
+        "too_late_slot",
+        {"next": 5.0},
+        ("claim", 1.0, 0.0, 1.0),
+        {"outcome": Outcome.TOO_LATE, "wait": 5.0, "next": 5.0},
+    ),
+    Case(
+        "too_late_backoff",
+        {"backoff_until": 3.0},
+        ("claim", 1.0, 0.0, 1.0),
+        {"outcome": Outcome.TOO_LATE, "wait": 3.0},
+    ),
+    Case(
+        "legit_backoff_waits",
+        {"backoff_until": 1000.0},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.HOST_NOT_READY, "wait": 1000.0, "backoff_until": 1000.0},
+    ),
+    Case(
+        "interval_step",
+        {},
+        ("claim", 0.5, 2.0, None),
+        {"outcome": Outcome.GRANTED, "next": 0.5, "next_allowed": 2.0},
+    ),
+    Case(
+        "crawl_delay_step",
+        {"crawl_delay": 3.0},
+        ("claim", 0.5, 1.0, None),
+        {"outcome": Outcome.GRANTED, "next_allowed": 3.0},
+    ),
+    Case(
+        "gap_off",
+        {"next": 0.3},
+        ("claim", 0.0, 1.0, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "next": 0.3, "next_allowed": 1.0},
+    ),
+    Case(
+        "within_bound", {"next": 63.0}, ("claim", 1.0, 0.0, None), {"outcome": Outcome.GRANTED, "wait": 63.0}
+    ),
+    # -- records no legitimate wait gives: treated as now (a clock step back, 0xFF bytes, a stray HSET)
+    Case(
+        "global_2h_ahead",
+        {"next": 7200.0},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "next": 1.0},
+    ),
+    Case(
+        "global_70s_ahead",
+        {"next": 70.0},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0},
+    ),
+    Case(
+        "global_ahead_not_granted",
+        {"next": 7200.0, "backoff_until": 5.0},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.HOST_NOT_READY, "wait": 5.0, "next": 0.0},
+    ),
+    Case(
+        "global_ff",
+        {"next": FF},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "next": 1.0},
+    ),
+    Case(
+        "global_before_epoch",
+        {"next": -NOW - 5.0},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0},
+    ),
+    Case(
+        "host_next_ff",
+        {"next_allowed": FF},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "next_allowed": 0.0},
+    ),
+    Case(
+        "host_next_2h",
+        {"next_allowed": 7200.0},
+        ("claim", 1.0, 2.0, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "next_allowed": 2.0},
+    ),
+    Case(
+        "backoff_beyond_max",
+        {"backoff_until": DAY + 100.0},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "backoff_until": 0.0},
+    ),
+    Case(
+        "crawl_delay_corrupt",
+        {"crawl_delay": 1e9},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "crawl_delay": 0.0},
+    ),
+    Case(
+        "robots_far_ahead",
+        {"robots_expires": 1e9},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "robots_expires": 0.0},
+    ),
+    # -- odd numbers handed to the store never raise (OverflowError) and never switch pacing off
+    Case(
+        "gap_inf", {}, ("claim", math.inf, 0.0, None), {"outcome": Outcome.GRANTED, "wait": 0.0, "next": DAY}
+    ),
+    Case("gap_nan", {}, ("claim", math.nan, 0.0, None), {"outcome": Outcome.GRANTED, "next": DAY}),
+    Case(
+        "interval_inf", {}, ("claim", 1.0, math.inf, None), {"outcome": Outcome.GRANTED, "next_allowed": DAY}
+    ),
+    # -- throttles: backoff.throttle_delay and apply_throttle in one step
+    Case("throttle_first", {}, ("throttle", None, 0.5), {"delay": 1.1, "throttles": 1, "backoff_until": 1.1}),
+    Case("throttle_fourth", {"throttles": 3}, ("throttle", None, 0.5), {"delay": 8.8, "throttles": 4}),
+    Case(
+        "throttle_retry_after",
+        {"throttles": 2},
+        ("throttle", 5.0, 0.9),
+        {"delay": 5.0, "throttles": 3, "backoff_until": 5.0},
+    ),
+    Case("throttle_capped", {}, ("throttle", 1000.0, 0.0), {"delay": 300.0, "backoff_until": 300.0}),
+    Case(
+        "throttle_keeps_longer",
+        {"backoff_until": 50.0},
+        ("throttle", 5.0, 0.0),
+        {"delay": 5.0, "backoff_until": 50.0},
+    ),
+    Case(
+        "throttle_absurd_backoff",
+        {"backoff_until": 1e5},
+        ("throttle", None, 0.0),
+        {"delay": 1.0, "backoff_until": 1.0},
+    ),
+    Case("throttle_many", {"throttles": 70}, ("throttle", None, 0.0), {"delay": 300.0, "throttles": 71}),
+    Case(
+        "throttle_count_corrupt",
+        {"throttles": 5000},
+        ("throttle", None, 0.0),
+        {"delay": 300.0, "throttles": 1001},
+    ),
+    Case(
+        "throttle_retry_after_zero",
+        {},
+        ("throttle", 0.0, 0.0),
+        {"delay": 0.0, "backoff_until": 0.0, "throttles": 1},
+    ),
+    Case("throttle_retry_after_inf", {}, ("throttle", math.inf, 0.0), {"delay": 300.0}),
+    Case("throttle_keeps_interval", {"next_allowed": 30.0}, ("throttle", 1.0, 0.0), {"next_allowed": 30.0}),
+    # -- success resets the count, not the backoff already promised
+    Case(
+        "success",
+        {"throttles": 3, "backoff_until": 10.0},
+        ("success",),
+        {"throttles": 0, "backoff_until": 10.0},
+    ),
+    Case("success_unknown", {}, ("success",), {"throttles": 0}),
+]
+
+KINDS = server_kinds()
+IDS = [c.name for c in CASES]
+
+
+def host_state(state: dict[str, float], now: float) -> HostState:
+    return HostState(
+        next_allowed=now + state.get("next_allowed", -now),
+        backoff_until=now + state.get("backoff_until", -now),
+        throttles=int(state.get("throttles", 0)),
+        crawl_delay=state.get("crawl_delay", 0.0),
+        robots_expires=now + state.get("robots_expires", -now),
+    )
+
+
+async def run_event(store: Store, event: tuple[Any, ...]) -> dict[str, Any]:
+    """Apply the event; return what the store answered (outcome and wait, or the delay)."""
+    if event[0] == "claim":
+        c = await store.claim(H, event[1], event[2], event[3])
+        assert math.isfinite(c.wait)
+        return {"outcome": c.outcome, "wait": c.wait}
+    if event[0] == "throttle":
+        d = await store.throttled(H, event[1], POLICY)
+        assert math.isfinite(d.seconds)
+        return {"delay": d.seconds}
+    await store.succeeded(H)
+    return {}
+
+
+def check(case: Case, got: dict[str, Any], tolerance: float) -> None:
+    for key, want in case.expect.items():
+        assert key in got, f"{case.name}: {key} missing"
+        if isinstance(want, Outcome):
+            assert got[key] is want, f"{case.name}: {key} {got[key]} != {want}"
+        else:
+            assert got[key] == pytest.approx(want, abs=tolerance), f"{case.name}: {key} {got[key]} != {want}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+async def test_python_rules(case: Case) -> None:
+    """The Python StateMachine (the memory and file stores' logic) gives the table's answers."""
+    r = case.event[2] if case.event[0] == "throttle" else 0.0
+    store = MemoryStore(lambda: NOW, rand=lambda: r)
+    store.global_next = NOW + case.state.get("next", -NOW)
+    if set(case.state) - {"next"}:
+        store.hosts[H] = host_state(case.state, NOW)
+    got = await run_event(store, case.event)
+    st = store.hosts.get(H, HostState())
+    got["next"] = store.global_next - NOW
+    for key in TIMES[1:]:
+        got[key] = getattr(st, key) - NOW
+    got["throttles"], got["crawl_delay"] = st.throttles, st.crawl_delay
+    check(case, got, 1e-6)
+
+
+@pytest.fixture(scope="module", params=sorted(KINDS) or ["redis"])
+def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    with running_redis(KINDS.get(request.param)) as s:
+        yield s
+
+
+@pytest.fixture
+async def raw(server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.from_url(server.url, decode_responses=True)
+    yield client
+    await client.aclose()
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+async def test_redis_scripts(case: Case, server: RedisServer, raw: aioredis.Redis) -> None:
+    """The Lua scripts give the same answers (times within the few ms between our TIME and the script's)."""
+    r = case.event[2] if case.event[0] == "throttle" else 0.0
+    store = RedisStore(server.url, prefix=f"pp-cases-{uuid.uuid4().hex[:8]}:", rand=lambda: r)
+    try:
+        sec, usec = await raw.time()
+        now_us = sec * 1_000_000 + usec
+        rel = {k: f"{now_us + v * 1e6:.0f}" for k, v in case.state.items() if k in TIMES}
+        if "next" in rel:
+            await raw.hset(store.global_key, mapping={"next": rel.pop("next"), "count": 0})
+        fields = {**rel, **{k: f"{v * 1e6:.0f}" for k, v in case.state.items() if k == "crawl_delay"}}
+        if "throttles" in case.state:
+            fields["throttles"] = str(int(case.state["throttles"]))
+        if fields:
+            await raw.hset(store.host_key(H), mapping=fields)
+        got = await run_event(store, case.event)
+        g = await raw.hgetall(store.global_key)
+        h = await raw.hgetall(store.host_key(H))
+        got["next"] = (float(g.get("next", 0)) - now_us) / 1e6
+        for key in TIMES[1:]:
+            got[key] = (float(h.get(key, 0)) - now_us) / 1e6
+        got["throttles"] = int(float(h.get("throttles", 0)))
+        got["crawl_delay"] = float(h.get("crawl_delay", 0)) / 1e6
+        check(case, got, 0.05)
+    finally:
+        await store.close()
