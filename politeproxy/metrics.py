@@ -1,27 +1,98 @@
-"""Prometheus metrics. Counters and histograms are the truth; the achieved-rate gauge is for a glance."""
+"""Prometheus metrics. Counters and histograms are the truth; the achieved-rate gauge is for a glance.
+
+Memory is bounded whatever clients send: the host label takes the pinned hosts (the configured concrete
+hosts, index and data.commoncrawl.org) and the first ``FREE_HOST_LABELS`` other names seen, then ``other``;
+the achieved rate is kept in 100 buckets per label, trimmed on every grant.
+"""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from politeproxy.pacing.pacer import PacerEvents
+from politeproxy.pacing.base import PacerEvents
 from politeproxy.policy.classify import Klass
 
 # The achieved-rate gauge's window; POLITEPROXY_RATE_WINDOW shortens it (tests, quick dashboards).
 RATE_WINDOW = float(os.environ.get("POLITEPROXY_RATE_WINDOW", "60") or 60)
+RATE_BUCKETS = 100  # the window's resolution: the gauge is within 1% of an exact count
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60)
-OTHER = "other"  # the host label of every non-paced host: bounded cardinality
+OTHER = "other"  # the host label of every non-paced host, and of paced names beyond the cap
+PINNED_HOSTS = ("index.commoncrawl.org", "data.commoncrawl.org")
+FREE_HOST_LABELS = 50  # names beyond the pinned ones that get a label of their own, first come
 
 
 def code_class(status: int | None) -> str:
     return "error" if status is None else f"{status // 100}xx"
+
+
+class HostLabels:
+    """Maps a host to its label value: itself while the cap allows, else ``other``."""
+
+    def __init__(self, pinned: Iterable[str] = PINNED_HOSTS, free: int = FREE_HOST_LABELS) -> None:
+        self.pinned = {OTHER, *pinned}
+        self.free = free
+        self.seen: set[str] = set()
+
+    def pin(self, hosts: Iterable[str]) -> None:
+        self.pinned.update(hosts)
+
+    def __call__(self, host: str) -> str:
+        if host in self.pinned or host in self.seen:
+            return host
+        if len(self.seen) < self.free:
+            self.seen.add(host)
+            return host
+        return OTHER
+
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class _HostLabelled(Generic[M]):
+    """A labelled metric whose first label is a host, capped by ``HostLabels``."""
+
+    def __init__(self, metric: M, label: HostLabels) -> None:
+        self.metric = metric
+        self.label = label
+
+    def labels(self, host: str, *rest: str) -> M:
+        return self.metric.labels(self.label(host), *rest)
+
+
+class RateWindow:
+    """Events per second over the last ``window`` seconds, in ``buckets`` slices: memory stays bounded
+    whatever the rate, and nothing depends on a scrape to trim it."""
+
+    def __init__(self, window: float = RATE_WINDOW, buckets: int = RATE_BUCKETS) -> None:
+        self.window = window
+        self.width = window / buckets
+        self.slices: deque[list[int]] = deque()  # [slice index, events in it], oldest first
+
+    def add(self, now: float) -> None:
+        idx = math.floor(now / self.width)
+        if self.slices and self.slices[-1][0] == idx:
+            self.slices[-1][1] += 1
+        else:
+            self.slices.append([idx, 1])
+        self.trim(now)
+
+    def trim(self, now: float) -> None:
+        oldest = math.floor((now - self.window) / self.width)
+        while self.slices and self.slices[0][0] <= oldest:
+            self.slices.popleft()
+
+    def count(self, now: float) -> int:
+        self.trim(now)
+        return sum(n for _i, n in self.slices)
 
 
 class _RateCollector(Collector):
@@ -36,54 +107,78 @@ class _RateCollector(Collector):
         )
         now = self.m.clock()
         span = max(1e-9, min(RATE_WINDOW, now - self.m.started))
-        self.m.prune(now)
-        g.add_metric(["global"], len(self.m.grant_times) / span)
-        for host, times in self.m.host_grant_times.items():
-            g.add_metric([host], len(times) / span)
+        g.add_metric(["global"], self.m.rate.count(now) / span)
+        for host, window in self.m.host_rates.items():
+            g.add_metric([host], window.count(now) / span)
         yield g
 
 
 class Metrics(PacerEvents):
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, hosts: Iterable[str] = ()) -> None:
         self.clock = clock
+        self.host_label = HostLabels()
+        self.host_label.pin(hosts)
         self.started = clock()
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "politeproxy_requests",
-            "Answered requests by upstream status class",
-            ["host", "class", "code"],
-            registry=r,
+        lab = self.host_label
+        self.requests = _HostLabelled(
+            Counter(
+                "politeproxy_requests",
+                "Answered requests by upstream status class",
+                ["host", "class", "code"],
+                registry=r,
+            ),
+            lab,
         )
-        self.grants = Counter("politeproxy_grants", "Slots granted", ["host"], registry=r)
-        self.retries = Counter(
-            "politeproxy_retries", "Throttled requests retried by the proxy", ["host"], registry=r
+        self.grants = _HostLabelled(Counter("politeproxy_grants", "Slots granted", ["host"], registry=r), lab)
+        self.retries = _HostLabelled(
+            Counter("politeproxy_retries", "Throttled requests retried by the proxy", ["host"], registry=r),
+            lab,
         )
-        self.wait = Histogram(
-            "politeproxy_wait_seconds",
-            "Time held before going upstream",
-            ["host", "class"],
-            buckets=WAIT_BUCKETS,
-            registry=r,
+        self.wait = _HostLabelled(
+            Histogram(
+                "politeproxy_wait_seconds",
+                "Time held before going upstream",
+                ["host", "class"],
+                buckets=WAIT_BUCKETS,
+                registry=r,
+            ),
+            lab,
         )
-        self.lateness = Histogram(
-            "politeproxy_grant_lateness_seconds",
-            "How late a grant was handed out after its slot",
-            ["host"],
-            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
-            registry=r,
+        self.lateness = _HostLabelled(
+            Histogram(
+                "politeproxy_grant_lateness_seconds",
+                "How late a grant was handed out after its slot",
+                ["host"],
+                buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
+                registry=r,
+            ),
+            lab,
         )
-        self.queue_depth = Gauge("politeproxy_queue_depth", "Requests waiting now", ["host"], registry=r)
+        self.queue_depth = _HostLabelled(
+            Gauge("politeproxy_queue_depth", "Requests waiting now", ["host"], registry=r), lab
+        )
         self.configured_rate = Gauge(
             "politeproxy_configured_rate", "The global budget in requests per second (0 when off)", registry=r
         )
-        self.throttles = Counter("politeproxy_throttles", "Throttle answers", ["host", "code"], registry=r)
-        self.backoff = Gauge(
-            "politeproxy_backoff_seconds", "Time until the host may be sent to again", ["host"], registry=r
+        self.throttles = _HostLabelled(
+            Counter("politeproxy_throttles", "Throttle answers", ["host", "code"], registry=r), lab
         )
-        self.rejections = Counter("politeproxy_rejected", "Requests refused", ["host", "reason"], registry=r)
-        self.exempt_in_flight = Gauge(
-            "politeproxy_exempt_in_flight", "Exempt reads in flight", ["host"], registry=r
+        self.backoff = _HostLabelled(
+            Gauge(
+                "politeproxy_backoff_seconds",
+                "Time until the host may be sent to again",
+                ["host"],
+                registry=r,
+            ),
+            lab,
+        )
+        self.rejections = _HostLabelled(
+            Counter("politeproxy_rejected", "Requests refused", ["host", "reason"], registry=r), lab
+        )
+        self.exempt_in_flight = _HostLabelled(
+            Gauge("politeproxy_exempt_in_flight", "Exempt reads in flight", ["host"], registry=r), lab
         )
         self.bytes = Counter("politeproxy_bytes", "Body bytes relayed", ["direction"], registry=r)
         self.degraded = Gauge(
@@ -96,21 +191,21 @@ class Metrics(PacerEvents):
             "politeproxy_config_reloads", "Config reloads by result", ["result"], registry=r
         )
         self.tunnels_open = Gauge("politeproxy_tunnels_open", "CONNECT tunnels open now", registry=r)
-        self.grant_times: deque[float] = deque()
-        self.host_grant_times: dict[str, deque[float]] = {}
+        self.rate = RateWindow()
+        self.host_rates: dict[str, RateWindow] = {}  # by host label: bounded like the label
+        # Per-host depth and in-flight counts of the names labelled "other", summed into its gauge; an
+        # entry leaves when it reaches zero, so this holds only hosts with waiters or reads now.
+        self._other_depth: dict[str, int] = {}
+        self._other_exempt: dict[str, int] = {}
         r.register(_RateCollector(self))
         for direction in ("client_to_upstream", "upstream_to_client"):
             self.bytes.labels(direction)
         for result in ("ok", "error"):
             self.reloads.labels(result)
 
-    def prune(self, now: float) -> None:
-        cutoff = now - RATE_WINDOW
-        while self.grant_times and self.grant_times[0] < cutoff:
-            self.grant_times.popleft()
-        for times in self.host_grant_times.values():
-            while times and times[0] < cutoff:
-                times.popleft()
+    def pin_hosts(self, hosts: Iterable[str]) -> None:
+        """Hosts that always keep a label of their own (the configured concrete hosts)."""
+        self.host_label.pin(hosts)
 
     def answered(self, host: str, klass: str, status: int | None) -> None:
         """One answered request; ``status`` None when the upstream failed."""
@@ -133,8 +228,8 @@ class Metrics(PacerEvents):
         self.grants.labels(host).inc()
         self.lateness.labels(host).observe(lateness)
         now = self.clock()
-        self.grant_times.append(now)
-        self.host_grant_times.setdefault(host, deque()).append(now)
+        self.rate.add(now)
+        self.host_rates.setdefault(self.host_label(host), RateWindow()).add(now)
 
     def waited(self, host: str, klass: Klass, seconds: float) -> None:
         self.wait.labels(host, klass.value).observe(seconds)
@@ -146,7 +241,19 @@ class Metrics(PacerEvents):
         self.rejections.labels(host, reason).inc()
 
     def queue_changed(self, host: str, depth: int) -> None:
-        self.queue_depth.labels(host).set(depth)
+        self.queue_depth.labels(host).set(_summed(self.host_label(host), host, depth, self._other_depth))
 
     def exempt_changed(self, host: str, in_flight: int) -> None:
-        self.exempt_in_flight.labels(host).set(in_flight)
+        label = self.host_label(host)
+        self.exempt_in_flight.labels(host).set(_summed(label, host, in_flight, self._other_exempt))
+
+
+def _summed(label: str, host: str, value: int, others: dict[str, int]) -> int:
+    """The gauge value for ``label``: the host's own, or the sum over every host labelled ``other``."""
+    if label != OTHER or host == OTHER:
+        return value
+    if value:
+        others[host] = value
+    else:
+        others.pop(host, None)
+    return sum(others.values())

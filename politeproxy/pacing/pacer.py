@@ -1,9 +1,8 @@
-"""Per-host FIFO queues and one dispatcher over a store.
+"""The pacer facade: one call holds a request until it may go, and takes the upstream's answer back.
 
-The dispatcher holds at most one reserved slot at a time: it claims, sleeps until the slot, hands it to the
-request, and claims again. Several proxies sharing a store therefore interleave on one schedule, and a
-request that leaves before its claim spends no slot. The longest-waiting request of a ready host goes next;
-a host in backoff is skipped until it is ready, so it never delays another host.
+The parts: ``state`` (pure per-host lines, ready hints, the estimate), ``dispatcher`` (the one loop that
+claims slots from the store), ``exempt`` (per-host places for exempt reads). Every per-host table is
+bounded: lines and places vanish when they empty, hints and success checks have caps.
 """
 
 from __future__ import annotations
@@ -11,68 +10,39 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
-from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy, Delay, parse_retry_after
+from politeproxy.pacing.base import (
+    DEFAULT_MAX_QUEUE,
+    INDEX_HOST_INTERVAL,
+    NoEvents,
+    PacerEvents,
+    PacingSettings,
+    WaitTooLong,
+)
+from politeproxy.pacing.dispatcher import Dispatcher, RepeatLog
+from politeproxy.pacing.exempt import ExemptPlaces
+from politeproxy.pacing.state import HINT_CAP, QueueState, Waiter
+from politeproxy.policy.backoff import Delay, parse_retry_after, throttle_delay
 from politeproxy.policy.classify import Klass
-from politeproxy.policy.hosts import host_matches
 from politeproxy.policy.slots import Outcome
 from politeproxy.stores.base import HostView, Store, StoreError
 
+__all__ = [
+    "DEFAULT_MAX_QUEUE",
+    "INDEX_HOST_INTERVAL",
+    "Pacer",
+    "PacerEvents",
+    "PacingSettings",
+    "Permit",
+    "WaitTooLong",
+]
+
 log = logging.getLogger("politeproxy.pacing.pacer")
 
-INDEX_HOST_INTERVAL = 1.0
 SUCCESS_RECHECK = 1.0  # seconds between store resets of a host's throttle count on success
-
-
-@dataclass(frozen=True)
-class PacingSettings:
-    gap: float = 0.2  # global seconds between grants; 0 = off
-    max_wait: float = 25.0
-    retries: int = 2
-    throttle_codes: frozenset[int] = DEFAULT_THROTTLE_CODES
-    backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
-    # host pattern -> minimum interval; index.commoncrawl.org is one fragile server
-    host_intervals: tuple[tuple[str, float], ...] = (("index.commoncrawl.org", INDEX_HOST_INTERVAL),)
-    exempt_max_in_flight: int = 16
-    exempt_respect_backoff: bool = True
-
-    def interval_for(self, host: str) -> float:
-        for pattern, interval in self.host_intervals:
-            if host_matches(host, pattern):
-                return interval
-        return 0.0
-
-
-class WaitTooLong(Exception):
-    """The request would be held past ``max_wait``; ``wait`` is how long until it could go."""
-
-    def __init__(self, wait: float, why: str) -> None:
-        super().__init__(why)
-        self.wait = wait
-        self.why = why
-
-
-class PacerEvents:
-    """Hooks for metrics; the pacer calls these and knows nothing of Prometheus."""
-
-    def granted(self, host: str, lateness: float) -> None: ...
-    def waited(self, host: str, klass: Klass, seconds: float) -> None: ...
-    def throttled(self, host: str, code: int, delay: float) -> None: ...
-    def rejected(self, host: str, reason: str) -> None: ...
-    def queue_changed(self, host: str, depth: int) -> None: ...
-    def exempt_changed(self, host: str, in_flight: int) -> None: ...
-
-
-@dataclass(eq=False)
-class _Waiter:
-    host: str
-    arrived: float
-    deadline: float
-    future: asyncio.Future[float]
+FEEDBACK_CLOSE_TIMEOUT = 5.0  # close() waits this long for feedback still being recorded
 
 
 class Permit:
@@ -114,29 +84,34 @@ class Pacer:
     ) -> None:
         self.store = store
         self.settings = settings or PacingSettings()
-        self.events = events or PacerEvents()
+        self.events: PacerEvents = events or NoEvents()
         self.monotonic = monotonic
-        self.queues: dict[str, deque[_Waiter]] = {}
-        self.host_ready: dict[str, float] = {}  # local monotonic hint of when a host may be claimed
-        self.maybe_throttled: set[str] = set()
-        # When each host's throttle count in the store was last reset (or found clean) by a success here.
-        self._success_checked: dict[str, float] = {}
-        self.in_flight: dict[str, int] = {}
-        self._exempt_cond: dict[str, asyncio.Condition] = {}
-        self._wake = asyncio.Event()
+        self.state: QueueState[asyncio.Future[float]] = QueueState(self.events.queue_changed)
+        self.places = ExemptPlaces(lambda: self.settings.exempt_max_in_flight, self.events.exempt_changed)
+        self.dispatcher = Dispatcher(self.state, store, lambda: self.settings, self.events, monotonic)
+        # When each host's throttle count in the store was last reset (or found clean) by a success here;
+        # a host missing is checked on its next success, so dropping an entry only costs a store write.
+        self._checked: dict[str, float] = {}
+        self._errors = RepeatLog(log, monotonic)
         self._task: asyncio.Task[None] | None = None
         self._feedback_tasks: set[asyncio.Task[Delay | None]] = set()
-        self.grants = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._dispatch_forever())
+            self._task = asyncio.get_running_loop().create_task(self.dispatcher.run())
 
     async def close(self) -> None:
-        if self._feedback_tasks:
-            await asyncio.wait(set(self._feedback_tasks), timeout=5.0)
+        """Wait (bounded) for feedback still being recorded, stop the dispatcher, refuse who is left."""
+        pending = set(self._feedback_tasks)
+        if pending:
+            _done, late = await asyncio.wait(pending, timeout=FEEDBACK_CLOSE_TIMEOUT)
+            for t in late:
+                log.warning("feedback not recorded within %.0fs at shutdown", FEEDBACK_CLOSE_TIMEOUT)
+                t.cancel()
+            if late:
+                await asyncio.wait(late, timeout=1.0)
         if self._task:
             self._task.cancel()
             try:
@@ -144,178 +119,98 @@ class Pacer:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        for q in self.queues.values():
-            for w in q:
-                if not w.future.done():
-                    w.future.set_exception(WaitTooLong(1.0, "proxy shutting down"))
-            q.clear()
+        self.dispatcher.refuse_all("proxy shutting down")
 
     def update(self, settings: PacingSettings) -> None:
         self.settings = settings
-        self._wake.set()
-        for cond in self._exempt_cond.values():
-            asyncio.get_running_loop().create_task(self._notify(cond))
-
-    @staticmethod
-    async def _notify(cond: asyncio.Condition) -> None:
-        async with cond:
-            cond.notify_all()
+        self.dispatcher.wake.set()
+        self.places.resize()
 
     def depth(self, host: str | None = None) -> int:
-        if host is not None:
-            return len(self.queues.get(host, ()))
-        return sum(len(q) for q in self.queues.values())
+        return self.state.depth(host)
+
+    def known_hosts(self) -> set[str]:
+        """Hosts worth a backoff-gauge refresh: a line, a ready hint, or exempt reads in flight."""
+        return self.state.hosts() | self.places.hosts()
+
+    @property
+    def grants(self) -> int:
+        return self.dispatcher.grants
+
+    # Read-only views of the internals, kept for callers written against the old attributes.
+    @property
+    def queues(self) -> dict[str, object]:
+        return dict(self.state.queues)
+
+    @property
+    def host_ready(self) -> dict[str, float]:
+        return dict(self.state.ready)
+
+    @property
+    def maybe_throttled(self) -> set[str]:
+        now = self.monotonic()
+        return {h for h, t in self.state.ready.items() if t > now}
+
+    @property
+    def in_flight(self) -> dict[str, int]:
+        return self.places.snapshot()
 
     # -- paced --------------------------------------------------------------------------------------
 
-    def _estimate(self, host: str, now: float) -> float:
-        """A lower bound on the wait of a request queued now, from what this process can see.
-
-        Only hosts that could go now count as ahead on the global schedule: a line of requests behind a
-        host's backoff must not get another, ready host refused for max_wait.
-        """
-        s = self.settings
-        own = self.depth(host)
-        ready_ahead = sum(
-            len(q) for h, q in self.queues.items() if h != host and self.host_ready.get(h, 0.0) <= now
-        )
-        host_wait = max(0.0, self.host_ready.get(host, 0.0) - now)
-        return max((ready_ahead + own) * s.gap, host_wait + own * max(s.gap, s.interval_for(host)))
+    def _refuse_if_full(self, host: str) -> None:
+        """Bound every line: beyond ``max_queue`` waiters in this proxy, refuse at once."""
+        if self.state.total + self.places.waiting >= self.settings.max_queue:
+            self.events.rejected(host, "queue_full")
+            raise WaitTooLong(1.0, f"{self.settings.max_queue} requests are waiting already", "queue_full")
 
     async def wait_paced(self, host: str, arrived: float | None = None) -> float:
         """Wait for a slot for ``host``; return seconds waited. Raises WaitTooLong."""
         self.start()
+        s = self.settings
         now = self.monotonic()
         arrived = now if arrived is None else arrived
-        deadline = arrived + self.settings.max_wait
-        est = self._estimate(host, now)
+        deadline = arrived + s.max_wait
+        est = self.state.estimate(host, now, s.gap, s.interval_for(host))
         if now + est > deadline:
             self.events.rejected(host, "max_wait")
             raise WaitTooLong(est, f"{host} is paced and this request would wait {est:.1f}s")
-        if self.settings.gap <= 0 and not self.queues.get(host) and self.host_ready.get(host, 0.0) <= now:
-            # Global pacing off and nobody ahead for this host: claim in this task, skipping the hand-off
-            # to the dispatcher. The store still answers, so a host's interval and backoff still hold.
-            try:
-                c = await self.store.claim(host, 0.0, self.settings.interval_for(host), deadline - now)
-            except StoreError:
-                c = None
-            if c is not None and c.granted and c.wait <= 0:
-                self.grants += 1
-                self.events.granted(host, 0.0)
-                waited = self.monotonic() - arrived
-                self.events.waited(host, Klass.PACED, waited)
-                return waited
-            if c is not None and c.outcome is Outcome.HOST_NOT_READY:
-                self.host_ready[host] = now + c.wait
-        w = _Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future())
-        q = self.queues.setdefault(host, deque())
-        q.append(w)
-        self.events.queue_changed(host, len(q))
-        self._wake.set()
+        if s.gap <= 0 and not self.state.depth(host) and self.state.ready_at(host) <= now:
+            if await self._claim_here(host, now, deadline):
+                return self._waited(host, Klass.PACED, arrived)
+        self._refuse_if_full(host)
+        w = Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future())
+        self.state.add(w)
+        self.dispatcher.wake.set()
         try:
             async with asyncio.timeout(max(0.0, deadline - now) + 0.05):
-                await w.future
+                await w.ticket
         except TimeoutError:
-            wait = self._estimate(host, self.monotonic())
+            wait = self.state.estimate(host, self.monotonic(), s.gap, s.interval_for(host))
             self.events.rejected(host, "max_wait")
             raise WaitTooLong(max(wait, 1.0), f"{host} is paced and the wait exceeded max_wait") from None
         finally:
-            self._drop(w)
+            self.state.remove(w)
+        return self._waited(host, Klass.PACED, arrived)
+
+    async def _claim_here(self, host: str, now: float, deadline: float) -> bool:
+        """Global pacing off and nobody ahead for this host: claim in this task, skipping the hand-off to
+        the dispatcher. The store still answers, so a host's interval and backoff still hold."""
+        try:
+            c = await self.store.claim(host, 0.0, self.settings.interval_for(host), deadline - now)
+        except StoreError:
+            return False
+        if c.granted and c.wait <= 0:
+            self.dispatcher.grants += 1
+            self.events.granted(host, 0.0)
+            return True
+        if c.outcome is Outcome.HOST_NOT_READY:
+            self.state.set_ready(host, now + c.wait, now)
+        return False
+
+    def _waited(self, host: str, klass: Klass, arrived: float) -> float:
         waited = self.monotonic() - arrived
-        self.events.waited(host, Klass.PACED, waited)
+        self.events.waited(host, klass, waited)
         return waited
-
-    def _drop(self, w: _Waiter) -> None:
-        q = self.queues.get(w.host)
-        if q is not None:
-            try:
-                q.remove(w)
-            except ValueError:
-                return
-            self.events.queue_changed(w.host, len(q))
-
-    def _next_ready_host(self, now: float) -> tuple[str | None, float | None]:
-        best: _Waiter | None = None
-        soonest: float | None = None
-        for host, q in self.queues.items():
-            while q and q[0].future.done():  # left already (client gone, timed out)
-                q.popleft()
-                self.events.queue_changed(host, len(q))
-            if not q:
-                continue
-            ready = self.host_ready.get(host, 0.0)
-            if ready > now:
-                soonest = ready if soonest is None else min(soonest, ready)
-                continue
-            if best is None or q[0].arrived < best.arrived:
-                best = q[0]
-        return (best.host if best else None), soonest
-
-    async def _dispatch_forever(self) -> None:
-        while True:
-            try:
-                await self._dispatch_once()
-            except asyncio.CancelledError:
-                raise
-            except StoreError as e:
-                log.error("schedule store error: %s", e)
-                await asyncio.sleep(0.1)
-            except Exception:
-                log.exception("pacer dispatcher error")
-                await asyncio.sleep(0.1)
-
-    async def _dispatch_once(self) -> None:
-        now = self.monotonic()
-        host, soonest = self._next_ready_host(now)
-        if host is None:
-            self._wake.clear()
-            timeout = None if soonest is None else max(0.0, soonest - now)
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
-            return
-        q = self.queues[host]
-        head = q[0]
-        s = self.settings
-        c = await self.store.claim(host, s.gap, s.interval_for(host), max(0.0, head.deadline - now))
-        now = self.monotonic()
-        if c.outcome is Outcome.GRANTED:
-            if q and q[0] is head:
-                q.popleft()
-                self.events.queue_changed(host, len(q))
-            slot = now + c.wait
-            if c.wait > 0:
-                await asyncio.sleep(c.wait)
-                # Event-loop timers may fire up to a millisecond early (uvloop rounds to whole ms against a
-                # cached loop time); a grant must never precede its slot.
-                while (rest := slot - self.monotonic()) > 0:
-                    await asyncio.sleep(max(rest, 0.001))
-            if head.future.done():
-                # The client left while its slot came up: give the slot to the next in this host's line.
-                while q and q[0].future.done():
-                    q.popleft()
-                if q:
-                    head = q.popleft()
-                self.events.queue_changed(host, len(q))
-            self.grants += 1
-            self.events.granted(host, max(0.0, self.monotonic() - slot))
-            if not head.future.done():
-                head.future.set_result(slot)
-        elif c.outcome is Outcome.HOST_NOT_READY:
-            self.host_ready[host] = now + c.wait
-        else:  # TOO_LATE: the head cannot go before its deadline
-            if q and q[0] is head:
-                q.popleft()
-                self.events.queue_changed(host, len(q))
-            if not head.future.done():
-                self.events.rejected(host, "max_wait")
-                head.future.set_exception(
-                    WaitTooLong(c.wait, f"{host} is paced and this request would wait {c.wait:.1f}s")
-                )
-            if c.wait > 0:
-                self.host_ready[host] = max(self.host_ready.get(host, 0.0), now + min(c.wait, 0.05))
 
     # -- exempt -------------------------------------------------------------------------------------
 
@@ -332,28 +227,19 @@ class Pacer:
                     self.events.rejected(host, "max_wait")
                     raise WaitTooLong(view.backoff_in, f"{host} is backing off for {view.backoff_in:.1f}s")
                 await asyncio.sleep(view.backoff_in)
-        cond = self._exempt_cond.setdefault(host, asyncio.Condition())
+        if self.places.in_flight(host) >= self.settings.exempt_max_in_flight:
+            self._refuse_if_full(host)
         try:
             async with asyncio.timeout(max(0.0, deadline - self.monotonic())):
-                async with cond:
-                    await cond.wait_for(
-                        lambda: self.in_flight.get(host, 0) < self.settings.exempt_max_in_flight
-                    )
-                    self.in_flight[host] = self.in_flight.get(host, 0) + 1
+                await self.places.acquire(host)
         except TimeoutError:
             self.events.rejected(host, "max_wait")
-            n = self.in_flight.get(host, 0)
+            n = self.places.in_flight(host)
             raise WaitTooLong(1.0, f"{host} has {n} exempt reads in flight") from None
-        self.events.exempt_changed(host, self.in_flight[host])
-        waited = self.monotonic() - arrived
-        self.events.waited(host, Klass.EXEMPT, waited)
         try:
-            yield waited
+            yield self._waited(host, Klass.EXEMPT, arrived)
         finally:
-            self.in_flight[host] -= 1
-            self.events.exempt_changed(host, self.in_flight[host])
-            async with cond:
-                cond.notify(1)
+            self.places.release(host)
 
     # -- the facade ---------------------------------------------------------------------------------
 
@@ -381,27 +267,47 @@ class Pacer:
         return status is None or status in self.settings.throttle_codes
 
     async def record(self, host: str, status: int | None, retry_after: float | None) -> Delay | None:
-        """Feed an upstream answer back; ``status`` None means the connection failed or timed out."""
+        """Feed an upstream answer back; ``status`` None means the connection failed or timed out.
+
+        Never raises on a store error: the local hint still holds the host back for the delay."""
         if self.is_throttle(status):
-            delay = await self.store.throttled(host, retry_after, self.settings.backoff)
-            self.host_ready[host] = max(self.host_ready.get(host, 0.0), self.monotonic() + delay.seconds)
-            self.maybe_throttled.add(host)
-            self.events.throttled(host, status or 0, delay.seconds)
-            if delay.capped_from is not None:
-                log.warning(
-                    "%s: Retry-After %.0fs cut to the %.0fs cap", host, delay.capped_from, delay.seconds
-                )
-            self._wake.set()
-            return delay
+            return await self._throttled(host, status, retry_after)
         # A success resets the count even when the throttles were recorded by another proxy sharing the
         # store, or by this one before a restart; checking at most once a second keeps the store quiet.
         now = self.monotonic()
-        last = self._success_checked.get(host)
-        if host in self.maybe_throttled or last is None or now - last >= SUCCESS_RECHECK:
-            self.maybe_throttled.discard(host)
-            self._success_checked[host] = now
-            await self.store.succeeded(host)
+        last = self._checked.get(host)
+        if last is None or now - last >= SUCCESS_RECHECK:
+            self._mark_checked(host, now)
+            try:
+                await self.store.succeeded(host)
+            except Exception as e:  # noqa: BLE001 - feedback never raises; the next success retries
+                self._errors.error("recording a success", e)
+                self._checked.pop(host, None)
         return None
+
+    async def _throttled(self, host: str, status: int | None, retry_after: float | None) -> Delay:
+        s = self.settings
+        try:
+            delay = await self.store.throttled(host, retry_after, s.backoff)
+        except Exception as e:  # noqa: BLE001 - the throttle still applies here, from the local hint
+            self._errors.error("recording a throttle", e)
+            delay = throttle_delay(0, retry_after, s.backoff, 0.5)
+        now = self.monotonic()
+        self.state.hold(host, now + delay.seconds, now)
+        self._checked.pop(host, None)  # the next success must reset the count in the store
+        self.events.throttled(host, status or 0, delay.seconds)
+        if delay.capped_from is not None:
+            log.warning("%s: Retry-After %.0fs cut to the %.0fs cap", host, delay.capped_from, delay.seconds)
+        self.dispatcher.wake.set()
+        return delay
+
+    def _mark_checked(self, host: str, now: float) -> None:
+        self._checked.pop(host, None)  # re-inserted last: the dict's order is the order of checks
+        self._checked[host] = now
+        if len(self._checked) > HINT_CAP:
+            stale = [h for h, t in self._checked.items() if now - t >= SUCCESS_RECHECK]
+            for h in stale or [next(iter(self._checked))]:
+                del self._checked[h]
 
     async def host_view(self, host: str) -> HostView:
         return await self.store.host_view(host)

@@ -1,0 +1,79 @@
+"""What the pacing modules share: settings, the refusal, and the events Protocol that metrics implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
+from politeproxy.policy.classify import Klass
+from politeproxy.policy.hosts import host_matches
+
+INDEX_HOST_INTERVAL = 1.0
+# Waiters one proxy holds at most (paced lines plus exempt places together). Each client connection holds
+# at most one, so this only bites when pacing is off and a host backs off, or under a flood.
+DEFAULT_MAX_QUEUE = 1024
+
+
+@dataclass(frozen=True)
+class PacingSettings:
+    gap: float = 0.2  # global seconds between grants; 0 = off
+    max_wait: float = 25.0
+    retries: int = 2
+    throttle_codes: frozenset[int] = DEFAULT_THROTTLE_CODES
+    backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
+    # host pattern -> minimum interval; index.commoncrawl.org is one fragile server
+    host_intervals: tuple[tuple[str, float], ...] = (("index.commoncrawl.org", INDEX_HOST_INTERVAL),)
+    exempt_max_in_flight: int = 16
+    exempt_respect_backoff: bool = True
+    max_queue: int = DEFAULT_MAX_QUEUE
+
+    def interval_for(self, host: str) -> float:
+        for pattern, interval in self.host_intervals:
+            if host_matches(host, pattern):
+                return interval
+        return 0.0
+
+
+class WaitTooLong(Exception):
+    """The request would be held past ``max_wait`` (or the queue is full); ``wait`` is how long until it
+    could go, ``reason`` the rejection counter's label ("max_wait" or "queue_full")."""
+
+    def __init__(self, wait: float, why: str, reason: str = "max_wait") -> None:
+        super().__init__(why)
+        self.wait = wait
+        self.why = why
+        self.reason = reason
+
+
+class PacerEvents(Protocol):
+    """What the pacer reports; ``metrics.Metrics`` implements it. The pacer knows nothing of Prometheus."""
+
+    def granted(self, host: str, lateness: float) -> None: ...
+    def waited(self, host: str, klass: Klass, seconds: float) -> None: ...
+    def throttled(self, host: str, code: int, delay: float) -> None: ...
+    def rejected(self, host: str, reason: str) -> None: ...
+    def queue_changed(self, host: str, depth: int) -> None: ...
+    def exempt_changed(self, host: str, in_flight: int) -> None: ...
+
+
+class NoEvents:
+    """PacerEvents that go nowhere (tests, tools)."""
+
+    def granted(self, host: str, lateness: float) -> None:
+        pass
+
+    def waited(self, host: str, klass: Klass, seconds: float) -> None:
+        pass
+
+    def throttled(self, host: str, code: int, delay: float) -> None:
+        pass
+
+    def rejected(self, host: str, reason: str) -> None:
+        pass
+
+    def queue_changed(self, host: str, depth: int) -> None:
+        pass
+
+    def exempt_changed(self, host: str, in_flight: int) -> None:
+        pass

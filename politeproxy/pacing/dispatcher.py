@@ -1,0 +1,158 @@
+"""The one async loop that hands out paced slots, and a log that does not flood on a persistent error.
+
+The dispatcher holds at most one reserved slot at a time: it claims, sleeps until the slot, hands it to the
+request, and claims again. Several proxies sharing a store therefore interleave on one schedule, and a
+request that leaves before its claim spends no slot. The longest-waiting request of a ready host goes next;
+a host in backoff is skipped until it is ready, so it never delays another host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Callable
+
+from politeproxy.pacing.base import PacerEvents, PacingSettings, WaitTooLong
+from politeproxy.pacing.state import QueueState, Waiter
+from politeproxy.policy.slots import Claim, Outcome
+from politeproxy.stores.base import Store, StoreError
+
+log = logging.getLogger("politeproxy.pacing.pacer")
+
+ERROR_BACKOFF_FIRST = 0.1  # seconds; doubled on each consecutive error
+ERROR_BACKOFF_CAP = 2.0  # a recovered store is used again within this long
+PRUNE_EVERY = 1.0  # seconds between sweeps of passed ready hints
+
+
+class RepeatLog:
+    """One line per distinct error: the first with its traceback, then a count of the repeats at most once
+    per ``every`` seconds. Errors differing only in numbers count as one."""
+
+    def __init__(
+        self, logger: logging.Logger, monotonic: Callable[[], float], every: float = 60.0, cap: int = 32
+    ) -> None:
+        self.log = logger
+        self.monotonic = monotonic
+        self.every = every
+        self.cap = cap
+        self._seen: dict[str, list[float]] = {}  # key -> [repeats not yet logged, time of the last line]
+
+    def error(self, what: str, exc: BaseException) -> None:
+        text = f"{what}: {type(exc).__name__}: {exc}"
+        key = re.sub(r"\d+", "#", text)[:300]
+        now = self.monotonic()
+        seen = self._seen.get(key)
+        if seen is None:
+            if len(self._seen) >= self.cap:
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[key] = [0, now]
+            # A store that cannot answer is an expected fault: its message says enough.
+            self.log.error("%s", text, exc_info=None if isinstance(exc, StoreError) else exc)
+            return
+        seen[0] += 1
+        if now - seen[1] >= self.every:
+            self.log.error("%s (%d more times in %.0fs)", text, int(seen[0]), now - seen[1])
+            seen[0], seen[1] = 0, now
+
+    def recovered(self, what: str) -> None:
+        if self._seen:
+            repeats = int(sum(s[0] for s in self._seen.values()))
+            self.log.warning("%s: recovered (%d repeated errors not logged)", what, repeats)
+            self._seen.clear()
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        state: QueueState[asyncio.Future[float]],
+        store: Store,
+        settings: Callable[[], PacingSettings],
+        events: PacerEvents,
+        monotonic: Callable[[], float],
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.settings = settings
+        self.events = events
+        self.monotonic = monotonic
+        self.wake = asyncio.Event()
+        self.grants = 0
+        self.errors = RepeatLog(log, monotonic)
+        self.failures = 0  # consecutive dispatch errors, for the backoff
+        self._pruned = 0.0
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the loop must outlive any one error
+                self.failures += 1
+                self.errors.error("pacer dispatcher", e)
+                await asyncio.sleep(min(ERROR_BACKOFF_CAP, ERROR_BACKOFF_FIRST * 2 ** (self.failures - 1)))
+            else:
+                if self.failures:
+                    self.failures = 0
+                    self.errors.recovered("pacer dispatcher")
+
+    async def once(self) -> None:
+        now = self.monotonic()
+        if now - self._pruned >= PRUNE_EVERY:
+            self._pruned = now
+            self.state.prune(now)
+        host, soonest = self.state.next_ready(now)
+        if host is None:
+            self.wake.clear()
+            timeout = None if soonest is None else max(0.0, soonest - now)
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.wake.wait()
+            except TimeoutError:
+                pass
+            return
+        head = self.state.head(host)
+        assert head is not None  # next_ready only names hosts with a live head
+        s = self.settings()
+        c = await self.store.claim(host, s.gap, s.interval_for(host), max(0.0, head.deadline - now))
+        now = self.monotonic()
+        if c.outcome is Outcome.GRANTED:
+            await self._grant(host, head, now + c.wait, c.wait)
+        elif c.outcome is Outcome.HOST_NOT_READY:
+            self.state.set_ready(host, now + c.wait, now)
+        else:
+            self._too_late(host, head, c, now)
+
+    async def _grant(self, host: str, head: Waiter[asyncio.Future[float]], slot: float, wait: float) -> None:
+        self.state.remove(head)
+        if wait > 0:
+            await asyncio.sleep(wait)
+            # Event-loop timers may fire up to a millisecond early (uvloop rounds to whole ms against a
+            # cached loop time); a grant must never precede its slot.
+            while (rest := slot - self.monotonic()) > 0:
+                await asyncio.sleep(max(rest, 0.001))
+        if head.ticket.done():
+            # The client left while its slot came up: give the slot to the next in this host's line.
+            head = self.state.pop_live(host) or head
+        self.grants += 1
+        self.events.granted(host, max(0.0, self.monotonic() - slot))
+        if not head.ticket.done():
+            head.ticket.set_result(slot)
+
+    def _too_late(self, host: str, head: Waiter[asyncio.Future[float]], c: Claim, now: float) -> None:
+        """The head cannot go before its deadline: refuse it now, with the store's estimate."""
+        self.state.remove(head)
+        if not head.ticket.done():
+            self.events.rejected(host, "max_wait")
+            head.ticket.set_exception(
+                WaitTooLong(c.wait, f"{host} is paced and this request would wait {c.wait:.1f}s")
+            )
+        if c.wait > 0:
+            self.state.hold(host, now + min(c.wait, 0.05), now)
+
+    def refuse_all(self, why: str) -> None:
+        """Shutdown: every waiter gets a refusal instead of hanging."""
+        for host in list(self.state.queues):
+            while (w := self.state.pop_live(host)) is not None:
+                w.ticket.set_exception(WaitTooLong(1.0, why))

@@ -1,0 +1,293 @@
+"""Issue 9 items of the pacer: feedback survives cancellation (5), bounded tables and labels (9), metrics
+memory without scrapes (15), a bounded queue (21), a dispatcher that neither floods the log nor spins on a
+store error (24). In-process: real asyncio and a MemoryStore; a store that fails or stalls is a small
+subclass, since the store is the dependency under test's control."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import tracemalloc
+from collections import deque
+from collections.abc import AsyncIterator
+
+import pytest
+
+from politeproxy import metrics as metrics_mod
+from politeproxy.metrics import Metrics
+from politeproxy.pacing import pacer as pacer_mod
+from politeproxy.pacing.pacer import Pacer, PacingSettings, WaitTooLong
+from politeproxy.policy.backoff import BackoffPolicy
+from politeproxy.policy.classify import Klass
+from politeproxy.stores.base import StoreError
+from politeproxy.stores.memory import MemoryStore
+
+A = "data.commoncrawl.org"
+# The label cap's parts, read this way so that the test also runs (and fails) against the code before it.
+PINNED_HOSTS: tuple[str, ...] = getattr(metrics_mod, "PINNED_HOSTS", ("index.commoncrawl.org", A))
+FREE_HOST_LABELS: int = getattr(metrics_mod, "FREE_HOST_LABELS", 50)
+TABLE_CAP = 256  # what the pacer promises for any per-host table (state.HINT_CAP)
+
+
+def settings(**kw: object) -> PacingSettings:
+    base: dict[str, object] = dict(
+        gap=0.001, max_wait=5.0, host_intervals=(), backoff=BackoffPolicy(jitter=0)
+    )
+    base.update(kw)
+    return PacingSettings(**base)  # type: ignore[arg-type]
+
+
+class SlowStore(MemoryStore):
+    """Each throttle write takes ``hold`` seconds: the window in which a client may leave."""
+
+    def __init__(self, hold: float) -> None:
+        super().__init__(rand=lambda: 0.0)
+        self.hold = hold
+
+    async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(self.hold)
+        return await super().throttled(host, retry_after, policy)
+
+
+class BrokenStore(MemoryStore):
+    """Claims raise while ``broken``; each message carries a different number, as real ones do."""
+
+    def __init__(self, exc: type[Exception] = StoreError) -> None:
+        super().__init__(rand=lambda: 0.0)
+        self.broken = True
+        self.claims = 0
+        self.exc = exc
+
+    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None):  # type: ignore[no-untyped-def]
+        self.claims += 1
+        if self.broken:
+            raise self.exc(f"ratelimit.lock: bad record {self.claims * 7919} at offset {self.claims}")
+        return await super().claim(host, gap, interval, max_wait)
+
+
+class Recorder:
+    """PacerEvents that remember the rejections."""
+
+    def __init__(self) -> None:
+        self.rejections: list[tuple[str, str]] = []
+
+    def granted(self, host: str, lateness: float) -> None: ...
+    def waited(self, host: str, klass: Klass, seconds: float) -> None: ...
+    def throttled(self, host: str, code: int, delay: float) -> None: ...
+    def queue_changed(self, host: str, depth: int) -> None: ...
+    def exempt_changed(self, host: str, in_flight: int) -> None: ...
+
+    def rejected(self, host: str, reason: str) -> None:
+        self.rejections.append((host, reason))
+
+
+@pytest.fixture
+async def closing() -> AsyncIterator[list[Pacer]]:
+    made: list[Pacer] = []
+    yield made
+    for p in made:
+        await p.close()
+
+
+# -- item 5: feedback survives the caller's cancellation -------------------------------------------------
+
+
+async def test_a_throttle_is_recorded_although_the_client_left_during_answered(closing: list[Pacer]) -> None:
+    store = SlowStore(0.2)
+    pacer = Pacer(store, settings())
+    closing.append(pacer)
+    started = asyncio.Event()
+
+    async def client() -> None:
+        async with pacer.permit(A, Klass.PACED) as p:
+            started.set()
+            await p.answered(429, "30")
+
+    task = asyncio.create_task(client())
+    await started.wait()
+    await asyncio.sleep(0.05)  # answered() runs; the store write is in flight
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await store.host_view(A)).throttles == 0  # not yet written when the client left
+    await asyncio.sleep(0.3)
+    view = await store.host_view(A)
+    assert view.throttles == 1 and view.backoff_in > 25  # the Retry-After: 30 holds
+
+
+async def test_close_waits_for_feedback_in_flight(closing: list[Pacer]) -> None:
+    store = SlowStore(0.3)
+    pacer = Pacer(store, settings())
+    async with pacer.permit(A, Klass.PACED) as p:
+        task = asyncio.create_task(p.answered(503, "20"))
+        await asyncio.sleep(0.02)
+        task.cancel()
+    await pacer.close()  # shutdown right after the client left: the throttle must still be written
+    assert (await store.host_view(A)).throttles == 1
+
+
+async def test_close_is_bounded_when_a_feedback_write_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pacer_mod, "FEEDBACK_CLOSE_TIMEOUT", 0.2, raising=False)
+    pacer = Pacer(SlowStore(3600.0), settings())
+    async with pacer.permit(A, Klass.PACED) as p:
+        task = asyncio.create_task(p.answered(503, None))
+        await asyncio.sleep(0.02)
+        task.cancel()
+    t0 = time.monotonic()
+    await pacer.close()
+    assert time.monotonic() - t0 < 3.0  # bounded, not the store's hour
+    leftover = [t for t in asyncio.all_tasks() if "record" in repr(t.get_coro())]
+    assert not leftover, "a feedback task outlived close()"
+
+
+# -- item 9: 500 names leave bounded tables and bounded label series -------------------------------------
+
+
+def table_sizes(*objs: object) -> dict[str, int]:
+    """Every dict, set and deque held by the given objects (one level down), by attribute name."""
+    sizes = {}
+    for obj in objs:
+        for name, value in vars(obj).items():
+            if isinstance(value, dict | set | deque):
+                sizes[f"{type(obj).__name__}.{name}"] = len(value)
+    return sizes
+
+
+def host_labels(text: str) -> set[str]:
+    return set(re.findall(r'host="([^"]*)"', text))
+
+
+async def test_500_names_leave_bounded_tables_and_label_series(closing: list[Pacer]) -> None:
+    metrics = Metrics()
+    store = MemoryStore(rand=lambda: 0.0)
+    pacer = Pacer(store, settings(exempt_respect_backoff=False), metrics)
+    closing.append(pacer)
+    names = [f"n{i}.commoncrawl.org" for i in range(500)]
+    for host in names:
+        async with pacer.permit(host, Klass.PACED) as p:
+            await p.answered(503, "60")  # every name ends in a backoff this process remembers
+        metrics.answered(host, "paced", 503)
+        async with pacer.permit(host, Klass.EXEMPT) as p:
+            await p.answered(200, None)
+        metrics.answered(host, "exempt", 200)
+    assert pacer.depth() == 0
+    parts = [getattr(pacer, name) for name in ("state", "places", "dispatcher") if hasattr(pacer, name)]
+    sizes = table_sizes(pacer, *parts)
+    assert max(sizes.values()) <= TABLE_CAP, sizes
+    assert len(pacer.known_hosts()) <= TABLE_CAP
+    labels = host_labels(metrics.render().decode())
+    assert len(labels) <= len(PINNED_HOSTS) + FREE_HOST_LABELS + 1, len(labels)
+    assert "other" in labels
+
+
+async def test_pinned_hosts_keep_their_label_and_other_sums_its_hosts() -> None:
+    m = Metrics()
+    getattr(m, "pin_hosts", lambda _hosts: None)(["commoncrawl.s3.amazonaws.com"])  # the configured host
+    for i in range(FREE_HOST_LABELS):
+        m.granted(f"early{i}.commoncrawl.org", 0.0)
+    for host in (*PINNED_HOSTS, "commoncrawl.s3.amazonaws.com"):
+        m.granted(host, 0.0)
+    m.queue_changed("late1.commoncrawl.org", 3)
+    m.queue_changed("late2.commoncrawl.org", 4)
+    m.queue_changed("late1.commoncrawl.org", 0)
+    text = m.render().decode()
+    assert {*PINNED_HOSTS, "commoncrawl.s3.amazonaws.com"} <= host_labels(text)
+    assert "late1.commoncrawl.org" not in text
+    assert 'politeproxy_queue_depth{host="other"} 4.0' in text  # late2's 4, late1 went back to 0
+
+
+# -- item 15: metrics memory without a scrape --------------------------------------------------------------
+
+
+def test_grants_without_a_scrape_keep_metrics_memory_flat(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]
+    m = Metrics(clock=lambda: now[0])
+    m.granted(A, 0.0)  # label series exist before the measurement
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(100_000):  # 1000 grants/s for 100 s, never scraped
+            now[0] += 0.001
+            m.granted(A, 0.0)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 100_000, f"{grown} bytes kept for 100k grants"
+    window = metrics_mod.RATE_WINDOW
+    rate = re.search(r'politeproxy_achieved_rate\{scope="global"\} (\S+)', m.render().decode())
+    assert rate is not None
+    assert float(rate.group(1)) == pytest.approx(1000.0 * window / min(window, 100.0), rel=0.02)
+
+
+# -- item 21: every queue is bounded -----------------------------------------------------------------------
+
+
+async def test_waiters_beyond_the_cap_are_refused_at_once(closing: list[Pacer]) -> None:
+    events = Recorder()
+    store = MemoryStore(rand=lambda: 0.0)
+    # Pacing off and the host backing off: nothing but the cap limits the line.
+    pacer = Pacer(store, settings(gap=0.0, max_wait=20.0, exempt_max_in_flight=1), events)
+    closing.append(pacer)
+    await pacer.record(A, 503, 10.0)
+    n = pacer_mod.DEFAULT_MAX_QUEUE if hasattr(pacer_mod, "DEFAULT_MAX_QUEUE") else 1024
+    t0 = time.monotonic()
+    tasks = [asyncio.create_task(pacer.wait_paced(A)) for _ in range(n + 76)]
+    await asyncio.sleep(0.2)
+    refused = [t for t in tasks if t.done()]
+    assert pacer.depth() == n
+    assert len(refused) == 76
+    for t in refused:
+        e = t.exception()
+        assert isinstance(e, WaitTooLong) and e.reason == "queue_full" and e.wait >= 1.0
+    assert events.rejections.count((A, "queue_full")) == 76
+    assert time.monotonic() - t0 < 5.0  # refused at once, not after max_wait
+    # Exempt reads that would have to wait count too; one with a free place does not wait.
+    other = "index.commoncrawl.org"
+    async with pacer.permit(other, Klass.EXEMPT):
+        with pytest.raises(WaitTooLong) as e:
+            async with pacer.permit(other, Klass.EXEMPT):
+                pass
+    assert e.value.reason == "queue_full"
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert pacer.depth() == 0
+
+
+# -- item 24: a persistent dispatcher error -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc", [StoreError, RuntimeError])
+async def test_a_failing_store_logs_once_and_the_dispatcher_backs_off(
+    exc: type[Exception], caplog: pytest.LogCaptureFixture, closing: list[Pacer]
+) -> None:
+    caplog.set_level(logging.INFO, logger="politeproxy")
+    store = BrokenStore(exc)
+    pacer = Pacer(store, settings(max_wait=10.0))
+    closing.append(pacer)
+    waiter = asyncio.create_task(pacer.wait_paced(A))
+    await asyncio.sleep(1.6)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]  # one line; repeats are counted, not logged
+    assert sum(r.exc_info is not None for r in errors) == (0 if exc is StoreError else 1)
+    # Backing off 0.1, 0.2, 0.4, 0.8 s: about 5 claims in 1.6 s, where a fixed 0.1 s retry made 16.
+    assert store.claims <= 8
+    store.broken = False
+    async with asyncio.timeout(4.0):  # the backoff is capped: a recovered store is used again soon
+        await waiter
+    assert any("recovered" in r.getMessage() for r in caplog.records)
+
+
+def test_repeat_log_counts_repeats_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    from politeproxy.pacing.dispatcher import RepeatLog
+
+    now = [0.0]
+    rl = RepeatLog(logging.getLogger("politeproxy.test"), lambda: now[0], every=60.0)
+    for i in range(131):  # one a second for 130 s
+        rl.error("store", RuntimeError(f"bad record {i}"))
+        now[0] += 1.0
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines  # the first, then a count at 60 s and at 120 s
+    assert "60 more times" in lines[1]
