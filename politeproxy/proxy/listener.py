@@ -17,39 +17,29 @@ from typing import Any
 
 import h11
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from politeproxy.pacing.pacer import Pacer
+from politeproxy.policy import routing
 from politeproxy.policy.access import Access
-from politeproxy.policy.hosts import normalize_host
+from politeproxy.policy.routing import Refusal, Route, Target
 from politeproxy.proxy import intercept, tunnel
 from politeproxy.proxy.forward import Forwarder
-from politeproxy.proxy.responses import plain_response
+from politeproxy.proxy.responses import (
+    BadRequestOneLine,
+    BoundedServer,
+    RepeatLog,
+    error_response,
+    plain_response,
+)
 from politeproxy.proxy.upstream import CHUNK, Upstream
 
 log = logging.getLogger("politeproxy")
 
 
-class _BadRequestOneLine(logging.Filter):
-    """aiohttp logs a client's malformed request with a traceback at ERROR; make it one INFO line.
-
-    Anything else (a real bug in a handler) keeps its traceback.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, HttpProcessingError):
-            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
-            first = (exc.message or type(exc).__name__).strip().splitlines()[0][:200]
-            record.msg, record.args = "%s: %d malformed request: %s", (remote, exc.code or 400, first)
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
+refusals = RepeatLog(log)  # refusal lines, rate-limited per client
 http_log = logging.getLogger("politeproxy.http")
-http_log.addFilter(_BadRequestOneLine())
+http_log.addFilter(BadRequestOneLine(refusals))
 
 
 @dataclass
@@ -61,18 +51,6 @@ class Timeouts:
     max_connections: int = 4096  # client connections open at once (tunnels included)
 
 
-class _TrackingServer(web.Server):
-    """aiohttp's low-level server, telling us when one of its connections ends."""
-
-    def __init__(self, handler: Any, on_lost: Callable[[RequestHandler], None], **kwargs: Any) -> None:
-        super().__init__(handler, **kwargs)
-        self._on_lost = on_lost
-
-    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
-        super().connection_lost(handler, exc)
-        self._on_lost(handler)
-
-
 class FrontProtocol(asyncio.Protocol):
     """Reads the first request head of a client connection and routes the connection."""
 
@@ -82,6 +60,7 @@ class FrontProtocol(asyncio.Protocol):
         self.buf = bytearray()
         self.done = False
         self.timer: asyncio.TimerHandle | None = None
+        self.client = "?"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -91,7 +70,18 @@ class FrontProtocol(asyncio.Protocol):
         if not self.proxy.access.ip_allowed(self.client):
             self._fail(403, "Forbidden", f"client {self.client} is not in allow_clients", "forbidden")
             return
+        if not self.proxy.admit(transport):
+            limit = self.proxy.timeouts.max_connections
+            self._fail(503, "Service Unavailable", f"too many connections (max {limit})", "connections")
+            return
         self.timer = asyncio.get_running_loop().call_later(self.proxy.timeouts.header, self._header_timeout)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        # Only while this protocol still owns the connection (before it is handed on).
+        self.done = True
+        if self.timer:
+            self.timer.cancel()
+        self.proxy.clients.discard(self.transport)  # type: ignore[arg-type]
 
     def _header_timeout(self) -> None:
         if not self.done:
@@ -103,11 +93,14 @@ class FrontProtocol(asyncio.Protocol):
         self.done = True
         if self.timer:
             self.timer.cancel()
-        log.info("%s: %d %s", self.client, status, message)
+        refusals.info(self.client, "%s: %d %s", self.client, status, message)
         self.proxy.metrics.rejected("other", why)
         if self.transport and not self.transport.is_closing():
             self.transport.write(plain_response(status, reason, message, extra))
             self.transport.close()
+
+    def refuse(self, r: Refusal) -> None:
+        self._fail(r.status, r.reason, r.message, r.why)
 
     def data_received(self, data: bytes) -> None:
         if self.done:
@@ -127,15 +120,11 @@ class FrontProtocol(asyncio.Protocol):
             self._fail(400, "Bad Request", "malformed request", "bad_request")
             return
         # h11 bounds only an incomplete head; one that arrived whole in a single read is checked here.
-        head_size = len(self.buf) - len(self.conn.trailing_data[0])
+        size = len(self.buf) - len(self.conn.trailing_data[0])
         limit = self.proxy.timeouts.max_header_size
-        if head_size > limit:
-            self._fail(
-                431,
-                "Request Header Fields Too Large",
-                f"request head of {head_size} bytes is over max_header_size {limit}",
-                "bad_request",
-            )
+        if size > limit:
+            message = f"request head of {size} bytes is over max_header_size {limit}"
+            self._fail(431, "Request Header Fields Too Large", message, "bad_request")
             return
         self.done = True
         if self.timer:
@@ -143,8 +132,7 @@ class FrontProtocol(asyncio.Protocol):
         assert self.transport is not None
         if event.method == b"CONNECT":
             self.transport.pause_reading()
-            leftover = self._after_head()
-            asyncio.get_running_loop().create_task(self._connect(event, leftover))
+            self.proxy.spawn(self._connect(event, self._after_head()))
             return
         # Everything else: aiohttp parses it again from the first byte and serves the connection.
         proto = self.proxy.plain_server()
@@ -164,31 +152,34 @@ class FrontProtocol(asyncio.Protocol):
 
     async def _connect(self, req: h11.Request, leftover: bytes) -> None:
         assert self.transport is not None
-        target = req.target.decode("latin-1")
-        host, sep, port_s = target.rpartition(":")
-        host = normalize_host(host)
-        if not sep or not host or not port_s.isdigit() or not 0 < int(port_s) < 65536:
-            self._fail(400, "Bad Request", f"CONNECT needs host:port, got {target!r}", "bad_request")
-            return
-        port = int(port_s)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in req.headers}
         if not self.proxy.access.auth_ok(headers.get("proxy-authorization")):
+            challenge = {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
             self._fail(
-                407,
-                "Proxy Authentication Required",
-                "proxy authentication required",
-                "auth",
-                {"Proxy-Authenticate": 'Basic realm="politeproxy"'},
+                407, "Proxy Authentication Required", "proxy authentication required", "auth", challenge
             )
             return
-        if self.proxy.hosts_paced(host):
-            await self.proxy.intercept(self.transport, self.client, host, port, leftover)
+        # Validated before anything else sees it: classification, leaf files, metrics labels.
+        target = routing.parse_connect_target(req.target.decode("latin-1"))
+        if isinstance(target, Refusal):
+            self.refuse(target)
+            return
+        paced = self.proxy.hosts_paced(target.host)
+        decision = routing.route(target, paced=paced, tunnel_ports=self.proxy.tunnel_ports)
+        if isinstance(decision, Refusal):
+            self.refuse(decision)
+        elif decision is Route.INTERCEPT:
+            await self.proxy.intercept(self.transport, self.client, target.host, target.port, leftover)
         else:
-            await self.proxy.tunnel(self.transport, self.client, host, port, leftover)
+            await self.proxy.tunnel(self, target, leftover)
 
 
 class Proxy:
-    """Everything the I/O layer needs, wired once; ``app.py`` builds it from the config."""
+    """Everything the I/O layer needs, wired once; ``app.py`` builds it from the config.
+
+    It owns every client connection (``clients``, capped at ``max_connections``), every task it starts
+    (``tasks``) and every blind tunnel (``pairs``); ``close()`` ends them all, bounded in time.
+    """
 
     def __init__(
         self,
@@ -210,17 +201,20 @@ class Proxy:
         self.allow_private_destinations = allow_private_destinations
         self.ca = ca
         self.classifier = classifier
-        self.pacer = pacer
         self.upstream = upstream
         self.metrics = metrics
         self.access = access
         self.timeouts = timeouts
-        self.robots = robots
-        self.log_json = log_json
-        self.health = health or (lambda: {})
         self.tunnels: dict[RequestHandler, tuple[str, int]] = {}
         self.server: asyncio.Server | None = None
+        self.destinations = tunnel.Destinations(
+            allow_private_destinations, upstream.resolver.lookup, upstream.connect_timeout
+        )
         self.open_tunnels = 0
+        self.clients: set[asyncio.BaseTransport] = set()
+        self._sweep_at = 64
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.pairs: set[Any] = set()
         kwargs: dict[str, Any] = dict(
             handler_cancellation=True,  # a client that leaves frees its place in line
             keepalive_timeout=timeouts.idle,
@@ -241,14 +235,15 @@ class Proxy:
             access=access,
             robots=robots,
             log_json=log_json,
-            health=self.health,
+            health=health or (lambda: {}),
             tunnel_target=self.tunnels.get,
         )
-        self.plain_server = web.Server(self.forwarder.handle, **kwargs)
-        self.tunnel_server = _TrackingServer(self.forwarder.handle, self._tunnel_lost, **kwargs)
+        limit, report = timeouts.max_header_size, self._report
+        self.plain_server = BoundedServer(self._plain, lambda h: None, limit, report, **kwargs)
+        self.tunnel_server = BoundedServer(self.forwarder.handle, self._tunnel_lost, limit, report, **kwargs)
 
     def hosts_paced(self, host: str) -> bool:
-        return self.classifier.hosts.matches(host)
+        return bool(self.classifier.hosts.matches(host))
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -257,6 +252,7 @@ class Proxy:
         self.server = await loop.create_server(
             lambda: FrontProtocol(self), host, port, reuse_address=True, backlog=2048
         )
+        self.destinations.own_ports = frozenset(int(s.getsockname()[1]) for s in self.server.sockets)
         return self.server
 
     @property
@@ -264,11 +260,45 @@ class Proxy:
         assert self.server is not None
         return int(self.server.sockets[0].getsockname()[1])
 
-    async def close(self) -> None:
+    def admit(self, transport: asyncio.BaseTransport) -> bool:
+        """Count a new client connection in, unless ``max_connections`` are open already."""
+        limit = self.timeouts.max_connections
+        if len(self.clients) >= min(self._sweep_at, limit):
+            # Connections handed to aiohttp or a tunnel leave no callback here: drop the closed ones.
+            self.clients = {t for t in self.clients if not t.is_closing()}
+            self._sweep_at = max(64, 2 * len(self.clients))
+        if len(self.clients) >= limit:
+            return False
+        self.clients.add(transport)
+        return True
+
+    def spawn(self, coro: Any) -> asyncio.Task[None]:
+        """Run a connection task, keeping a reference until it is done (close() awaits it)."""
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("connection task failed", exc_info=task.exception())
+
+    async def close(self, timeout: float = 2.0) -> None:
+        """Stop listening, close every tunnel and connection, and wait (bounded) for their tasks."""
         if self.server:
             self.server.close()
-        await self.plain_server.shutdown(1.0)
-        await self.tunnel_server.shutdown(1.0)
+        for pair in list(self.pairs):
+            pair.close()
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout)
+        await asyncio.gather(self.plain_server.shutdown(1.0), self.tunnel_server.shutdown(1.0))
+        for t in list(self.clients):
+            if not t.is_closing():
+                t.abort()
+        self.clients.clear()
 
     def _tunnel_change(self, delta: int) -> None:
         self.open_tunnels += delta
@@ -278,7 +308,28 @@ class Proxy:
         if self.tunnels.pop(handler, None) is not None:
             self._tunnel_change(-1)
 
-    # -- CONNECT ------------------------------------------------------------------------------------
+    # -- heads and destinations of the requests aiohttp serves --------------------------------------
+
+    def _report(self, client: str, r: Refusal) -> None:
+        refusals.info(client, "%s: %d %s", client, r.status, r.message)
+        self.metrics.rejected("other", r.why)
+
+    def _refused(self, client: str, r: Refusal) -> web.StreamResponse:
+        self._report(client, r)
+        return error_response(r.status, r.message)
+
+    async def _plain(self, request: web.BaseRequest) -> web.StreamResponse:
+        raw = request.raw_path
+        if (
+            raw.startswith("/")
+            or raw == "*"
+            or not self.access.auth_ok(request.headers.get("Proxy-Authorization"))
+        ):
+            return await self.forwarder.handle(request)  # admin endpoints, or its 407
+        parsed = routing.parse_absolute_target(raw)
+        client = request.remote or "?"
+        r = parsed if isinstance(parsed, Refusal) else await self.destinations.for_request(client, parsed[1])
+        return self._refused(client, r) if r is not None else await self.forwarder.handle(request)
 
     # -- CONNECT ------------------------------------------------------------------------------------
 
@@ -302,21 +353,33 @@ class Proxy:
             attach=attach,
         )
 
-    async def tunnel(
-        self, transport: asyncio.Transport, client: str, host: str, port: int, leftover: bytes
-    ) -> None:
+    async def tunnel(self, front: FrontProtocol, target: Target, leftover: bytes) -> None:
+        """A blind tunnel to a checked address of ``target`` (resolved here, once)."""
+        assert front.transport is not None
+        try:
+            dests = await self.destinations.for_tunnel(front.client, target)
+        except (OSError, TimeoutError) as e:
+            why = "timed out" if isinstance(e, TimeoutError) else (getattr(e, "strerror", None) or str(e))
+            status, reason = (504, "Gateway Timeout") if isinstance(e, TimeoutError) else (502, "Bad Gateway")
+            front._fail(status, reason, f"cannot resolve {target.host}: {why}", "upstream")
+            return
+        if isinstance(dests, Refusal):
+            front.refuse(dests)
+            return
+
         def bytes_seen(from_client: bool, n: int) -> None:
             self.metrics.bytes.labels("client_to_upstream" if from_client else "upstream_to_client").inc(n)
 
         await tunnel.open_tunnel(
-            transport,
-            client,
-            host,
-            port,
+            front.transport,
+            front.client,
+            target.host,
+            target.port,
             leftover,
-            dest=self.upstream.tunnel_address(host, port),
+            dests=dests,
             connect_timeout=self.upstream.connect_timeout,
             idle=self.timeouts.idle,
             on_open=self._tunnel_change,
             on_bytes=bytes_seen,
+            pairs=self.pairs,
         )

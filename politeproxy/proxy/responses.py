@@ -1,11 +1,19 @@
-"""Answers the proxy writes itself: plain error heads before aiohttp, and the admin documents."""
+"""Answers the proxy writes itself: plain error heads before aiohttp, the admin documents, the 431 of
+a head over max_header_size (aiohttp's server bounded here), and the rate-limited log of refusals."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+
+from politeproxy.policy.routing import Refusal
 
 
 def plain_response(status: int, reason: str, message: str, extra: dict[str, str] | None = None) -> bytes:
@@ -38,3 +46,150 @@ def metrics_response(metrics: Any) -> web.Response:
 def health_response(health: Callable[[], dict[str, Any]]) -> web.Response:
     """/healthz, on the proxy port and on --metrics-listen."""
     return web.json_response({"status": "ok", **health()})
+
+
+class RepeatLog:
+    """Refusal log lines, at most ``burst`` per client in ``window`` seconds; the rest are counted and
+    summed up in one line when that client's next window opens. Remembers at most ``max_keys`` clients.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        clock: Callable[[], float] = time.monotonic,
+        burst: int = 5,
+        window: float = 10.0,
+        max_keys: int = 1024,
+    ) -> None:
+        self.logger = logger
+        self.clock = clock
+        self.burst = burst
+        self.window = window
+        self.max_keys = max_keys
+        self.seen: OrderedDict[str, list[float]] = OrderedDict()  # key -> [window start, count, dropped]
+
+    def allow(self, key: str) -> bool:
+        """Count one event for ``key``; True when it may be logged."""
+        now = self.clock()
+        st = self.seen.get(key)
+        if st is None or not 0 <= now - st[0] < self.window:
+            if st is not None and st[2]:
+                self.logger.info("%s: %d more refusals not logged (rate-limited)", key, int(st[2]))
+            st = [now, 0, 0]
+            self.seen[key] = st
+            self.seen.move_to_end(key)
+            while len(self.seen) > self.max_keys:
+                self.seen.popitem(last=False)
+        st[1] += 1
+        if st[1] <= self.burst:
+            return True
+        st[2] += 1
+        return False
+
+    def info(self, key: str, msg: str, *args: object) -> None:
+        if self.allow(key):
+            self.logger.info(msg, *args)
+
+
+class BadRequestOneLine(logging.Filter):
+    """aiohttp logs a client's malformed request with a traceback at ERROR; make it one INFO line,
+    rate-limited per client. Anything else (a real bug in a handler) keeps its traceback.
+    """
+
+    def __init__(self, repeats: RepeatLog) -> None:
+        super().__init__()
+        self.repeats = repeats
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            remote = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            first = (exc.message or type(exc).__name__).strip().splitlines()[0][:200]
+            record.msg, record.args = "%s: %d malformed request: %s", (remote, exc.code or 400, first)
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info, record.exc_text = None, None
+            return self.repeats.allow(str(remote))
+        return True
+
+
+def head_size(request: web.BaseRequest) -> int:
+    """The size of a parsed request head as it came on the wire (give or take optional spaces)."""
+    line = len(request.method) + len(request.raw_path) + 12  # " ", " HTTP/1.1", CRLF
+    return line + sum(len(k) + len(v) + 4 for k, v in request.raw_headers) + 2
+
+
+Report = Callable[[str, Refusal], None]  # log and count a refusal of this client
+
+
+class BoundedHandler(RequestHandler):
+    """aiohttp bounds each header line, not a head: count the bytes of the head being read.
+
+    While no request body is being read, every byte that arrives belongs to a head. When those bytes
+    pass the limit before a head is complete, the connection gets 431 and is closed. A head that
+    completes in one read is checked whole before the request handler runs (``head_size``). So a
+    connection holds at most the limit plus one read of head bytes, and no head over it goes upstream.
+    (Uses aiohttp's internal ``_request_count`` and ``_messages``; tests/test_front_limits.py pins it.)
+    """
+
+    def __init__(self, manager: web.Server, *, head_limit: int, report: Report, **kw: Any) -> None:
+        super().__init__(manager, **kw)
+        self._head_limit = head_limit
+        self._head_bytes = 0
+        self._report = report
+        self._last_payload: Any = None
+
+    def data_received(self, data: bytes) -> None:
+        if self._force_close or self._close or self._upgraded:
+            return super().data_received(data)
+        in_head = self._last_payload is None or self._last_payload.is_eof()
+        before = self._request_count
+        super().data_received(data)
+        if self._request_count != before:
+            self._head_bytes = 0  # a head completed: what follows in this read is body or the next head
+            self._last_payload = self._messages[-1][1] if self._messages else None
+        elif in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > self._head_limit:
+                self._refuse()
+
+    def _refuse(self) -> None:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        message = f"request head over max_header_size {self._head_limit}"
+        self._report(str(peer[0]) if peer else "?", Refusal(431, message, "bad_request"))
+        if self.transport is not None and self._current_request is None:
+            self.transport.write(plain_response(431, "Request Header Fields Too Large", message))
+        self.force_close()
+
+
+class BoundedServer(web.Server):
+    """aiohttp's low-level server with bounded heads, telling us when one of its connections ends."""
+
+    def __init__(
+        self,
+        handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+        on_lost: Callable[[RequestHandler], None],
+        head_limit: int,
+        report: Report,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(self._bounded, **kwargs)
+        self._inner = handler
+        self._on_lost = on_lost
+        self._bounds = {"head_limit": head_limit, "report": report}
+
+    async def _bounded(self, request: web.BaseRequest) -> web.StreamResponse:
+        size, limit = head_size(request), self._bounds["head_limit"]
+        if size <= limit:  # type: ignore[operator]
+            return await self._inner(request)
+        message = f"request head of {size} bytes is over max_header_size {limit}"
+        self._bounds["report"](request.remote or "?", Refusal(431, message, "bad_request"))  # type: ignore[operator]
+        resp = error_response(431, message)
+        resp.force_close()
+        return resp
+
+    def __call__(self) -> RequestHandler:
+        return BoundedHandler(self, loop=self._loop, **self._bounds, **self._kwargs)  # type: ignore[arg-type]
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        super().connection_lost(handler, exc)
+        self._on_lost(handler)

@@ -1,12 +1,20 @@
-"""The blind byte tunnel for hosts that are not paced: the proxy never sees their TLS."""
+"""The blind byte tunnel for hosts that are not paced: the proxy never sees their TLS.
+
+Its destination is resolved once, each address is checked (policy/routing.py), and the tunnel connects
+to a checked address, never to the name again: no window for DNS rebinding.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import socket
 import time
 from collections.abc import Callable
 
+from politeproxy.policy.access import is_loopback
+from politeproxy.policy.routing import Address, Refusal, Target, Where, check_destination, unmap
 from politeproxy.proxy.responses import plain_response
 
 log = logging.getLogger("politeproxy")
@@ -88,6 +96,101 @@ class _RelayPair:
         self.on_close()
 
 
+def is_local_address(addr: Address) -> bool:
+    """True when ``addr`` is an address of this host: only a local address can be bound to."""
+    a = unmap(addr)
+    if a.is_loopback or a.is_unspecified:
+        return True
+    family = socket.AF_INET6 if a.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.bind((str(a), 0))
+    except OSError:
+        return False
+    return True
+
+
+async def resolve(target: Target) -> list[Address]:
+    """The addresses of ``target`` in resolver order; raises OSError when the name does not resolve."""
+    if target.ip is not None:
+        return [target.ip]
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    addrs: list[Address] = []
+    for info in infos:
+        a = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+        if a not in addrs:
+            addrs.append(a)
+    return addrs
+
+
+async def destinations(
+    target: Target,
+    mapped: tuple[str, int] | None,
+    check: Callable[[Address, int], Refusal | None],
+) -> list[tuple[str, int]] | Refusal:
+    """The checked addresses a tunnel to ``target`` may connect to, in resolver order, or the refusal
+    of the first one refused when none passes. ``mapped`` (the operator's upstream.resolve) is trusted.
+    Raises OSError when the name does not resolve.
+    """
+    if mapped is not None:
+        return [mapped]
+    ok: list[tuple[str, int]] = []
+    refused: Refusal | None = None
+    for a in await resolve(target):
+        r = check(a, target.port)
+        if r is None:
+            ok.append((str(a), target.port))
+        elif refused is None:
+            refused = r
+    return refused if refused is not None and not ok else ok
+
+
+class Destinations:
+    """Where a client's tunnel or request may connect: routing.check_destination with this host's facts
+    (its listening ports, its own addresses) and the operator's upstream.resolve map (trusted)."""
+
+    def __init__(
+        self,
+        allow_private: bool,
+        lookup: Callable[[str, int], tuple[str, int] | None],
+        timeout: float,
+    ) -> None:
+        self.allow_private = allow_private
+        self.lookup = lookup
+        self.timeout = timeout
+        self.own_ports: frozenset[int] = frozenset()
+
+    def where(self, client: str) -> Where:
+        return Where(is_loopback(client), self.allow_private, self.own_ports)
+
+    def check(self, client: str) -> Callable[[Address, int], Refusal | None]:
+        where = self.where(client)
+        return lambda a, port: check_destination(a, port, where, is_local=is_local_address(a))
+
+    async def for_tunnel(self, client: str, target: Target) -> list[tuple[str, int]] | Refusal:
+        """Checked addresses to connect to; raises OSError or TimeoutError when the name won't resolve."""
+        async with asyncio.timeout(self.timeout):
+            return await destinations(target, self.lookup(target.host, target.port), self.check(client))
+
+    async def for_request(self, client: str, target: Target) -> Refusal | None:
+        """The check for a plain http:// request. aiohttp resolves the name again when it connects, so
+        a name is refused when any of its addresses is (a rebinding gap remains: see the README)."""
+        where = self.where(client)
+        if self.lookup(target.host, target.port) is not None:
+            return None
+        if target.ip is None and (where.client_loopback or where.allow_private):
+            return None
+        try:
+            async with asyncio.timeout(self.timeout):
+                addrs = await resolve(target)
+        except (OSError, TimeoutError):
+            return None  # the forwarder answers 502/504 for a name that does not resolve
+        check = self.check(client)
+        return next((r for r in (check(a, target.port) for a in addrs) if r is not None), None)
+
+
 async def open_tunnel(
     transport: asyncio.Transport,
     client: str,
@@ -95,19 +198,33 @@ async def open_tunnel(
     port: int,
     leftover: bytes,
     *,
-    dest: tuple[str, int],
+    dests: list[tuple[str, int]],
     connect_timeout: float,
     idle: float,
     on_open: Callable[[int], None],
     on_bytes: Callable[[bool, int], None],
+    pairs: set[_RelayPair],
 ) -> None:
-    """Connect to ``dest`` and relay bytes both ways; ``on_open(+1/-1)`` tracks open tunnels."""
+    """Connect to the first of ``dests`` that answers (addresses, never names) and relay bytes both
+    ways; ``on_open(+1/-1)`` tracks open tunnels and ``pairs`` holds them until they close."""
     loop = asyncio.get_running_loop()
-    dest_host, dest_port = dest
-    pair = _RelayPair(idle, lambda: on_open(-1), on_bytes)
+
+    def closed() -> None:
+        pairs.discard(pair)
+        on_open(-1)
+
+    pair = _RelayPair(idle, closed, on_bytes)
     try:
         async with asyncio.timeout(connect_timeout):
-            await loop.create_connection(lambda: pair.upstream, dest_host, dest_port)
+            err: OSError = OSError(f"no address for {host}")
+            for dest_host, dest_port in dests:
+                try:
+                    await loop.create_connection(lambda: pair.upstream, dest_host, dest_port)
+                    break
+                except OSError as e:
+                    err = e
+            else:
+                raise err
     except (OSError, TimeoutError) as e:
         pair.timer.cancel()
         why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
@@ -117,6 +234,10 @@ async def open_tunnel(
         transport.close()
         return
     on_open(+1)
+    pairs.add(pair)
+    if transport.is_closing():  # the client left while we connected
+        pair.close()
+        return
     transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
     transport.set_protocol(pair.client)
     pair.client.connection_made(transport)
