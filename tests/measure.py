@@ -57,3 +57,49 @@ def results(proc: subprocess.Popen[str], timeout: float = 120) -> list[dict[str,
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, err
     return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def requests_during(
+    arrivals: Sequence[dict[str, Any]], host: str, start: float, end: float
+) -> list[dict[str, Any]]:
+    """The arrivals at ``host`` strictly inside (start, end): requests sent during a backoff, for one."""
+    return [a for a in arrivals if a["host"] == host and start < a["t"] < end]
+
+
+def budget_report(times: Sequence[float], rate: float, marks: dict[str, float] | None = None) -> str:
+    """The busiest 1 s window against the budget, placed relative to named events (kill, restart, ...)."""
+    start, count = busiest_window(times)
+    where = ", ".join(f"{start - t:+.2f}s from {name}" for name, t in (marks or {}).items())
+    return f"{count} arrivals in the 1 s from {start:.3f} ({where}); budget {rate:g}/s + 1"
+
+
+def run_load(
+    env: dict[str, str],
+    prefixes: Sequence[str],
+    concurrency: int,
+    until: Path,
+    n: int = 100_000,
+    timeout: float = 40.0,
+) -> subprocess.Popen[str]:
+    """Paced load until the file ``until`` exists (see tests.loadclient --until); read it with results()."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.loadclient",
+            "--n",
+            str(n),
+            "--concurrency",
+            str(concurrency),
+            "--timeout",
+            str(timeout),
+            "--until",
+            str(until),
+            *prefixes,
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

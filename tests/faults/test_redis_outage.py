@@ -1,0 +1,146 @@
+"""Redis killed, frozen (SIGSTOP) and brought back under paced load, three proxies with expected_proxies = 4.
+
+Each proxy has its own data dir, as on its own machine: Redis is all they share, and each falls back to its
+own file store with the gap x4. Issue 9 items 6 (both switch-overs guarded, measured at the upstream) and 7
+(a backoff recorded in Redis is still honoured by a proxy restarted while Redis is frozen).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ProxyProc, Upstream, wait_for
+from tests.faults.common import (
+    CC,
+    DATA,
+    INDEX,
+    Load,
+    arrivals_since,
+    assert_budget,
+    assert_clear,
+    assert_no_request_during,
+    health,
+    paced_toml,
+    prefixes,
+    status_counts,
+    throttle,
+    throttled_arrival,
+    wait_arrivals,
+)
+from tests.redis_server import RedisServer, running_redis
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+OUTAGE = 5.0
+RA_BEFORE = 3.0  # recorded in Redis half a second before the outage: it spans the switch to the fallback
+RA_DURING = 2.0  # recorded in the fallback store while Redis is out
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    with running_redis() as server:
+        yield server
+
+
+def redis_toml(url: str) -> str:
+    return paced_toml(f'backend = "redis"\nredis_url = "{url}"\nexpected_proxies = 4')
+
+
+def all_degraded(proxies: list[ProxyProc], degraded: bool) -> bool:
+    return all(health(p).get("degraded") is degraded for p in proxies)
+
+
+def outage(redis: RedisServer, fault: str) -> None:
+    (redis.kill if fault == "kill" else redis.pause)()
+
+
+def recover(redis: RedisServer, fault: str) -> None:
+    (redis.restart if fault == "kill" else redis.resume)()
+
+
+@pytest.mark.parametrize("fault", ["kill", "freeze"])
+def test_three_proxies_keep_the_budget_across_a_redis_outage(
+    proxy_factory: Callable[..., ProxyProc],
+    upstream: Upstream,
+    redis_server: RedisServer,
+    tmp_path: Path,
+    fault: str,
+) -> None:
+    proxies = [proxy_factory(upstream, redis_toml(redis_server.url)) for _ in range(3)]
+    upstream.reset()
+    t_start = time.time()
+    # Every proxy loads data.commoncrawl.org and commoncrawl.org; only p0 sends to index.commoncrawl.org,
+    # so a throttle there during the outage is known to the one proxy that must honour it.
+    hosts = [(DATA, CC, INDEX), (DATA, CC), (DATA, CC)]
+    loads = [prefixes(f"p{i}", *h) for i, h in enumerate(hosts)]
+    load = Load.start(tmp_path, [p.env for p in proxies], loads)
+    try:
+        wait_arrivals(upstream, 20, t_start)
+        t_before = throttled_arrival(upstream, DATA, throttle(upstream, DATA, f"{RA_BEFORE:g}"))
+        time.sleep(0.5)
+        down = time.time()
+        outage(redis_server, fault)
+        wait_for(lambda: all_degraded(proxies, True), 15, "every proxy on its fallback store")
+        degraded_seen = time.time()
+        t_during = throttled_arrival(upstream, INDEX, throttle(upstream, INDEX, f"{RA_DURING:g}"))
+        wait_for(lambda: time.time() >= down + OUTAGE, 30, "the outage")
+        up_again = time.time()
+        recover(redis_server, fault)
+        wait_for(lambda: all_degraded(proxies, False), 15, "every proxy back on Redis")
+        back = time.time()
+        time.sleep(4.0)  # past the 2.5 s grace after the return
+        rs = load.finish()
+    finally:
+        load.kill()
+    arrivals = arrivals_since(upstream, t_start)
+    marks = {fault: down, "recover": up_again, "all back": back}
+    most = assert_budget(arrivals, marks)
+    assert_no_request_during(arrivals, DATA, t_before, RA_BEFORE, "a Retry-After recorded in Redis")
+    assert_no_request_during(arrivals, INDEX, t_during, RA_DURING, "a Retry-After recorded while degraded")
+    assert_clear(rs)
+    assert status_counts(rs)[503] == 2, "only the two throttled requests may fail (retries = 0)"
+    # Loosely: pacing went on while Redis was out, and resumed on Redis afterwards.
+    during = [a for a in arrivals if degraded_seen < a["t"] < up_again]
+    after = [a for a in arrivals if a["t"] > back]
+    assert len(during) >= 3 and len(after) >= 10, (len(during), len(after))
+    assert all(health(p).get("store") == "redis" for p in proxies)
+    print(f"\nredis {fault}: {len(arrivals)} arrivals, busiest 1 s {most}, degraded {len(during)}")
+
+
+def test_restart_while_redis_is_frozen_honours_a_backoff_recorded_in_redis(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Issue 9 item 7, with shorter numbers: Retry-After 15, the restart 3-5 s later."""
+    retry_after = 15.0
+    data_dir = tmp_path / "own"
+    toml = redis_toml(redis_server.url)
+    a = proxy_factory(upstream, toml, data_dir=data_dir)
+    upstream.reset()
+    t_start = time.time()
+    load = Load.start(tmp_path, [a.env], [prefixes("a", DATA)], concurrency=1)
+    try:
+        t503 = throttled_arrival(upstream, DATA, throttle(upstream, DATA, f"{retry_after:g}"))
+        wait_for(lambda: time.time() > t503 + 0.5, 5, "the throttle to be recorded")
+        redis_server.pause()
+        a.kill()
+        load.kill()
+        a2 = proxy_factory(upstream, toml, data_dir=data_dir, port=a.port)
+        restarted = time.time()
+        assert restarted < t503 + retry_after - 5, "the restart took too long; the test proves nothing"
+        # One request to the throttled host and one to another: the first must wait out the Retry-After
+        # (or be refused with a Retry-After of its own), the second shows the proxy paces on its fallback.
+        load = Load.start(tmp_path, [a2.env, a2.env], [prefixes("after", DATA), prefixes("other", CC)], 1)
+        wait_for(lambda: time.time() > t503 + retry_after + 1.0, 30, "the end of the Retry-After")
+        rs = load.finish()
+    finally:
+        load.kill()
+    arrivals = arrivals_since(upstream, t_start)
+    assert_budget(arrivals, {"503": t503, "restart": restarted})
+    assert_no_request_during(arrivals, DATA, t503, retry_after, "a Retry-After recorded in Redis")
+    assert_clear(rs)
+    assert any("/load/other-" in a["path"] for a in arrivals), "the restarted proxy sent nothing at all"
+    assert health(a2).get("degraded") is True

@@ -1,0 +1,122 @@
+"""An upstream that resets mid-body, hangs before its head, or sends bad framing (issue 9 item 14), under
+paced load. curl is the client: a cut body must reach it as a cut (exit 18 "partial file" or 56 "recv
+failure"), never as a short "success" (exit 0); a hang is a 504 once read_timeout (2 s here) passes; a head
+that cannot be parsed is a 502. The hang is a timeout, which the README counts as a throttle: the host then
+rests for backoff_base (1 s, no jitter) and nothing may reach it meanwhile.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Certs, ProxyProc, Upstream, need_tool
+from tests.faults.common import (
+    CC,
+    DATA,
+    Load,
+    arrivals_since,
+    assert_budget,
+    assert_clear,
+    assert_no_request_during,
+    log_counts,
+    paced_toml,
+    prefixes,
+    upstream_toml,
+    wait_arrivals,
+)
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+READ_TIMEOUT = 2.0
+BACKOFF_BASE = 1.0
+CUT = {18, 56}  # curl: partial file, failure receiving network data
+N = 300_000
+
+
+def curl(p: ProxyProc, path: str) -> tuple[int, int, int, str]:
+    """GET https://data.commoncrawl.org{path} through the proxy: curl's exit, the status and bytes read."""
+    r = subprocess.run(
+        [
+            need_tool("curl"),
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{size_download}",
+            "--max-time",
+            "15",
+        ]
+        + [f"https://{DATA}{path}"],
+        env=p.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    code, size = (r.stdout.split() + ["0", "0"])[:2]
+    return r.returncode, int(code), int(size), r.stderr.strip()[-200:]
+
+
+# path -> what the client must see: ("cut",) or ("status", code) or ("complete", size); "cut or 502" for a
+# chunked body that turns bad after its head and first chunk went out.
+CASES: dict[str, tuple[str, int]] = {
+    f"/closedelim/{N}?cut=reset": ("cut", 0),
+    f"/closedelim/{N}?cut=noclose_notify": ("cut", 0),
+    f"/cutmid/{N}": ("cut", 0),
+    f"/closedelim/{N}?cut=none": ("complete", N),
+    "/hang": ("status", 504),
+    "/badframing?kind=cl": ("status", 502),
+    "/badframing?kind=chunk": ("cut or 502", 502),
+}
+
+
+def check_case(path: str, got: tuple[int, int, int, str]) -> str | None:
+    """None when the client saw what it must, else a line saying what it saw instead."""
+    exit_code, status, size, err = got
+    want, value = CASES[path]
+    ok = {
+        "cut": exit_code in CUT,
+        "complete": exit_code == 0 and status == 200 and size == value,
+        "status": exit_code == 0 and status == value,
+        "cut or 502": exit_code in CUT or (exit_code == 0 and status == value),
+    }[want]
+    return (
+        None
+        if ok
+        else f"{path}: wanted {want} {value or ''}, got curl exit {exit_code}, {status}, {size} B {err}"
+    )
+
+
+def test_upstream_faults_reach_the_client_clearly(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, certs: Certs, tmp_path: Path
+) -> None:
+    up = upstream_toml(upstream, certs, f'read_timeout = "{READ_TIMEOUT:g}s"')
+    p = proxy_factory(None, up + paced_toml(pacing=f'backoff_base = "{BACKOFF_BASE:g}s"'))
+    upstream.reset()
+    t_start = time.time()
+    load = Load.start(tmp_path, [p.env], [prefixes("bg", DATA, CC)], concurrency=3)
+    seen: dict[str, tuple[int, int, int, str]] = {}
+    try:
+        wait_arrivals(upstream, 5, t_start)
+        for path in CASES:
+            seen[path] = curl(p, path)
+        time.sleep(1.0)
+        rs = load.finish()
+    finally:
+        load.kill()
+    wrong = [line for path, got in seen.items() if (line := check_case(path, got))]
+    assert not wrong, "\n".join(wrong)
+    log = sorted(upstream.log(), key=lambda a: a["t"])
+    arrivals = [a for a in log if a["t"] >= t_start]
+    assert_budget(arrivals)
+    hang = next(a["t"] for a in arrivals if a["path"] == "/hang")
+    # The timeout is recorded read_timeout after the request went; the host then rests backoff_base.
+    assert_no_request_during(arrivals, DATA, hang + READ_TIMEOUT + 0.05, BACKOFF_BASE - 0.1, "the hang")
+    assert_clear(rs)
+    assert len(arrivals_since(upstream, t_start)) >= 10
+    counts = log_counts(p)
+    assert counts["traceback"] == 0, f"{counts['traceback']} tracebacks in the proxy log"
