@@ -130,6 +130,5 @@ def sane_host(h: HostState, now: float, b: Bounds) -> tuple[HostState, bool]:
     robots, ok3 = sane_time(h.robots_expires, now, MAX_ROBOTS_TTL)
     throttles = min(max(0, h.throttles), MAX_THROTTLES)
     ok = cd_ok and ok1 and ok2 and ok3 and throttles == h.throttles
-    if ok:
-        return h, True
-    return HostState(nxt, until, throttles, cd, robots), False
+    sane = HostState(nxt, until, throttles, cd, robots)
+    return (h if sane == h else sane), ok  # times before the epoch are no constraint: sane, as 0
