@@ -305,3 +305,150 @@ async def test_one_coroutine_at_a_time_takes_the_flock(
     assert (await s.host_view("index.commoncrawl.org")).throttles == 1
     os.close(holder)
     await s.close()
+
+
+# -- issue 9: corrupt records, clock steps, odd numbers, fds, names, the flock thread ------------------
+
+H = "data.commoncrawl.org"
+
+
+async def test_corrupt_lock_file_is_treated_as_now_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """16 bytes of 0xFF (item 3): the claim does not raise (struct.error on count + 1 before), the slot is
+    now, the record is written back sane, and one warning says so however many claims read it."""
+    caplog.set_level(logging.DEBUG, logger="politeproxy.store")
+    clock = Clock()
+    s = FileStore(tmp_path, clock)
+    for _ in range(3):
+        (tmp_path / "ratelimit.lock").write_bytes(b"\xff" * 16)
+        (tmp_path / "hosts" / H).write_bytes(b"\xff" * 40)
+        c = await s.claim(H, 0.2, 0.0, None)
+        assert c.granted and c.wait == 0.0
+        nxt, _count = read_lock(tmp_path)
+        assert nxt == pytest.approx(int((T0 + 0.2) * NS), abs=1000)
+        view = await s.host_view(H)
+        assert view.backoff_in == 0.0 and view.ready_in == 0.0 and view.crawl_delay == 0.0
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2  # one for the global record, one for host records
+    await s.close()
+
+
+async def test_host_record_from_the_future_is_treated_as_now(tmp_path: Path) -> None:
+    """A host record 2 h ahead (a clock step back, item 12) holds a 1 s-interval host for 1 s, not 2 h;
+    a backoff further ahead than the cap is dropped, one within it is kept."""
+    clock = Clock()
+    s = FileStore(tmp_path, clock, max_backoff=300.0)
+    far = struct.pack(">QQQQQ", int((T0 + 7200) * NS), int((T0 + 7200) * NS), 0, 0, 0)
+    (tmp_path / "hosts" / H).write_bytes(far)
+    c = await s.claim(H, 0.1, 1.0, None)
+    assert c.granted and c.wait == 0.0
+    assert 0.9 < (await s.host_view(H)).ready_in <= 1.0
+    await s.throttled(H, 200.0, BackoffPolicy(cap=300.0))
+    assert (await s.claim(H, 0.1, 1.0, None)).wait == pytest.approx(200.0)
+    await s.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+async def test_odd_numbers_never_raise(kind: str, tmp_path: Path) -> None:
+    """An "inf", NaN or huge gap, interval, max_wait or Retry-After never makes a store raise
+    (OverflowError before), and never switches pacing off: NaN and inf count as the longest gap."""
+    s: Store = MemoryStore() if kind == "memory" else FileStore(tmp_path)
+    for bad in (float("inf"), float("nan"), 1e400, 1e300, -1.0):
+        await s.claim(H + ".x", bad, 0.0, None)
+        await s.claim(H, 0.1, bad, bad)
+        await s.throttled(H, bad, NOJITTER)
+        await s.set_crawl_delay(H, bad, bad)
+        view = await s.host_view(H)
+        assert all(v == v and v != float("inf") for v in (view.ready_in, view.backoff_in, view.crawl_delay))
+    assert (await s.claim("index.commoncrawl.org", float("nan"), 0.0, None)).granted
+    assert not (await s.claim("commoncrawl.org", float("nan"), 0.0, 5.0)).granted  # a NaN gap is a long gap
+    await s.close()
+
+
+async def test_memory_store_survives_a_wall_clock_step_back() -> None:
+    """The memory store keeps its own records, so it paces on the monotonic clock (item 19); and on any
+    clock, a step back stalls it no longer than the sanity bound: 30 min back (within the old 1 h trust)
+    stalled every paced request for 30 min before."""
+    import time as time_mod
+
+    c = await MemoryStore().claim(H, 0.1, 0.0, None)
+    assert abs(c.at - time_mod.monotonic()) < 5.0  # slots on the monotonic clock, not the wall clock
+    clock = Clock()
+    s = MemoryStore(clock)
+    assert (await s.claim(H, 0.1, 0.0, None)).granted
+    clock.t -= 1800.0
+    c = await s.claim(H, 0.1, 0.0, 60.0)
+    assert c.granted and c.wait == 0.0
+
+
+async def test_file_store_keeps_a_bounded_number_of_fds(tmp_path: Path) -> None:
+    """Every distinct host name cost an open fd for good (item 9): 200 names now hold at most 64."""
+    s = FileStore(tmp_path)
+    before = len(os.listdir("/proc/self/fd"))
+    for i in range(200):
+        await s.claim(f"h{i}.data.commoncrawl.org", 0.0, 1.0, None)
+    assert len(os.listdir("/proc/self/fd")) - before <= file_mod.MAX_HOST_FDS
+    # an evicted host's record is read back from its file
+    assert (await s.claim("h0.data.commoncrawl.org", 0.0, 1.0, None)).outcome is Outcome.HOST_NOT_READY
+    await s.close()
+
+
+async def test_raw_host_names_never_become_paths(tmp_path: Path) -> None:
+    """A name that is not RFC 1123 labels is stored under a hashed name inside hosts/, never joined into a
+    path (item 9): nothing is written outside the data dir, and the name is still paced."""
+    d = tmp_path / "data"
+    s = FileStore(d)
+    for bad in ("../../escape.commoncrawl.org", "/tmp/abs.commoncrawl.org", "a\x00b.org", "..", "x/../../y"):
+        assert (await s.claim(bad, 0.0, 5.0, None)).granted
+        assert (await s.claim(bad, 0.0, 5.0, None)).outcome is Outcome.HOST_NOT_READY
+    assert sorted(os.listdir(tmp_path)) == ["data"]
+    assert all(n.startswith("_") for n in os.listdir(d / "hosts"))
+    assert "abs.commoncrawl.org" not in os.listdir("/tmp")
+    await s.close()
+
+
+HOLDER = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+TAKER = r"""
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("free")
+except BlockingIOError:
+    print("held")
+"""
+
+
+async def test_a_timed_out_lock_wait_leaves_the_lock_free(tmp_path: Path) -> None:
+    """Another process holds the flock; a claim times out; the holder lets go (item 16). Before, the
+    waiting thread then took the lock and nobody released it: ccrawl and other proxies were locked out."""
+    import subprocess
+    import sys
+
+    s = FileStore(tmp_path)
+    s.lock_timeout = 0.3
+    path = str(tmp_path / "ratelimit.lock")
+    holder = subprocess.Popen(  # noqa: ASYNC220 - a plain child process holding the lock
+        [sys.executable, "-c", HOLDER, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(StoreError):
+            await s.claim(H, 0.1, 0.0, None)
+    finally:
+        holder.communicate("\n", timeout=5)
+    await asyncio.sleep(0.3)  # the old thread would have taken the lock by now
+    taker = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", TAKER, path], capture_output=True, text=True, timeout=10
+    )
+    assert taker.stdout.strip() == "free"
+    assert (await s.claim(H, 0.1, 0.0, None)).granted  # and this store still works
+    await s.close()
