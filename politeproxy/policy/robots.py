@@ -6,6 +6,8 @@ reads just the groups and their Crawl-delay lines.
 
 from __future__ import annotations
 
+import math
+
 USER_AGENT = "politeproxy"
 
 
@@ -32,7 +34,7 @@ def crawl_delay(text: str, agent: str = USER_AGENT) -> float | None:
                 delay = float(value)
             except ValueError:
                 continue
-            if delay >= 0:
+            if math.isfinite(delay) and delay >= 0:  # float() takes "nan", "inf" and "1e400"
                 for ua in group:
                     delays.setdefault(ua, delay)
     agent = agent.lower()
@@ -43,4 +45,7 @@ def crawl_delay(text: str, agent: str = USER_AGENT) -> float | None:
 
 
 def effective_crawl_delay(found: float | None, cap: float) -> float:
-    return 0.0 if found is None else min(found, cap)
+    """The delay to apply: the file's, at most ``cap``; 0 when there is none (or it is not a duration)."""
+    if found is None or not math.isfinite(found) or found < 0:
+        return 0.0
+    return min(found, cap)
