@@ -38,6 +38,12 @@ local function num(x)
   if v == nil or v ~= v or v == math.huge or v == -math.huge then return 0 end
   return v
 end
+-- the same, and whether a present field was a finite number (a stray value is corrupt: logged once)
+local function numok(x)
+  if not x then return 0, true end
+  local v = num(x)
+  return v, v ~= 0 or tonumber(x) == 0
+end
 -- slots.sane_time: a time beyond `ahead` past now is treated as now
 local function sane(t, now, ahead)
   if t > now + ahead then return now, false end
@@ -48,8 +54,13 @@ end
 local function sane_host(key, now, gap, step, backoff)
   local r = redis.call('HMGET', key, 'next_allowed', 'backoff_until', 'throttles', 'crawl_delay',
     'robots_expires')
-  local h = {num(r[1]), num(r[2]), num(r[3]), num(r[4]), num(r[5])}
+  local h = {}
   local ok = true
+  for i = 1, 5 do
+    local v, fine = numok(r[i])
+    h[i] = v
+    ok = ok and fine
+  end
   if h[4] < 0 or h[4] > MAX_CRAWL then h[4] = 0; ok = false end
   local o1, o2, o3
   h[1], o1 = sane(h[1], now, SLACK + GAPS * gap + math.max(step, h[4]))
@@ -89,7 +100,9 @@ if ARGV[3] ~= '' then deadline = now + tonumber(ARGV[3]) end
 local ttl_ms = tonumber(ARGV[4])
 
 local corrupt = 0
-local gnext, gok = sane(num(redis.call('HGET', KEYS[1], 'next')), now, SLACK + GAPS * gap)
+local graw, gfine = numok(redis.call('HGET', KEYS[1], 'next'))
+local gnext, gok = sane(graw, now, SLACK + GAPS * gap)
+gok = gok and gfine
 if not gok then
   corrupt = 1
   redis.call('HSET', KEYS[1], 'next', fmt(gnext))  -- treated as now, and written so (as the file store)
