@@ -310,6 +310,7 @@ class Forwarder:
             info["status"] = 499
             return error_response(400, "the request body ended early")
         status, message = self._upstream_error(e, t.url)
+        message = loggable(message)
         if p is not None:
             await self._answered(p, None, None)
         info["status"], info["note"] = status, "upstream_error"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -56,9 +57,14 @@ class PoolFull(Exception):
         self.limit = limit
 
 
-def loggable(url: object) -> str:
-    """A URL for the logs: scheme, host, port and path, never the query (presigned S3 URLs sign there)."""
-    return str(url).split("?", 1)[0].split("#", 1)[0]
+_URL_QUERY = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^\s?#'\"]*)[?#][^\s'\"]*")
+
+
+def loggable(text: object, limit: int = 300) -> str:
+    """Text for the logs: one line, bounded, and every URL in it without its query (presigned S3 URLs
+    carry their signature and credential there). Works on a URL and on an exception message alike."""
+    flat = " ".join(str(text).split())
+    return _URL_QUERY.sub(r"\1", flat)[:limit]
 
 
 def close_delimited(resp: aiohttp.ClientResponse, method: str) -> bool:
