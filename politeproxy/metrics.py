@@ -120,8 +120,17 @@ class Metrics(PacerEvents):
         self.host_label.pin(hosts)
         self.started = clock()
         self.registry = CollectorRegistry()
-        r = self.registry
-        lab = self.host_label
+        self._host_metrics(self.registry, self.host_label)
+        self._process_metrics(self.registry)
+        self.rate = RateWindow()
+        self.host_rates: dict[str, RateWindow] = {}  # by host label: bounded like the label
+        # Per-host depth and in-flight counts of the names labelled "other", summed into its gauge; an
+        # entry leaves when it reaches zero, so this holds only hosts with waiters or reads now.
+        self._other_depth: dict[str, int] = {}
+        self._other_exempt: dict[str, int] = {}
+        self.registry.register(_RateCollector(self))
+
+    def _host_metrics(self, r: CollectorRegistry, lab: HostLabels) -> None:
         self.requests = _HostLabelled(
             Counter(
                 "politeproxy_requests",
@@ -159,9 +168,6 @@ class Metrics(PacerEvents):
         self.queue_depth = _HostLabelled(
             Gauge("politeproxy_queue_depth", "Requests waiting now", ["host"], registry=r), lab
         )
-        self.configured_rate = Gauge(
-            "politeproxy_configured_rate", "The global budget in requests per second (0 when off)", registry=r
-        )
         self.throttles = _HostLabelled(
             Counter("politeproxy_throttles", "Throttle answers", ["host", "code"], registry=r), lab
         )
@@ -180,6 +186,11 @@ class Metrics(PacerEvents):
         self.exempt_in_flight = _HostLabelled(
             Gauge("politeproxy_exempt_in_flight", "Exempt reads in flight", ["host"], registry=r), lab
         )
+
+    def _process_metrics(self, r: CollectorRegistry) -> None:
+        self.configured_rate = Gauge(
+            "politeproxy_configured_rate", "The global budget in requests per second (0 when off)", registry=r
+        )
         self.bytes = Counter("politeproxy_bytes", "Body bytes relayed", ["direction"], registry=r)
         self.degraded = Gauge(
             "politeproxy_schedule_degraded",
@@ -191,13 +202,6 @@ class Metrics(PacerEvents):
             "politeproxy_config_reloads", "Config reloads by result", ["result"], registry=r
         )
         self.tunnels_open = Gauge("politeproxy_tunnels_open", "CONNECT tunnels open now", registry=r)
-        self.rate = RateWindow()
-        self.host_rates: dict[str, RateWindow] = {}  # by host label: bounded like the label
-        # Per-host depth and in-flight counts of the names labelled "other", summed into its gauge; an
-        # entry leaves when it reaches zero, so this holds only hosts with waiters or reads now.
-        self._other_depth: dict[str, int] = {}
-        self._other_exempt: dict[str, int] = {}
-        r.register(_RateCollector(self))
         for direction in ("client_to_upstream", "upstream_to_client"):
             self.bytes.labels(direction)
         for result in ("ok", "error"):

@@ -291,3 +291,33 @@ def test_repeat_log_counts_repeats_once_a_minute(caplog: pytest.LogCaptureFixtur
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3, lines  # the first, then a count at 60 s and at 120 s
     assert "60 more times" in lines[1]
+
+
+# -- the exempt places (issue 10's small resizable semaphore) ------------------------------------------------
+
+
+async def test_an_exempt_place_handed_to_a_waiter_that_left_passes_on() -> None:
+    from politeproxy.pacing.exempt import ExemptPlaces
+
+    limit = [1]
+    places = ExemptPlaces(lambda: limit[0])
+    await places.acquire(A)
+    first = asyncio.create_task(places.acquire(A))
+    second = asyncio.create_task(places.acquire(A))
+    await asyncio.sleep(0.01)
+    assert places.waiting == 2
+    places.release(A)  # hands the place to the first waiter ...
+    first.cancel()  # ... which leaves before it runs: the place must go to the second
+    await asyncio.sleep(0.01)
+    assert second.done() and first.cancelled()
+    assert places.in_flight(A) == 1 and places.waiting == 0
+    places.release(A)
+    assert places.snapshot() == {}  # an idle host keeps no entry
+    # Resizing lets waiters in at once.
+    holders = [asyncio.create_task(places.acquire(A)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    assert places.in_flight(A) == 1
+    limit[0] = 3
+    places.resize()
+    await asyncio.sleep(0.01)
+    assert all(t.done() for t in holders) and places.in_flight(A) == 3
