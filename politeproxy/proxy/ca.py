@@ -147,11 +147,12 @@ def make_ca(permitted: list[str]) -> tuple[x509.Certificate, Key]:
 
 def sign_leaf(host: str, ca_cert: x509.Certificate, ca_key: Key, leaf_key: Key) -> x509.Certificate:
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    # A CN holds 64 characters at most; longer names go in the SAN alone, which must then be critical.
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)] if len(host) <= 64 else [])
     until = min(dt.datetime.now(dt.UTC) + LEAF_VALIDITY, ca_cert.not_valid_after_utc)
     return (
         _builder(subject, ca_cert.subject, leaf_key.public_key(), until)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=len(host) > 64)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(_key_usage(signs_certs=False), critical=True)
