@@ -11,7 +11,8 @@ import re
 import time
 import tracemalloc
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -23,6 +24,7 @@ from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.classify import Klass
 from politeproxy.stores.base import StoreError
 from politeproxy.stores.memory import MemoryStore
+from tests.conftest import NO_ROBOTS, ProxyProc, Upstream
 
 A = "data.commoncrawl.org"
 # The label cap's parts, read this way so that the test also runs (and fails) against the code before it.
@@ -321,3 +323,34 @@ async def test_an_exempt_place_handed_to_a_waiter_that_left_passes_on() -> None:
     places.resize()
     await asyncio.sleep(0.01)
     assert all(t.done() for t in holders) and places.in_flight(A) == 3
+
+
+# -- item 9 end to end: 500 names through a real proxy, then its /metrics -----------------------------------
+
+
+@pytest.mark.slow
+def test_500_names_through_a_proxy_keep_metrics_series_bounded(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    import requests
+
+    names = [f"n{i}.commoncrawl.org" for i in range(500)]
+    # Bare keys right after the fixture's [upstream.resolve] table: every name reaches the fake upstream.
+    mapped = "".join(f'"{h}:443" = "127.0.0.1:{upstream.port}"\n' for h in names)
+    proxy = proxy_factory(upstream, mapped + NO_ROBOTS + '[schedule]\nglobal_rate = "1ms"\n')
+    bundle = str(proxy.data_dir / "ca-bundle.pem")
+
+    def one(host: str) -> int:
+        try:
+            r = requests.get(f"https://{host}/x", proxies={"https": proxy.url}, verify=bundle, timeout=30)
+            return r.status_code
+        except requests.RequestException:
+            return 0
+
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(one, names))
+    # The fake upstream's certificate does not name them: each went through the pacer, then failed upstream.
+    assert sum(s in (200, 502, 503, 504) for s in statuses) >= 450, statuses[:20]
+    labels = host_labels(proxy.metrics())
+    assert len(labels) <= len(PINNED_HOSTS) + FREE_HOST_LABELS + 1, len(labels)
+    assert "other" in labels
