@@ -101,6 +101,14 @@ def arrivals_since(up: Upstream, start: float, tag: str = "/load/") -> list[dict
     return sorted((a for a in up.log() if a["t"] >= start and tag in a["path"]), key=lambda a: a["t"])
 
 
+def sender(path: str) -> str:
+    """The load tag and host of a load path (/load/p0-data-12 -> p0-data), else the path without query."""
+    parts = path.split("/")
+    if len(parts) > 2 and parts[1] == "load":
+        return parts[2].rsplit("-", 1)[0]
+    return path.split("?")[0]
+
+
 def assert_budget(arrivals: Sequence[dict[str, Any]], marks: dict[str, float] | None = None) -> int:
     """No sliding 1 s window holds more than rate + 1 arrivals, at every paced host together."""
     times = [a["t"] for a in arrivals]
@@ -108,10 +116,10 @@ def assert_budget(arrivals: Sequence[dict[str, Any]], marks: dict[str, float] | 
     if most > RATE + 1:
         start, _ = busiest_window(times)
         # Who sent them: the load tag (proxy) and host of each arrival in the busiest window.
-        who = Counter(
-            a["path"].split("/")[2].rsplit("-", 1)[0] for a in arrivals if start <= a["t"] < start + 1
-        )
-        raise AssertionError(f"{budget_report(times, RATE, marks)}; by sender {dict(who)}")
+        busy = [a for a in arrivals if start <= a["t"] < start + 1]
+        who = Counter(sender(a["path"]) for a in busy)
+        gaps = " ".join(f"{(b['t'] - a['t']) * 1000:.0f}" for a, b in zip(busy, busy[1:], strict=False))
+        raise AssertionError(f"{budget_report(times, RATE, marks)}; by sender {dict(who)}; gaps ms {gaps}")
     return most
 
 

@@ -84,6 +84,7 @@ def test_corrupt_records_neither_stall_nor_flood(
         if not reached(lambda: len(arrivals_since(upstream, t_start)) >= 10, 12.0):
             n = len(arrivals_since(upstream, t_start))
             pytest.fail(f"paced requests stalled: {n} arrivals in 12 s; proxy log {log_counts(p)}")
+        rewritten = time.time()
         if corrupt is not None:
             (data_dir / "ratelimit.lock").write_bytes(corrupt)  # again, under the running proxy
         t503 = throttled_arrival(upstream, CC, throttle(upstream, CC, "2"))
@@ -92,7 +93,7 @@ def test_corrupt_records_neither_stall_nor_flood(
     finally:
         load.kill()
     arrivals = arrivals_since(upstream, t_start)
-    most = assert_budget(arrivals, {"503": t503})
+    most = assert_budget(arrivals, {"start": t_start, "rewrite": rewritten, "503": t503})
     assert_no_request_during(arrivals, CC, t503, 2.0, "a Retry-After after the corrupt record")
     assert_clear(rs)
     counts = log_counts(p)
