@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -270,3 +271,46 @@ def test_run_configured_only_by_environment(tmp_path: Path, upstream: Upstream, 
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, log.read_text()
+
+
+def non_loopback_address() -> str | None:
+    """An address of this host that is not loopback (a UDP connect sends nothing), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        addr = s.getsockname()[0]
+    return None if addr.startswith("127.") or addr == "0.0.0.0" else str(addr)
+
+
+def test_metrics_listen_beyond_loopback_answers_only_allowed_clients(
+    proxy_factory: Any, upstream: Upstream, tmp_path: Path
+) -> None:
+    """--metrics-listen 0.0.0.0 answers loopback and allow_clients, 403 for anyone else, and says so."""
+    addr = non_loopback_address()
+    if addr is None:
+        pytest.skip("no non-loopback IPv4 address to connect from")
+    port = free_port()
+    p = proxy_factory(
+        upstream,
+        "",
+        top_toml='allow_clients = ["198.51.100.0/24"]\n',
+        args=("--metrics-listen", f"0.0.0.0:{port}"),
+    )
+    wait_for(lambda: "metrics on" in p.log(), 10, "the metrics start line")
+    assert f"metrics on 0.0.0.0:{port} answer loopback, 198.51.100.0/24" in p.log()
+    assert requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
+    # The same listener reached on this host's own non-loopback address: the client is not loopback.
+    r = requests.get(f"http://{addr}:{port}/metrics", timeout=10)
+    assert r.status_code == 403, r.text
+    assert requests.get(f"http://{addr}:{port}/healthz", timeout=10).status_code == 403
+    # Allowed by allow_clients: answered.
+    port2 = free_port()
+    proxy_factory(
+        upstream,
+        "",
+        top_toml=f'allow_clients = ["{addr}/32"]\n',
+        args=("--metrics-listen", f"0.0.0.0:{port2}"),
+    )
+    assert requests.get(f"http://{addr}:{port2}/metrics", timeout=10).status_code == 200

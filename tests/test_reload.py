@@ -70,3 +70,51 @@ def test_global_rate_follows_the_file_and_sighup_and_survives_a_broken_file(
     assert 'politeproxy_config_reloads_total{result="error"} 1.0' in metrics
     assert 'politeproxy_config_reloads_total{result="ok"} 2.0' in metrics
     assert "politeproxy_configured_rate 20.0" in metrics
+
+
+def rewrite(p: ProxyProc, data: bytes, bump: int) -> None:
+    """Write ``data`` as the config file with an mtime the watch cannot miss."""
+    st = os.stat(p.config_path)
+    p.config_path.write_bytes(data)
+    os.utime(p.config_path, (st.st_mtime + bump, st.st_mtime + bump))
+
+
+def count(p: ProxyProc, needle: str) -> int:
+    return sum(needle in ln for ln in p.log().splitlines())
+
+
+def test_bad_files_on_reload_are_rejected_and_the_watch_lives_on(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    """Not UTF-8, empty, and half-written files are each rejected with one line naming why; the running
+    settings stay; the file watch still applies a later valid change and logs each changed key."""
+    p = proxy_factory(
+        upstream, NO_ROBOTS + '[schedule]\nglobal_rate = "100ms"\n', top_toml='log_format = "plain"\n'
+    )
+    good = p.config_path.read_bytes()
+    assert b'global_rate = "100ms"' in good
+    bad = {
+        "not UTF-8": good.replace(b"100ms", b"100\xff\xfems"),
+        "the file is empty": b"",
+        "not valid TOML": good[: good.index(b"100ms") + 2],  # cut mid-value, as an editor mid-write leaves it
+    }
+    for n, (why, data) in enumerate(bad.items(), start=1):
+        rewrite(p, data, 2 * n)
+        wait_for(lambda n=n: count(p, "rejected") == n, 10, f"the rejected reload ({why})")
+        line = [ln for ln in p.log().splitlines() if "rejected" in ln][-1]
+        assert why in line and "keeping the running settings" in line, line
+        assert "Traceback" not in p.log()
+        assert p.proc.poll() is None and p.healthy()
+        assert "politeproxy_configured_rate 10.0" in p.metrics()
+
+    # The watch is still alive: a valid change is applied, and the change is logged key by key.
+    rewrite(p, good.replace(b"100ms", b"50ms").replace(b'"plain"', b'"json"'), 10)
+    wait_for(lambda: "config reloaded (file changed)" in p.log(), 10, "the valid reload after bad ones")
+    line = next(ln for ln in p.log().splitlines() if "config reloaded (file changed)" in ln)
+    assert "schedule.global_rate: 0.1 -> 0.05" in line, line
+    assert "log_format: 'plain' -> 'json'" in line, line
+    assert "log_format changed but applies only after a restart" in p.log()
+    metrics = p.metrics()
+    assert "politeproxy_configured_rate 20.0" in metrics
+    assert 'politeproxy_config_reloads_total{result="error"} 3.0' in metrics
+    assert 'politeproxy_config_reloads_total{result="ok"} 1.0' in metrics
