@@ -370,7 +370,7 @@ def test_compose_wiring_is_consistent():
     assert "redis://redis:" in config["schedule"]["redis_url"]
     allowed = [ipaddress.ip_network(c) for c in config["allow_clients"]]
     for net in compose["networks"].values():
-        for pool in net["ipam"]["config"]:
+        for pool in net.get("ipam", {}).get("config", []):
             subnet = ipaddress.ip_network(pool["subnet"])
             assert any(subnet.subnet_of(a) for a in allowed), f"{subnet} is not in allow_clients"
 
@@ -391,7 +391,71 @@ def test_compose_wiring_is_consistent():
     assert PurePosixPath(dashboard_targets[0]).parent == PurePosixPath(provider["options"]["path"])
 
 
+def test_compose_redis_has_a_password_and_only_the_proxies_reach_it():
+    compose = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    services = compose["services"]
+    redis, proxy = services["redis"], services["politeproxy"]
+    # The password: one secret, from REDIS_PASSWORD (deploy/.env), never a default in the file.
+    assert compose["secrets"]["redis_password"] == {"environment": "REDIS_PASSWORD"}
+    assert redis["secrets"] == ["redis_password"]
+    command = " ".join(redis["command"])
+    assert "requirepass" in command and "/run/secrets/redis_password" in command
+    assert "--requirepass" not in command  # not on the command line, where ps shows it
+    assert "/run/secrets/redis_password" in " ".join(redis["healthcheck"]["test"])
+    assert redis.get("user") not in (None, "root", "0", "0:0")
+    url = proxy["environment"]["POLITEPROXY_REDIS_URL"]
+    assert re.fullmatch(r"redis://:\$\{REDIS_PASSWORD:\?[^}]+\}@redis:6379/\d+", url), url
+    # Redis is only on internal networks that no service but the proxy shares.
+    for net in redis["networks"]:
+        assert compose["networks"][net].get("internal") is True, net
+        on_it = {name for name, svc in services.items() if net in svc.get("networks", [])}
+        assert on_it == {"redis", "politeproxy"}, (net, on_it)
+    assert "ports" not in redis
+
+
 # ---------------------------------------------------------------- kubernetes
+
+
+def _env(container: dict) -> list[dict]:
+    return container.get("env", [])
+
+
+def test_k8s_redis_has_a_password_and_a_network_policy():
+    docs = load_yaml_docs(K8S)
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    redis = deployments["politeproxy-redis"]["spec"]["template"]
+    proxy = deployments["politeproxy"]["spec"]["template"]
+    secret_ref = {"secretKeyRef": {"name": "politeproxy-redis", "key": "password"}}
+
+    redis_c = redis["spec"]["containers"][0]
+    assert {"name": "REDIS_PASSWORD", "valueFrom": secret_ref} in _env(redis_c)
+    run = " ".join(redis_c.get("command", []) + redis_c.get("args", []))
+    assert "requirepass" in run and "$REDIS_PASSWORD" in run and "--requirepass" not in run
+    probe = " ".join(redis_c["readinessProbe"]["exec"]["command"])
+    assert "REDISCLI_AUTH" in probe
+
+    proxy_c = proxy["spec"]["containers"][0]
+    env = _env(proxy_c)
+    names = [e["name"] for e in env]
+    assert {"name": "REDIS_PASSWORD", "valueFrom": secret_ref} in env
+    url = next(e["value"] for e in env if e["name"] == "POLITEPROXY_REDIS_URL")
+    assert url.startswith("redis://:$(REDIS_PASSWORD)@politeproxy-redis:"), url
+    # Kubernetes expands $(VAR) only from variables defined earlier in the list.
+    assert names.index("REDIS_PASSWORD") < names.index("POLITEPROXY_REDIS_URL")
+
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    redis_labels = redis["metadata"]["labels"]
+    guarding = [
+        p for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= redis_labels.items()
+    ]
+    assert guarding, "no NetworkPolicy selects the Redis pods"
+    for policy in guarding:
+        assert "Ingress" in policy["spec"]["policyTypes"]
+        for rule in policy["spec"]["ingress"]:
+            for peer in rule["from"]:
+                assert set(peer) == {"podSelector"}, peer  # pods only: no namespace or CIDR
+                assert peer["podSelector"]["matchLabels"].items() <= proxy["metadata"]["labels"].items()
+            assert [p["port"] for p in rule["ports"]] == [6379]
 
 
 def test_k8s_manifest_parses_and_is_consistent():
