@@ -22,6 +22,7 @@ from tests.faults.common import (
     CC,
     DATA,
     INDEX,
+    Checks,
     Load,
     arrivals_since,
     assert_budget,
@@ -30,6 +31,7 @@ from tests.faults.common import (
     log_counts,
     paced_toml,
     prefixes,
+    status_counts,
     throttle,
     throttled_arrival,
 )
@@ -93,15 +95,17 @@ def test_corrupt_records_neither_stall_nor_flood(
     finally:
         load.kill()
     arrivals = arrivals_since(upstream, t_start)
-    most = assert_budget(arrivals, {"start": t_start, "rewrite": rewritten, "503": t503})
-    assert_no_request_during(arrivals, CC, t503, 2.0, "a Retry-After after the corrupt record")
-    assert_clear(rs)
+    check = Checks()
+    most = check(assert_budget, arrivals, {"start": t_start, "rewrite": rewritten, "503": t503})
+    check(assert_no_request_during, arrivals, CC, t503, 2.0, "a Retry-After after the corrupt record")
+    check(assert_clear, rs)
+    check.that(status_counts(rs)[503] <= 1, f"503s beyond the one throttled: {status_counts(rs)}")
     counts = log_counts(p)
-    assert counts["traceback"] == 0, f"{counts['traceback']} tracebacks in the proxy log"
+    check.that(counts["traceback"] == 0, f"{counts['traceback']} tracebacks in the proxy log")
     # One line per corrupt record (and perhaps one for the mid-run corruption), not one per claim.
-    assert counts["warning_or_error"] <= 8, f"{counts['warning_or_error']} WARNING/ERROR lines"
+    check.that(counts["warning_or_error"] <= 8, f"{counts['warning_or_error']} WARNING/ERROR lines")
     # Loosely: every host went at about its share of the rate (~3/s each for ~5 s); none was held.
     per_host = {h: sum(1 for a in arrivals if a["host"] == h) for h in (DATA, CC, INDEX)}
-    assert all(n >= 4 for n in per_host.values()), per_host
-    assert sum(1 for r in rs if r["status"] == 200) >= 20, dict(per_host)
+    check.that(all(n >= 4 for n in per_host.values()), f"a host was held: {per_host}")
     print(f"\ncorrupt lock={lock}: busiest 1 s {most}, per host {per_host}, log {counts}")
+    check.done()

@@ -17,6 +17,7 @@ from tests.conftest import ProxyProc, Upstream, wait_for
 from tests.faults.common import (
     CC,
     DATA,
+    Checks,
     Load,
     arrivals_since,
     assert_budget,
@@ -67,13 +68,16 @@ def test_kill_9_and_restart_under_paced_load(
         load.kill()
     arrivals = arrivals_since(upstream, t_start)
     marks = {"kill": killed, "restart": back, "503": t503}
-    most = assert_budget(arrivals, marks)
-    assert_no_request_during(arrivals, DATA, t503, RETRY_AFTER, "a Retry-After answered before kill -9")
+    check = Checks()
+    most = check(assert_budget, arrivals, marks)
+    what = "a Retry-After answered before kill -9"
+    check(assert_no_request_during, arrivals, DATA, t503, RETRY_AFTER, what)
     # Clients of the killed proxy see failed connections while it is down, and nothing unclear otherwise.
-    assert_clear(rs, down=[(killed - 0.1, back + 0.5)])
+    check(assert_clear, rs, down=[(killed - 0.1, back + 0.5)])
     # Loosely: the restarted proxy paced again, and data.commoncrawl.org flowed once the backoff ended.
     after = [x for x in arrivals if x["t"] > back and "/load/a-" in x["path"]]
-    assert len(after) >= 5, f"only {len(after)} requests through the restarted proxy"
-    assert any(x["host"] == DATA and x["t"] >= t503 + RETRY_AFTER for x in arrivals)
-    assert a2.healthy() and b.healthy()
+    check.that(len(after) >= 5, f"only {len(after)} requests through the restarted proxy")
+    check.that(any(x["host"] == DATA and x["t"] >= t503 + RETRY_AFTER for x in arrivals), "no data after")
+    check.that(a2.healthy() and b.healthy(), "a proxy is not healthy at the end")
     print(f"\nkill -9: {len(arrivals)} arrivals, busiest 1 s window {most}, after restart {len(after)}")
+    check.done()
