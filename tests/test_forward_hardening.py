@@ -13,7 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
+from politeproxy.proxy.upstream import loggable
 from tests.conftest import NO_ROBOTS, Certs, ProxyProc, Upstream, free_port, need_tool, wait_for
 from tests.test_backoff_e2e import arrivals, throttle
 from tests.test_pacing_accuracy import tunnel_get
@@ -284,3 +287,20 @@ def test_no_robots_fetch_for_a_host_that_never_answered(
     # Only the request's own failure counted against the dead host; no robots fetch spent a slot on it.
     assert metric_value(p, "politeproxy_throttles_total") == 1
     assert not [line for line in p.log().splitlines() if "robots" in line and dead in line]
+
+
+# -- the log scrubber (pure) ----------------------------------------------------------------------------
+
+# What a query can hold on the wire (RFC 3986 characters; yarl percent-encodes the rest).
+_query = st.text(alphabet=st.sampled_from("abcXYZ019-._~%!$&()*+,;=:@/?"), min_size=1, max_size=40)
+
+
+@given(st.text(max_size=400), _query)
+def test_loggable_is_one_bounded_line_without_any_query(text: str, secret: str) -> None:
+    """For any text with a URL carrying a query, loggable never raises, returns one line of at most 300
+    characters, and keeps the URL's path but none of its query."""
+    assume("SIG" not in text)
+    line = loggable(f"{text} url='https://data.commoncrawl.org/p/a?SIG{secret}' {text}")
+    assert "\n" not in line and "\r" not in line and len(line) <= 300
+    assert "?SIG" not in line
+    assert loggable(f"https://h.example:443/x/y?SIG{secret}") == "https://h.example:443/x/y"
