@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -32,6 +31,7 @@ from politeproxy.stores.file import FileStore
 from politeproxy.stores.memory import MemoryStore
 
 log = logging.getLogger("politeproxy")
+start_log = logging.getLogger("politeproxy.start")  # always at INFO (cli.setup_logging)
 
 # Settings that only a restart applies; a reload that changes them says so.
 RESTART_ONLY = (
@@ -87,14 +87,14 @@ def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
         return MemoryStore(clock)
     try:
         local: Store = FileStore(cfg.data_dir, clock)
-        local_ok = True
     except StoreError as e:
-        log.warning("file store unavailable (%s); pacing in memory for this process only", e)
-        local, local_ok = MemoryStore(clock), False
+        # Never a silent fall back to memory: that paces this process alone and fails open on the
+        # budget shared with other proxies and ccrawl. (A lock that cannot be taken, NFS, is the store's.)
+        raise StartupError(
+            f"data_dir {cfg.data_dir} is not writable ({e}): the shared schedule lives there; fix its "
+            'permissions, or set schedule.backend = "memory" to pace this process alone'
+        ) from None
     if backend == "file":
-        if not local_ok:
-            on_change(local, True)
-            return local
         return FailoverStore(local, MemoryStore(clock), mult, on_change=on_change)
     from politeproxy.stores.redis_store import RedisStore
 
@@ -176,6 +176,7 @@ class App:
                 "set allow_clients (CIDRs) or [auth] users"
             )
         hosts = HostSet(cfg.paced_hosts)
+        self.metrics.pin_hosts(hosts.concrete_hosts())  # configured hosts always keep their labels
         ca = await asyncio.to_thread(open_data_dir, cfg.data_dir, hosts)
         try:
             store = make_store(cfg, self._store_changed)
@@ -243,8 +244,8 @@ class App:
             ca.cert_path,
         )
         if not log.isEnabledFor(logging.INFO):
-            # Without -v, one line still tells a new user that it is up and where.
-            print(f"politeproxy listening on {host}:{self.proxy.port} (-v for details)", file=sys.stderr)
+            # Without -v, one line still tells a new user that it is up and where (JSON in json mode).
+            start_log.info("politeproxy listening on %s:%d (-v for details)", host, self.proxy.port)
         return self.proxy
 
     def _store_changed(self, active: Store, degraded: bool) -> None:
@@ -283,8 +284,7 @@ class App:
         errors = RepeatLog("backoff gauge refresh failed")
         while True:
             await asyncio.sleep(1.0)
-            pacer = self.pacer
-            for host in list(pacer.queues.keys() | pacer.maybe_throttled | pacer.host_ready.keys()):
+            for host in list(self.pacer.known_hosts()):
                 try:
                     view = await self.store.host_view(host)
                     self.metrics.backoff.labels(host).set(view.backoff_in)
@@ -352,6 +352,7 @@ class App:
         self._tasks.clear()
         if self.proxy:
             await self.proxy.close()
+        await self.robots.close()
         await self.pacer.close()
         await self.upstream.close()
         await self.store.close()

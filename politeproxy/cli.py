@@ -46,6 +46,8 @@ def setup_logging(verbose: int, fmt: str) -> None:
     pp.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose >= 1 else logging.WARNING)
     # One access line per request is the default; -q style silence is a config of the log shipper.
     logging.getLogger("politeproxy.access").setLevel(logging.INFO)
+    # The one "listening on" line a user sees without -v.
+    logging.getLogger("politeproxy.start").setLevel(logging.INFO)
 
 
 def _config_path(args: argparse.Namespace) -> str | None:

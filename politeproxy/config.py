@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from politeproxy.pacing.base import DEFAULT_MAX_QUEUE
 from politeproxy.pacing.pacer import PacingSettings
 from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
 from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS, normalize_host, validate_pattern
 from politeproxy.policy.settings import (
     ConfigError,
+    changes,
     check_environment,
     check_number,
     env_number,
@@ -214,6 +216,7 @@ SCHEMA: dict[str, Any] = {
     "pacing": {
         "max_wait": (_dur, 25.0),
         "retries": (_int(0, 10), 2),
+        "max_queue": (_int(1, 1_000_000), DEFAULT_MAX_QUEUE),
         "throttle_codes": (_list(_status), sorted(DEFAULT_THROTTLE_CODES)),
         "backoff_base": (_dur, 1.0),
         "backoff_cap": (_dur, 300.0),
@@ -286,6 +289,7 @@ class Config:
             gap=self.raw["schedule"]["global_rate"],
             max_wait=p["max_wait"],
             retries=p["retries"],
+            max_queue=p["max_queue"],
             throttle_codes=frozenset(p["throttle_codes"]),
             backoff=BackoffPolicy(base=p["backoff_base"], cap=p["backoff_cap"], jitter=p["backoff_jitter"]),
             host_intervals=self.host_intervals(),
@@ -313,6 +317,8 @@ def build(
                 raise ConfigError(f"--global-rate or POLITEPROXY_GLOBAL_RATE: {e}") from None
         elif key == "metrics_listen":
             merged["metrics_listen"] = _optional_hostport(value, "metrics_listen")
+        elif key == "redis_url":
+            merged["schedule"]["redis_url"] = _str(value, "POLITEPROXY_REDIS_URL")
         elif key == "log_format":
             merged["log_format"] = _choice("plain", "json")(value, "log_format")
         else:
@@ -366,29 +372,6 @@ def env_overrides(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
         "listen": env.get("POLITEPROXY_LISTEN") or None,
         "data_dir": env.get("POLITEPROXY_DATA_DIR") or None,
         "global_rate": env.get("POLITEPROXY_GLOBAL_RATE") or None,
+        # The deploy files pass the Redis password this way (from a secret), never in the TOML.
+        "redis_url": env.get("POLITEPROXY_REDIS_URL") or None,
     }
-
-
-# Values never written to the log on reload: passwords, and URLs that may carry one.
-_HIDDEN = ("auth.", "schedule.redis_url")
-
-
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """``key: old -> new`` for every key a reload changed (secrets shown as changed, never their value)."""
-    a, b = _flat(old), _flat(new)
-    out = []
-    for key in sorted(a.keys() | b.keys()):
-        if a.get(key) != b.get(key):
-            hidden = key.startswith(_HIDDEN)
-            out.append(f"{key} changed" if hidden else f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
-    return out

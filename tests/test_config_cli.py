@@ -314,3 +314,27 @@ def test_metrics_listen_beyond_loopback_answers_only_allowed_clients(
         args=("--metrics-listen", f"0.0.0.0:{port2}"),
     )
     assert requests.get(f"http://{addr}:{port2}/metrics", timeout=10).status_code == 200
+
+
+def test_redis_url_from_the_environment_and_never_logged() -> None:
+    """POLITEPROXY_REDIS_URL (the deploy files' password path) sets schedule.redis_url over the file, and
+    the change lines of a reload name it without its value; passwords likewise."""
+    from politeproxy.config import build, changes, env_overrides
+
+    secret = "redis://:s3cret@redis:6379/0"
+    cfg = build(
+        {"schedule": {"redis_url": "redis://127.0.0.1:6379/0"}},
+        overrides=env_overrides({"POLITEPROXY_REDIS_URL": secret}),
+    )
+    assert cfg["schedule"]["redis_url"] == secret
+    old = build({"auth": {"users": {"alice": "pw1"}}})
+    new = build(
+        {"auth": {"users": {"alice": "pw2"}}, "pacing": {"max_queue": 10}}, overrides={"redis_url": secret}
+    )
+    lines = changes(old.raw, new.raw)
+    assert "schedule.redis_url changed" in lines and "auth.users.alice changed" in lines
+    assert "pacing.max_queue: 1024 -> 10" in lines
+    assert not any("s3cret" in ln or "pw1" in ln or "pw2" in ln for ln in lines), lines
+    assert new.pacing().max_queue == 10
+    with pytest.raises(ConfigError, match=r"pacing\.max_queue"):
+        build({"pacing": {"max_queue": 0}})

@@ -218,7 +218,7 @@ def test_gauge_refresh_errors_are_logged_once_and_the_loop_lives(
             raise RuntimeError("store unreachable")
 
         app.store.host_view = failing  # type: ignore[method-assign]
-        app.pacer.maybe_throttled.add("data.commoncrawl.org")
+        app.pacer.known_hosts = lambda: {"data.commoncrawl.org"}  # type: ignore[method-assign]
         await asyncio.sleep(3.5)
         app.store.host_view = real  # type: ignore[method-assign]
         await asyncio.sleep(1.5)
@@ -232,3 +232,13 @@ def test_gauge_refresh_errors_are_logged_once_and_the_loop_lives(
     assert calls >= 2, calls  # it kept trying
     assert len(lines) == 1 and "RuntimeError: store unreachable" in lines[0], lines
     assert value == 0.0
+
+
+def test_schedule_file_that_cannot_be_opened_is_one_line_not_memory_pacing(tmp_path: Path) -> None:
+    """ratelimit.lock that cannot be opened read-write (here: a directory) refuses the start with one
+    line; pacing this process alone in memory would fail open on the budget shared with other proxies."""
+    d = tmp_path / "data"
+    make_ca(tmp_path, d)
+    (d / "ratelimit.lock").mkdir()
+    rc, out = run_until_exit(tmp_path, *run_args(tmp_path, data_dir=d))
+    assert_one_line(rc, out, "ratelimit.lock", 'schedule.backend = "memory"')

@@ -145,3 +145,28 @@ def check_environment(env: Mapping[str, str]) -> None:
     """Raise a ConfigError for the first invalid numeric environment variable."""
     for name in ENV_NUMBERS:
         env_number(env, name)
+
+
+# Values never written to the log on reload: passwords, and URLs that may carry one.
+_HIDDEN = ("auth.", "schedule.redis_url")
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for every key a reload changed (secrets shown as changed, never their value)."""
+    a, b = _flat(old), _flat(new)
+    out = []
+    for key in sorted(a.keys() | b.keys()):
+        if a.get(key) != b.get(key):
+            hidden = key.startswith(_HIDDEN)
+            out.append(f"{key} changed" if hidden else f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+    return out
