@@ -311,3 +311,7 @@ class Pacer:
 
     async def host_view(self, host: str) -> HostView:
         return await self.store.host_view(host)
+
+    async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
+        """Remember a robots.txt Crawl-delay (already capped) for ``ttl`` seconds, for every proxy."""
+        await self.store.set_crawl_delay(host, delay, ttl)

@@ -89,10 +89,10 @@ class RobotsWatcher:
                 log.info(
                     "%s: robots.txt unavailable (%s); keeping Crawl-delay %.3gs", host, e, view.crawl_delay
                 )
-                await self.pacer.store.set_crawl_delay(host, view.crawl_delay, RETRY_AFTER_FAILURE)
+                await self.pacer.set_crawl_delay(host, view.crawl_delay, RETRY_AFTER_FAILURE)
                 self._remember(host, time.monotonic() + RETRY_AFTER_FAILURE)
                 return
-            await self.pacer.store.set_crawl_delay(host, delay, self.ttl)
+            await self.pacer.set_crawl_delay(host, delay, self.ttl)
             self._remember(host, time.monotonic() + self.ttl)
             if delay:
                 log.info("%s: robots.txt Crawl-delay %.3gs (cap %.3gs)", host, delay, self.cap)
