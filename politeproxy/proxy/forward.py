@@ -34,12 +34,14 @@ from politeproxy.proxy.upstream import (
     PoolFull,
     Upstream,
     close_delimited,
+    describe_error,
     loggable,
     strip_hop_by_hop,
 )
 
 log = logging.getLogger("politeproxy")
 access_log = logging.getLogger("politeproxy.access")
+POOL_LOG_EVERY = 10.0  # seconds between "pool full" warnings for one pool
 
 
 @dataclass
@@ -88,6 +90,7 @@ class Forwarder:
         self.log_json = log_json
         self.health = health
         self.tunnel_target = tunnel_target
+        self._pool_full_log: dict[str, tuple[float, int]] = {}  # pool -> (last line, lines held back)
 
     def hosts_paced(self, host: str) -> bool:
         return self.classifier.hosts.matches(host)
@@ -259,9 +262,7 @@ class Forwarder:
             except PoolFull as e:
                 self.metrics.rejected(t.host if p is not None else "other", "pool_full")
                 info["status"], info["note"] = 503, "pool_full"
-                log.warning(
-                    "%s %s: 503 %s (a local limit, not an upstream throttle)", method, loggable(t.url), e
-                )
+                self._pool_full_line(e)
                 return error_response(503, f"{e}; try again shortly", {"Retry-After": "1"})
             except Exception as e:  # noqa: BLE001 - every upstream failure shape is one line, never a traceback
                 return await self._failed(request, p, t, e, info)
@@ -287,6 +288,17 @@ class Forwarder:
             return await self._relay(request, upstream, info)
         raise AssertionError("unreachable")  # pragma: no cover - AsyncExitStack never swallows here
 
+    def _pool_full_line(self, e: PoolFull) -> None:
+        """One warning per pool per POOL_LOG_EVERY seconds, with the count since: a full pool repeats."""
+        now = time.monotonic()
+        last, count = self._pool_full_log.get(e.pool, (-POOL_LOG_EVERY, 0))
+        if now - last < POOL_LOG_EVERY:
+            self._pool_full_log[e.pool] = (last, count + 1)
+            return
+        self._pool_full_log[e.pool] = (now, 0)
+        more = f" ({count} more since the last line)" if count else ""
+        log.warning("503: %s (a local limit, not an upstream throttle)%s", e, more)
+
     async def _answered(self, p: Permit, status: int | None, retry_after: str | None) -> float | None:
         """Feed the answer back (shielded inside the facade); a Retry-After nobody can parse still counts."""
         try:
@@ -309,7 +321,7 @@ class Forwarder:
             log.info("%s %s %s: client went away", request.remote, request.method, loggable(t.url))
             info["status"] = 499
             return error_response(400, "the request body ended early")
-        status, message = self._upstream_error(e, t.url)
+        status, message = describe_error(e, t.url)
         message = loggable(message)
         if p is not None:
             await self._answered(p, None, None)
@@ -326,21 +338,6 @@ class Forwarder:
         except (OSError, aiohttp.ClientError, HttpProcessingError):
             info["note"] = "client_gone"
             raise
-
-    @staticmethod
-    def _upstream_error(e: BaseException, url: URL) -> tuple[int, str]:
-        where = f"{url.host}:{url.port}"
-        if isinstance(e, aiohttp.ClientConnectorDNSError):
-            return 502, f"cannot resolve {url.host}"
-        if isinstance(e, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
-            return 502, f"TLS to {where} failed: {getattr(e, 'certificate_error', e)}"
-        if isinstance(e, aiohttp.ConnectionTimeoutError):
-            return 504, f"connecting to {where} timed out"
-        if isinstance(e, aiohttp.ServerTimeoutError | TimeoutError):
-            return 504, f"{where} did not answer in time"
-        if isinstance(e, aiohttp.ClientConnectorError):
-            return 502, f"cannot connect to {where}: {e.strerror or e}"
-        return 502, f"upstream {where} failed: {type(e).__name__}: {e}"
 
     async def _relay(
         self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, info: dict[str, Any]

@@ -19,6 +19,7 @@ import aiohttp
 import certifi
 from aiohttp.abc import AbstractResolver, ResolveResult
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 # RFC 9110 7.6.1 and the proxy-only fields: never forwarded in either direction.
 HOP_BY_HOP = frozenset(
@@ -73,6 +74,22 @@ def close_delimited(resp: aiohttp.ClientResponse, method: str) -> bool:
         return False
     te = ",".join(resp.headers.getall("Transfer-Encoding", [])).lower()
     return "Content-Length" not in resp.headers and "chunked" not in te
+
+
+def describe_error(e: BaseException, url: URL) -> tuple[int, str]:
+    """The status and one-line reason for a failed upstream exchange (no response head)."""
+    where = f"{url.host}:{url.port}"
+    if isinstance(e, aiohttp.ClientConnectorDNSError):
+        return 502, f"cannot resolve {url.host}"
+    if isinstance(e, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
+        return 502, f"TLS to {where} failed: {getattr(e, 'certificate_error', e)}"
+    if isinstance(e, aiohttp.ConnectionTimeoutError):
+        return 504, f"connecting to {where} timed out"
+    if isinstance(e, aiohttp.ServerTimeoutError | TimeoutError):
+        return 504, f"{where} did not answer in time"
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return 502, f"cannot connect to {where}: {e.strerror or e}"
+    return 502, loggable(f"upstream {where} failed: {type(e).__name__}: {e}")
 
 
 class EndWatch:
