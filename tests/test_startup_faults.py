@@ -183,20 +183,32 @@ def app_config(tmp: Path) -> object:
 
 
 def test_close_cancels_and_awaits_every_task(tmp_path: Path) -> None:
-    """After App.close returns, none of the tasks the App started is still pending."""
+    """App.close cancels its tasks and awaits them before it closes the parts they use (the proxy, the
+    pacer, the store): when the proxy's close begins, none of them is still pending."""
     from politeproxy.app import App
 
-    async def main() -> list[asyncio.Task[None]]:
+    async def main() -> tuple[list[bool], list[bool]]:
         cfg = tmp_path / "c.toml"
         cfg.write_text("")
         app = App(app_config(tmp_path), str(cfg))  # type: ignore[arg-type]
         await app.start()
         tasks = list(app._tasks)
         assert len(tasks) == 2  # the gauge refresh and the config watch
-        await app.close()
-        return [t for t in tasks if not t.done()]
+        assert app.proxy is not None
+        real_close = app.proxy.close
+        seen: list[bool] = []
 
-    assert asyncio.run(main()) == []
+        async def close_proxy() -> None:
+            seen.extend(t.done() for t in tasks)
+            await real_close()
+
+        app.proxy.close = close_proxy  # type: ignore[method-assign]
+        await app.close()
+        return seen, [t.done() for t in tasks]
+
+    when_proxy_closes, after = asyncio.run(main())
+    assert when_proxy_closes == [True, True]
+    assert after == [True, True]
 
 
 def test_gauge_refresh_errors_are_logged_once_and_the_loop_lives(
