@@ -306,10 +306,14 @@ class App:
                     break
                 m = again
             self._mtime = m
-            try:
-                self.reload("file changed")
-            except Exception:  # noqa: BLE001 - a bug in one reload must not stop every later one
-                log.exception("config reload (file changed) failed; keeping the running settings")
+            self.safe_reload("file changed")
+
+    def safe_reload(self, why: str) -> None:
+        """reload(), for the watch and SIGHUP: a bug in one reload must not stop every later one."""
+        try:
+            self.reload(why)
+        except Exception:  # noqa: BLE001
+            log.exception("config reload (%s) failed; keeping the running settings", why)
 
     def reload(self, why: str = "SIGHUP") -> bool:
         try:
@@ -362,7 +366,7 @@ class App:
     async def serve_forever(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            loop.add_signal_handler(signal.SIGHUP, lambda: self.reload("SIGHUP"))
+            loop.add_signal_handler(signal.SIGHUP, lambda: self.safe_reload("SIGHUP"))
             loop.add_signal_handler(signal.SIGTERM, self.stopped.set)
             loop.add_signal_handler(signal.SIGINT, self.stopped.set)
         except (NotImplementedError, RuntimeError):

@@ -229,6 +229,7 @@ def test_normalize_host_never_raises_and_valid_names_are_safe(raw: str) -> None:
     no '/', '\\\\', '..', NUL or whitespace, is at most 253 characters, and is already normalized."""
     name = normalize_host(raw)
     assert isinstance(name, str)
+    assert normalize_host(raw.encode(errors="replace")) == ""  # type: ignore[arg-type]  # not a str: ""
     for candidate in (raw, name):
         if valid_hostname(candidate):
             assert not any(bad in candidate for bad in BAD_CHARS), candidate

@@ -55,7 +55,9 @@ AWS_REGIONS: tuple[str, ...] = (
 
 
 def normalize_host(host: str) -> str:
-    """Lower-case, strip a trailing dot and IPv6 brackets."""
+    """Lower-case, strip a trailing dot and IPv6 brackets; never raises ("" for a non-string)."""
+    if not isinstance(host, str):
+        return ""
     host = host.strip().lower().rstrip(".")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
