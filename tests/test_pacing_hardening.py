@@ -358,3 +358,48 @@ def test_500_names_through_a_proxy_keep_metrics_series_bounded(
     labels = host_labels(proxy.metrics())
     assert len(labels) <= len(PINNED_HOSTS) + FREE_HOST_LABELS + 1, len(labels)
     assert "other" in labels
+
+
+# -- item 21 end to end: a full queue answers 503 + Retry-After at once --------------------------------------
+
+
+async def _ask(port: int, path: str, answers: list[bytes], conns: list[asyncio.StreamWriter]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    conns.append(writer)
+    writer.write(f"GET http://{A}{path} HTTP/1.1\r\nHost: {A}\r\n\r\n".encode())
+    await writer.drain()
+    answers.append(await reader.readuntil(b"\r\n\r\n"))
+
+
+async def test_a_full_queue_answers_503_with_retry_after_at_once(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    cap = pacer_mod.DEFAULT_MAX_QUEUE if hasattr(pacer_mod, "DEFAULT_MAX_QUEUE") else 1024
+    # Pacing off, no retries by the proxy, and a host told to back off for 30 s: only the cap bounds its line.
+    proxy = proxy_factory(
+        upstream,
+        NO_ROBOTS + '[schedule]\nglobal_rate = "0s"\n[pacing]\nretries = 0\nmax_wait = "60s"\n',
+    )
+    upstream.control({"throttle": {"host": A, "count": 1, "status": 503, "retry_after": "30"}})
+    first: list[bytes] = []
+    conns: list[asyncio.StreamWriter] = []
+    await _ask(proxy.port, "/first", first, conns)
+    assert first[0].startswith(b"HTTP/1.1 503")
+    answers: list[bytes] = []
+    tasks = [asyncio.create_task(_ask(proxy.port, f"/q{i}", answers, conns)) for i in range(cap + 76)]
+    await asyncio.sleep(3.0)  # the refusals come at once; the rest wait behind the 30 s backoff
+    try:
+        assert len(answers) == 76, answers[:3]
+        for head in answers:
+            assert head.startswith(b"HTTP/1.1 503") and b"\r\nRetry-After: 1\r\n" in head
+        m = re.search(
+            r'politeproxy_rejected_total\{host="[^"]+",reason="queue_full"\} (\S+)', proxy.metrics()
+        )
+        assert m is not None and float(m.group(1)) == 76
+        assert sum(e["path"].startswith("/q") for e in upstream.log()) == 0  # nothing went upstream
+    finally:
+        for t in tasks:
+            t.cancel()
+        for w in conns:
+            w.close()
+        await asyncio.gather(*tasks, return_exceptions=True)
