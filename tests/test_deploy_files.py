@@ -646,3 +646,27 @@ def test_deploy_configs_pass_the_proxys_own_validation():
             proxy_config.build(tomllib.loads(text), name)
         except proxy_config.ConfigError as e:
             pytest.fail(f"{name}: {e}")
+
+
+def test_deploy_redis_urls_with_the_password_reach_the_config():
+    """The env override the deploy files set is what the proxy's config ends up using."""
+    from politeproxy import config as proxy_config
+
+    password = "0123abcd" * 8
+    compose = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    url = re.sub(
+        r"\$\{REDIS_PASSWORD[^}]*\}",
+        password,
+        compose["services"]["politeproxy"]["environment"]["POLITEPROXY_REDIS_URL"],
+    )
+    docs = load_yaml_docs(K8S)
+    proxy = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "politeproxy")
+    env = proxy["spec"]["template"]["spec"]["containers"][0]["env"]
+    k8s_url = next(e["value"] for e in env if e["name"] == "POLITEPROXY_REDIS_URL").replace(
+        "$(REDIS_PASSWORD)", password
+    )
+    configs = dict(deploy_configs())
+    for name, want in (("politeproxy.toml", url), ("k8s.yaml:politeproxy.toml", k8s_url)):
+        overrides = proxy_config.env_overrides({"POLITEPROXY_REDIS_URL": want})
+        cfg = proxy_config.build(tomllib.loads(configs[name]), name, overrides)
+        assert cfg["schedule"]["redis_url"] == want and f":{password}@" in want, name
