@@ -232,7 +232,7 @@ class Forwarder:
                         info["wait"] = p.waited
                         out = await self._attempt(request, p, t, info, retries_left)
             except WaitTooLong as e:
-                info["status"], info["note"] = 503, "max_wait"
+                info["status"], info["note"] = 503, e.reason  # "max_wait" or "queue_full"
                 resp = error_response(503, e.why, {"Retry-After": str(retry_after_seconds(e.wait))})
                 if t.expect and not t.continued:
                     resp.force_close()  # the client holds its body back: this connection cannot go on
