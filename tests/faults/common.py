@@ -131,8 +131,10 @@ def assert_no_request_during(
     lasts ``seconds``. The first RECORD_SLACK (20 ms, a fifth of a gap) is left out: a request already on
     its way when the answer came back was not sent during a *recorded* backoff."""
     during = requests_during(arrivals, host, start + RECORD_SLACK, start + seconds)
+    answered = next((sender(a["path"]) for a in arrivals if a["t"] == start), "?")
     assert not during, (
-        f"{len(during)} request(s) reached {host} during the {seconds:g}s backoff of {what}: "
+        f"{len(during)} request(s) reached {host} during the {seconds:g}s backoff of {what} "
+        f"(answered to {answered}): "
         + ", ".join(f"{a['path']} at +{a['t'] - start:.3f}s" for a in during[:5])
     )
 

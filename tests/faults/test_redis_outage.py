@@ -37,7 +37,10 @@ from tests.redis_server import RedisServer, running_redis
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 OUTAGE = 5.0
-RA_BEFORE = 3.0  # recorded in Redis half a second before the outage: it spans the switch to the fallback
+# Recorded in Redis 1.5 s before the outage, so every proxy had time to see it (a claim refused for it, or a
+# once-a-second read of the host's state) before Redis went; it spans the switch to the fallback.
+RA_BEFORE = 4.0
+SEEN = 1.5
 RA_DURING = 3.0  # recorded in the fallback store while Redis is out; it spans the return to Redis
 
 
@@ -82,7 +85,7 @@ def test_three_proxies_keep_the_budget_across_a_redis_outage(
     try:
         wait_arrivals(upstream, 20, t_start)
         t_before = throttled_arrival(upstream, DATA, throttle(upstream, DATA, f"{RA_BEFORE:g}"))
-        time.sleep(0.5)
+        time.sleep(SEEN)
         down = time.time()
         outage(redis_server, fault)
         wait_for(lambda: all_degraded(proxies, True), 15, "every proxy on its fallback store")
