@@ -1,7 +1,7 @@
 """Issue 9 items of the pacer: feedback survives cancellation (5), bounded tables and labels (9), metrics
 memory without scrapes (15), a bounded queue (21), a dispatcher that neither floods the log nor spins on a
-store error (24). In-process: real asyncio and a MemoryStore; a store that fails or stalls is a small
-subclass, since the store is the dependency under test's control."""
+store error (24). Mostly in-process (real asyncio, a MemoryStore; a store that fails or stalls is a small
+subclass, as the store is the unit's dependency), plus items 9 and 21 end to end through a real proxy."""
 
 from __future__ import annotations
 
