@@ -167,6 +167,7 @@ class App:
         self._tasks.append(asyncio.get_running_loop().create_task(coro, name=name))
 
     async def start(self) -> Proxy:
+        """Start everything; a failure the user can fix is a one-line StartupError (exit 2)."""
         cfg = self.cfg
         host, port = cfg.listen
         access = Access(cfg["allow_clients"], cfg["auth"]["users"])
@@ -186,6 +187,28 @@ class App:
         self._store_changed(store if not isinstance(store, FailoverStore) else store.active, False)
         settings = cfg.pacing()
         self.pacer = Pacer(store, settings, self.metrics)
+        self.proxy = self._make_proxy(ca, access, hosts)
+        try:
+            await self.proxy.start(host, port)
+        except OSError as e:
+            await self.upstream.close()
+            raise StartupError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        self.pacer.start()
+        self.metrics.set_configured_gap(settings.gap)
+        if cfg["metrics_listen"]:
+            try:
+                await self._start_metrics(cfg["metrics_listen"])
+            except OSError as e:
+                await self.close()
+                raise StartupError(f"cannot serve metrics on {cfg['metrics_listen']}: {e.strerror}") from None
+        self._spawn(self._refresh_gauges(), "gauges")
+        if self.config_path:
+            self._spawn(self._watch_config(), "config watch")
+        self._announce(settings.gap, ca.cert_path)
+        return self.proxy
+
+    def _make_proxy(self, ca: CertificateAuthority, access: Access, hosts: HostSet) -> Proxy:
+        cfg = self.cfg
         up = cfg["upstream"]
         self.upstream = Upstream(
             up["resolve"], up["ca_file"], up["connect_timeout"], up["read_timeout"], up["max_connections"]
@@ -203,7 +226,7 @@ class App:
             cl["max_header_size"],
             cl["max_connections"],
         )
-        self.proxy = Proxy(
+        return Proxy(
             ca=ca,
             classifier=self.classifier,
             pacer=self.pacer,
@@ -217,36 +240,23 @@ class App:
             tunnel_ports=frozenset(cfg["tunnel_ports"]),
             allow_private_destinations=cfg["allow_private_destinations"],
         )
-        try:
-            await self.proxy.start(host, port)
-        except OSError as e:
-            await self.upstream.close()
-            raise StartupError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-        self.pacer.start()
-        self.metrics.set_configured_gap(settings.gap)
-        if cfg["metrics_listen"]:
-            await self._start_metrics(cfg["metrics_listen"])
-        self._spawn(self._refresh_gauges(), "gauges")
-        if self.config_path:
-            self._spawn(self._watch_config(), "config watch")
-        rate = (
-            f"{1.0 / settings.gap:g} req/s (one slot per {settings.gap * 1000:g} ms)"
-            if settings.gap
-            else "off"
-        )
+
+    def _announce(self, gap: float, ca_path: Path) -> None:
+        assert self.proxy is not None
+        host, port = self.cfg.listen[0], self.proxy.port
+        rate = f"{1.0 / gap:g} req/s (one slot per {gap * 1000:g} ms)" if gap else "off"
         log.info(
             "politeproxy listening on %s:%d; global rate %s; store %s; data dir %s; CA %s",
             host,
-            self.proxy.port,
+            port,
             rate,
-            store.name,
-            cfg.data_dir,
-            ca.cert_path,
+            self.store.name,
+            self.cfg.data_dir,
+            ca_path,
         )
         if not log.isEnabledFor(logging.INFO):
             # Without -v, one line still tells a new user that it is up and where (JSON in json mode).
-            start_log.info("politeproxy listening on %s:%d (-v for details)", host, self.proxy.port)
-        return self.proxy
+            start_log.info("politeproxy listening on %s:%d (-v for details)", host, port)
 
     def _store_changed(self, active: Store, degraded: bool) -> None:
         self.metrics.set_store(active.name, degraded)

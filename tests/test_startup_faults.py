@@ -254,3 +254,16 @@ def test_schedule_file_that_cannot_be_opened_is_one_line_not_memory_pacing(tmp_p
     (d / "ratelimit.lock").mkdir()
     rc, out = run_until_exit(tmp_path, *run_args(tmp_path, data_dir=d))
     assert_one_line(rc, out, "ratelimit.lock", 'schedule.backend = "memory"')
+
+
+def test_metrics_address_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import socket
+
+    make_ca(tmp_path, tmp_path / "data")  # so the only line is the error (no "made a new CA")
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        rc, out = run_until_exit(tmp_path, *run_args(tmp_path), "--metrics-listen", f"127.0.0.1:{port}")
+    assert_one_line(rc, out, f"cannot serve metrics on 127.0.0.1:{port}")
