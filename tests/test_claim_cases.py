@@ -98,30 +98,44 @@ CASES = [
     Case(
         "within_bound", {"next": 63.0}, ("claim", 1.0, 0.0, None), {"outcome": Outcome.GRANTED, "wait": 63.0}
     ),
-    # -- records no legitimate wait gives: treated as now (a clock step back, 0xFF bytes, a stray HSET)
+    Case(
+        "not_before",
+        {"next": 0.2},
+        ("claim", 1.0, 0.0, None, 0.5),
+        {"outcome": Outcome.GRANTED, "wait": 0.5, "next": 1.5},
+    ),
+    Case(
+        "not_before_too_late",
+        {},
+        ("claim", 1.0, 0.0, 1.0, 3.0),
+        {"outcome": Outcome.TOO_LATE, "wait": 3.0},
+    ),
+    # -- records no legitimate wait gives (a clock step back, 0xFF bytes, a stray HSET): the global next is
+    # treated as now + one gap (a record corrupted under a running proxy must not land a grant on the one it
+    # just made), a host time as now
     Case(
         "global_2h_ahead",
         {"next": 7200.0},
         ("claim", 1.0, 0.0, None),
-        {"outcome": Outcome.GRANTED, "wait": 0.0, "next": 1.0},
+        {"outcome": Outcome.GRANTED, "wait": 1.0, "next": 2.0},
     ),
     Case(
         "global_70s_ahead",
         {"next": 70.0},
         ("claim", 1.0, 0.0, None),
-        {"outcome": Outcome.GRANTED, "wait": 0.0},
+        {"outcome": Outcome.GRANTED, "wait": 1.0, "next": 2.0},
     ),
     Case(
         "global_ahead_not_granted",
         {"next": 7200.0, "backoff_until": 5.0},
         ("claim", 1.0, 0.0, None),
-        {"outcome": Outcome.HOST_NOT_READY, "wait": 5.0, "next": 0.0},
+        {"outcome": Outcome.HOST_NOT_READY, "wait": 5.0, "next": 1.0},
     ),
     Case(
         "global_ff",
         {"next": FF},
         ("claim", 1.0, 0.0, None),
-        {"outcome": Outcome.GRANTED, "wait": 0.0, "next": 1.0},
+        {"outcome": Outcome.GRANTED, "wait": 1.0, "next": 2.0},
     ),
     Case(
         "global_before_epoch",
@@ -231,7 +245,7 @@ def host_state(state: dict[str, float], now: float) -> HostState:
 async def run_event(store: Store, event: tuple[Any, ...]) -> dict[str, Any]:
     """Apply the event; return what the store answered (outcome and wait, or the delay)."""
     if event[0] == "claim":
-        c = await store.claim(H, event[1], event[2], event[3])
+        c = await store.claim(H, event[1], event[2], event[3], *event[4:])
         assert math.isfinite(c.wait)
         return {"outcome": c.outcome, "wait": c.wait}
     if event[0] == "throttle":

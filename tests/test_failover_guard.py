@@ -143,10 +143,12 @@ class FlakyPrimary(MemoryStore):
         self.down = True
         self.odd = 1
 
-    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None):  # type: ignore[no-untyped-def]
+    async def claim(  # type: ignore[no-untyped-def]
+        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+    ):
         if self.down:
             raise StoreError("down")
-        return await super().claim(host, gap, interval, max_wait)
+        return await super().claim(host, gap, interval, max_wait, not_before)
 
     async def grants(self) -> int:
         if self.odd:
@@ -172,3 +174,35 @@ async def test_the_probe_survives_an_unexpected_error(caplog: pytest.LogCaptureF
     assert probe is not None and not probe.done()
     await fs.close()
     assert probe.done()
+
+
+async def test_a_grant_in_the_grace_moves_the_shared_record(redis_server: RedisServer) -> None:
+    """In the grace after a return, a grant that goes at the local widened time must move the shared
+    record past it: before, Redis's next stayed a gap after the (unused) shared slot, and another proxy
+    claiming from Redis at that local time got the same instant (the fault suite saw 0-3 ms apart)."""
+    fs = FailoverStore(
+        RedisStore(redis_server.url, prefix="pp-grace:", socket_timeout=0.3), MemoryStore(), MULT, 0.02
+    )
+    other = RedisStore(redis_server.url, prefix="pp-grace:")  # another proxy, on Redis all along
+    try:
+        assert (await fs.claim(H, GAP, 0.0, None)).granted
+        redis_server.kill()
+        await fs.claim(H, GAP, 0.0, None)
+        assert fs.degraded
+        await asyncio.to_thread(redis_server.start, redis_server.port)
+        await _wait_for(lambda: not fs.degraded, 5.0)
+        while not (first := await fs.claim(H, GAP, 0.0, None)).granted:  # the return's hold
+            await asyncio.sleep(first.wait)
+        first_at = time.monotonic() + first.wait
+        while not (second := await fs.claim(H, GAP, 0.0, None)).granted:
+            await asyncio.sleep(second.wait)
+        sent = time.monotonic() + second.wait
+        assert sent - first_at >= WIDE - TOL  # in the grace, grants also fit the local widened schedule
+        await asyncio.sleep(second.wait)
+        theirs = await other.claim(H, GAP, 0.0, None)
+        assert theirs.granted
+        apart = time.monotonic() + theirs.wait - sent
+        assert apart >= GAP - TOL, f"the other proxy's grant came {apart * 1000:.1f} ms after ours"
+    finally:
+        await fs.close()
+        await other.close()

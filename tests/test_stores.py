@@ -138,10 +138,12 @@ async def test_file_store_short_file_and_clock_jump(tmp_path: Path) -> None:
     c = await s.claim("data.commoncrawl.org", 0.2, 0.0, None)
     assert c.granted and c.wait == 0.0
     assert read_lock(tmp_path)[1] == 1
-    # The wall clock jumped back a day: a record far in the future must not stall pacing for a day.
+    # The wall clock jumped back a day: a record far in the future must not stall pacing for a day; it
+    # counts as now + one gap.
+    clock.t += 1.0
     (tmp_path / "ratelimit.lock").write_bytes(struct.pack(">QQ", int((T0 + 86400) * NS), 7))
     c = await s.claim("data.commoncrawl.org", 0.2, 0.0, None)
-    assert c.granted and c.wait == 0.0
+    assert c.granted and c.wait == pytest.approx(0.2)
     assert read_lock(tmp_path)[1] == 8
     await s.close()
 
@@ -321,16 +323,30 @@ async def test_corrupt_lock_file_is_treated_as_now_and_logged_once(
     clock = Clock()
     s = FileStore(tmp_path, clock)
     for _ in range(3):
+        clock.t += 1.0
         (tmp_path / "ratelimit.lock").write_bytes(b"\xff" * 16)
         (tmp_path / "hosts" / H).write_bytes(b"\xff" * 40)
         c = await s.claim(H, 0.2, 0.0, None)
-        assert c.granted and c.wait == 0.0
+        assert c.granted and c.wait == pytest.approx(0.2)  # now + one gap
         nxt, _count = read_lock(tmp_path)
-        assert nxt == pytest.approx(int((T0 + 0.2) * NS), abs=1000)
+        assert nxt == pytest.approx(int((clock.t + 0.4) * NS), abs=1000)
         view = await s.host_view(H)
         assert view.backoff_in == 0.0 and view.ready_in == 0.0 and view.crawl_delay == 0.0
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2  # one for the global record, one for host records
+    await s.close()
+
+
+async def test_a_record_corrupted_under_a_running_store_never_repeats_a_slot(tmp_path: Path) -> None:
+    """The fault suite rewrote ratelimit.lock with 0xFF mid-run: "treated as now" forgot the slots this
+    store had just handed out and granted one on top of them. Now an insane record counts as now + one
+    gap, or the next this store wrote last when that is later."""
+    clock = Clock()
+    s = FileStore(tmp_path, clock)
+    assert (await s.claim(H, 0.2, 0.0, None)).wait == 0.0
+    assert (await s.claim(H, 0.2, 0.0, None)).wait == pytest.approx(0.2)  # pending, like a second proxy's
+    (tmp_path / "ratelimit.lock").write_bytes(b"\xff" * 16)
+    assert (await s.claim(H, 0.2, 0.0, None)).wait == pytest.approx(0.4)
     await s.close()
 
 
@@ -379,7 +395,7 @@ async def test_memory_store_survives_a_wall_clock_step_back() -> None:
     assert (await s.claim(H, 0.1, 0.0, None)).granted
     clock.t -= 1800.0
     c = await s.claim(H, 0.1, 0.0, 60.0)
-    assert c.granted and c.wait == 0.0
+    assert c.granted and c.wait == pytest.approx(0.1)
 
 
 async def test_file_store_keeps_a_bounded_number_of_fds(tmp_path: Path) -> None:

@@ -50,13 +50,15 @@ def claim(
     host: HostState,
     interval: float,
     deadline: float | None = None,
+    earliest: float = 0.0,
 ) -> tuple[Claim, float, HostState]:
     """Try to reserve one slot; return the claim, the new global ``next`` and the new host state.
 
     ``gap`` 0 means the global schedule is off (the host's own interval and backoff still hold).
     ``deadline`` (absolute) makes a claim whose slot would fall after it reserve nothing (``TOO_LATE``).
+    ``earliest`` (absolute): the slot is no earlier than this (the failover store's local slot in its grace).
     """
-    slot = max(now, global_next) if gap > 0 else now
+    slot = max(now, global_next, earliest) if gap > 0 else max(now, earliest)
     ready = host.ready_at()
     if ready > slot:
         outcome = Outcome.TOO_LATE if deadline is not None and ready > deadline else Outcome.HOST_NOT_READY
@@ -116,8 +118,16 @@ def sane_time(t: float, now: float, ahead: float) -> tuple[float, bool]:
     return max(0.0, t), True
 
 
-def sane_global(global_next: float, now: float, b: Bounds) -> tuple[float, bool]:
-    return sane_time(global_next, now, b.schedule())
+def sane_global(global_next: float, now: float, b: Bounds, last: float = 0.0) -> tuple[float, bool]:
+    """The global next slot within its bound. An insane one becomes now + one gap, or the next slot this
+    store itself wrote last when that is later and sane: a record corrupted under a running proxy must not
+    make the next grant land on the one it made a moment ago."""
+    t, ok = sane_time(global_next, now, b.schedule())
+    if ok:
+        return t, True
+    if now < last <= now + b.schedule():
+        return max(now + b.gap, last), False
+    return now + b.gap, False
 
 
 def sane_host(h: HostState, now: float, b: Bounds) -> tuple[HostState, bool]:

@@ -48,11 +48,14 @@ class Store(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None) -> Claim:
+    async def claim(
+        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+    ) -> Claim:
         """Atomically reserve the next global slot and the host's next time, or nothing.
 
         ``gap``: global seconds between grants (0 = off); ``interval``: the host's minimum interval;
-        ``max_wait``: reserve nothing if the request would go later than this many seconds from now.
+        ``max_wait``: reserve nothing if the request would go later than this many seconds from now;
+        ``not_before``: the slot is at least this many seconds from now (the failover store's grace).
         """
 
     @abstractmethod

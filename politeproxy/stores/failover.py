@@ -91,8 +91,8 @@ class FailoverStore(Store):
 
     def _returned(self) -> None:
         self.degraded = False
-        self._grace_until = self.monotonic() + 2 * self.probe_interval + 0.5
         self._floor = max(self._floor, self._last_local + self._wide)
+        self._grace_until = max(self.monotonic(), self._floor) + 2 * self.probe_interval + 0.5
         log.warning("schedule store %s answers again; back on it", self.primary.name)
         if self.on_change:
             self.on_change(self.primary, False)
@@ -137,7 +137,9 @@ class FailoverStore(Store):
         elif not self.degraded:  # its answer came after the return
             self._floor = max(self._floor, slot + self._wide)
 
-    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None) -> Claim:
+    async def claim(
+        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+    ) -> Claim:
         gap = duration(gap)
         paced = gap > 0  # a gap of 0 is no global schedule, so there is nothing to guard
         if paced:
@@ -146,36 +148,40 @@ class FailoverStore(Store):
                 return held
         if not self.degraded:
             try:
-                c = await self.primary.claim(host, gap, interval, max_wait)
+                if paced and self.monotonic() < self._grace_until:
+                    return await self._grace_claim(host, gap, interval, max_wait, not_before)
+                c = await self.primary.claim(host, gap, interval, max_wait, not_before)
             except FAILS as e:
                 self._degrade(e)
                 if paced and (held := self._held()) is not None:
                     return held
             else:
-                if not c.granted or not paced:
-                    return c
-                if self.monotonic() >= self._grace_until:
+                if c.granted and paced:
                     self._shared_granted(c)
-                    return c
-                return await self._grace_claim(c, host, gap, interval, max_wait)
-        c = await self.fallback.claim(host, gap * self.gap_multiplier, interval, max_wait)
+                return c
+        c = await self.fallback.claim(host, gap * self.gap_multiplier, interval, max_wait, not_before)
         if c.granted and paced:
             self._local_granted(c, grace=False)
         return c
 
     async def _grace_claim(
-        self, shared: Claim, host: str, gap: float, interval: float, max_wait: float | None
+        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float
     ) -> Claim:
-        """Just back: the shared slot is ours, but go no faster than the local share either."""
+        """Just back: take the local widened slot first, then the shared slot no earlier than it, so the
+        shared record moves past every grant made in the grace (other proxies claiming from it after their
+        own grace then follow it, instead of landing on it)."""
         try:
-            local = await self.fallback.claim(host, gap * self.gap_multiplier, interval, max_wait)
+            local: Claim | None = await self.fallback.claim(
+                host, gap * self.gap_multiplier, interval, max_wait, not_before
+            )
         except FAILS:
-            self._shared_granted(shared)
-            return shared
-        if not local.granted:
-            return local  # the shared slot goes unused: a gap, never a burst
-        c = shared if shared.wait >= local.wait else local
-        self._local_granted(c, grace=True)
+            local = None
+        if local is not None and not local.granted:
+            return local
+        earliest = max(not_before, local.wait if local is not None else 0.0)
+        c = await self.primary.claim(host, gap, interval, max_wait, earliest)
+        if c.granted:  # else the local slot goes unused: a gap, never a burst
+            self._local_granted(c, grace=True)
         return c
 
     # -- feedback: recorded in the active store, and every backoff mirrored into the fallback --------

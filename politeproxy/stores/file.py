@@ -253,11 +253,13 @@ class FileStore(Store):
 
     # -- Store ------------------------------------------------------------------------------------
 
-    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None) -> Claim:
+    async def claim(
+        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+    ) -> Claim:
         async with self._held():
             nxt, count = self._read_global()
             st = self._read_host(host)
-            c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait)
+            c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait, not_before)
             if c.granted:
                 self._write_global(new_next, count + 1)
             elif new_next != nxt:  # a corrupt record, treated as now: write that back

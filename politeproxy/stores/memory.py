@@ -32,11 +32,14 @@ class StateMachine:
         self.name = name
         self.max_backoff = MAX_BACKOFF
         self.warn = WarnOnce()
+        self.last_next = 0.0  # the global next this process wrote last (see slots.sane_global)
 
     def check_global(self, global_next: float, now: float, b: Bounds) -> float:
-        sane, ok = slots.sane_global(global_next, now, b)
+        sane, ok = slots.sane_global(global_next, now, b, self.last_next)
         if not ok:
-            msg = "%s store: the global next slot (%r s from now) is beyond %.0f s ahead; treated as now"
+            msg = (
+                "%s store: the global next slot (%r s from now) is beyond %.0f s ahead; treated as now + gap"
+            )
             self.warn("global", msg, self.name, global_next - now, b.schedule())
         return sane
 
@@ -50,7 +53,13 @@ class StateMachine:
         return sane
 
     def claim(
-        self, global_next: float, host: HostState, gap: float, interval: float, max_wait: float | None
+        self,
+        global_next: float,
+        host: HostState,
+        gap: float,
+        interval: float,
+        max_wait: float | None,
+        not_before: float = 0.0,
     ) -> tuple[Claim, float, HostState]:
         now = self.clock()
         gap, interval = duration(gap), duration(interval)
@@ -58,7 +67,11 @@ class StateMachine:
         global_next = self.check_global(global_next, now, b)
         host = self.check_host(host, now, b)
         deadline = None if max_wait is None else now + duration(max_wait)
-        return slots.claim(now, global_next, gap, host, interval, deadline)
+        earliest = now + duration(not_before)
+        c, new_next, new_host = slots.claim(now, global_next, gap, host, interval, deadline, earliest)
+        if c.granted and gap > 0:
+            self.last_next = new_next
+        return c, new_next, new_host
 
     def throttled(
         self, host: HostState, retry_after: float | None, policy: BackoffPolicy
@@ -116,9 +129,11 @@ class MemoryStore(Store):
         self.count = 0
         self.hosts: dict[str, HostState] = {}
 
-    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None) -> Claim:
+    async def claim(
+        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+    ) -> Claim:
         c, self.global_next, self.hosts[host] = self.sm.claim(
-            self.global_next, self.hosts.get(host, HostState()), gap, interval, max_wait
+            self.global_next, self.hosts.get(host, HostState()), gap, interval, max_wait, not_before
         )
         if c.granted:
             self.count += 1

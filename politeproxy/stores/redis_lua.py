@@ -87,7 +87,8 @@ end
 """
 )
 
-# KEYS: global, host. ARGV: gap_us, interval_us, max_wait_us ('' = none), key_ttl_ms, max_backoff_us.
+# KEYS: global, host. ARGV: gap_us, interval_us, max_wait_us ('' = none), key_ttl_ms, max_backoff_us,
+# not_before_us (the slot is no earlier than now + this), last_next_us (the next this proxy wrote last).
 # Returns {outcome (0 granted, 1 host not ready, 2 too late), wait_us, at_us, corrupt (1 global, 2 host)}.
 CLAIM = (
     PRELUDE
@@ -104,6 +105,10 @@ local graw, gfine = numok(redis.call('HGET', KEYS[1], 'next'))
 local gnext, gok = sane(graw, now, SLACK + GAPS * gap)
 gok = gok and gfine
 if not gok then
+  -- slots.sane_global: now + one gap, or this proxy's last written next when later and sane
+  gnext = now + gap
+  local last = tonumber(ARGV[7])
+  if last > now and last <= now + SLACK + GAPS * gap then gnext = math.max(gnext, last) end
   corrupt = 1
   redis.call('HSET', KEYS[1], 'next', fmt(gnext))  -- treated as now, and written so (as the file store)
   keep(KEYS[1], now, ttl_ms, gnext)
@@ -117,6 +122,7 @@ end
 
 local slot = now
 if gap > 0 then slot = math.max(now, gnext) end
+slot = math.max(slot, now + tonumber(ARGV[6]))
 local ready = math.max(h[1], h[2])
 if ready > slot then
   if deadline ~= nil and ready > deadline then return {2, ready - now, ready, corrupt} end

@@ -61,6 +61,7 @@ class RedisStore(Store):
         self.rand = rand
         self.max_backoff = duration(max_backoff, MAX_BACKOFF)
         self.warn = WarnOnce()
+        self._last_next_us = 0  # the global next this proxy's last grant wrote (server clock)
         self.socket_timeout = socket_timeout
         # redis-py bounds each read/connect; this bounds a whole call (retry, NOSCRIPT reload: 3 round
         # trips), so a half-dead server costs at most this before the failover store takes over.
@@ -113,21 +114,27 @@ class RedisStore(Store):
             self.warn("host", msg, host)
 
     async def claim_with_server_time(
-        self, host: str, gap: float, interval: float, max_wait: float | None
+        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
     ) -> tuple[Claim, float]:
         """Like :meth:`claim`, plus the slot in the server's clock (exact; for tests and diagnostics)."""
         wait_arg = "" if max_wait is None else round(duration(max_wait) * US)
-        args = [_us(duration(gap)), _us(duration(interval)), wait_arg, self.key_ttl_ms, _us(self.max_backoff)]
+        gap_us = _us(duration(gap))
+        args = [gap_us, _us(duration(interval)), wait_arg, self.key_ttl_ms, _us(self.max_backoff)]
+        args += [_us(duration(not_before)), self._last_next_us]
         code, wait_us, at_us, corrupt = await self._script(
             "claim", self._claim, [self.global_key, self.host_key(host)], args
         )
         self._corrupt(int(corrupt), host)
+        if int(code) == 0 and gap_us > 0:
+            self._last_next_us = int(at_us) + gap_us
         wait = int(wait_us) / US
         # The slot is in the server's clock; ``at`` is re-based on the local one so local code can use it.
         return Claim(_OUTCOMES[int(code)], wait, time.time() + wait), int(at_us) / US
 
-    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None) -> Claim:
-        return (await self.claim_with_server_time(host, gap, interval, max_wait))[0]
+    async def claim(
+        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+    ) -> Claim:
+        return (await self.claim_with_server_time(host, gap, interval, max_wait, not_before))[0]
 
     async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
         # One script: counting the throttle and applying its backoff cannot be separated by a cancellation
