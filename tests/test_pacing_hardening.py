@@ -6,13 +6,16 @@ subclass, as the store is the unit's dependency), plus items 9 and 21 end to end
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import re
 import time
 import tracemalloc
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -284,6 +287,33 @@ async def test_a_failing_store_logs_once_and_the_dispatcher_backs_off(
     async with asyncio.timeout(4.0):  # the backoff is capped: a recovered store is used again soon
         await waiter
     assert any("recovered" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_file_store_locked_elsewhere_logs_one_line_and_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, closing: list[Pacer]
+) -> None:
+    """The same with a real FileStore whose ratelimit.lock another holder keeps flocked."""
+    from politeproxy.stores.file import FileStore
+
+    caplog.set_level(logging.INFO, logger="politeproxy")
+    store = FileStore(tmp_path)
+    store.lock_timeout = 0.1  # each claim gives up after 0.1 s instead of 5 s
+    holder = os.open(tmp_path / "ratelimit.lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another open file description: the store's own flock blocks
+    pacer = Pacer(store, settings(max_wait=15.0))
+    closing.append(pacer)
+    try:
+        waiter = asyncio.create_task(pacer.wait_paced(A))
+        await asyncio.sleep(2.0)
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "ratelimit.lock" in errors[0], errors
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        os.close(holder)
+    async with asyncio.timeout(6.0):
+        await waiter
+    assert await store.grants() == 1
+    await store.close()
 
 
 def test_repeat_log_counts_repeats_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
