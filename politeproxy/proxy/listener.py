@@ -51,6 +51,21 @@ class Timeouts:
     max_connections: int = 4096  # client connections open at once (tunnels included)
 
 
+def _server_kwargs(timeouts: Timeouts) -> dict[str, Any]:
+    """aiohttp's server settings for every connection it serves (plain and inside tunnels)."""
+    return dict(
+        handler_cancellation=True,  # a client that leaves frees its place in line
+        keepalive_timeout=timeouts.idle,
+        max_line_size=timeouts.max_header_size,
+        max_field_size=timeouts.max_header_size,
+        auto_decompress=False,
+        access_log=None,
+        read_bufsize=CHUNK,
+        lingering_time=2.0,
+        logger=http_log,
+    )
+
+
 class FrontProtocol(asyncio.Protocol):
     """Reads the first request head of a client connection and routes the connection."""
 
@@ -215,17 +230,6 @@ class Proxy:
         self._sweep_at = 64
         self.tasks: set[asyncio.Task[None]] = set()
         self.pairs: set[Any] = set()
-        kwargs: dict[str, Any] = dict(
-            handler_cancellation=True,  # a client that leaves frees its place in line
-            keepalive_timeout=timeouts.idle,
-            max_line_size=timeouts.max_header_size,
-            max_field_size=timeouts.max_header_size,
-            auto_decompress=False,
-            access_log=None,
-            read_bufsize=CHUNK,
-            lingering_time=2.0,
-            logger=http_log,
-        )
         self.forwarder = Forwarder(
             ca=ca,
             classifier=classifier,
@@ -238,7 +242,7 @@ class Proxy:
             health=health or (lambda: {}),
             tunnel_target=self.tunnels.get,
         )
-        limit, report = timeouts.max_header_size, self._report
+        limit, report, kwargs = timeouts.max_header_size, self._report, _server_kwargs(timeouts)
         self.plain_server = BoundedServer(self._plain, lambda h: None, limit, report, **kwargs)
         self.tunnel_server = BoundedServer(self.forwarder.handle, self._tunnel_lost, limit, report, **kwargs)
 
