@@ -52,7 +52,7 @@ def test_retry_after_http_date() -> None:
     assert parse_retry_after(format_datetime(when, usegmt=True), NOW) == pytest.approx(90.0)
     # The RFC 850 and asctime forms HTTP also allows.
     assert parse_retry_after(when.strftime("%A, %d-%b-%y %H:%M:%S GMT"), NOW) == pytest.approx(90.0)
-    assert parse_retry_after(when.strftime("%a %b %d %H:%M:%S %Y"), NOW) in (None, pytest.approx(90.0))
+    assert parse_retry_after(when.strftime("%a %b %d %H:%M:%S %Y"), NOW) == pytest.approx(90.0)
     # A date in the past means "now": clamped, never negative.
     past = datetime.fromtimestamp(NOW - 3600, UTC)
     assert parse_retry_after(format_datetime(past, usegmt=True), NOW) == 0.0
