@@ -107,10 +107,12 @@ class Pacer:
         pending = set(self._feedback_tasks)
         if pending:
             _done, late = await asyncio.wait(pending, timeout=FEEDBACK_CLOSE_TIMEOUT)
-            for t in late:
-                log.warning("feedback not recorded within %.0fs at shutdown", FEEDBACK_CLOSE_TIMEOUT)
-                t.cancel()
             if late:
+                log.warning(
+                    "%d answers not recorded within %.0fs at shutdown", len(late), FEEDBACK_CLOSE_TIMEOUT
+                )
+                for t in late:
+                    t.cancel()
                 await asyncio.wait(late, timeout=1.0)
         if self._task:
             self._task.cancel()
