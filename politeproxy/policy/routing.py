@@ -160,6 +160,9 @@ def route(target: Target, *, paced: bool, tunnel_ports: frozenset[int]) -> Route
     return Route.INTERCEPT if paced else Route.TUNNEL
 
 
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
+
+
 def unmap(addr: Address) -> Address:
     """The IPv4 address inside an IPv4-mapped IPv6 one (``::ffff:127.0.0.1``); else ``addr``."""
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
@@ -175,7 +178,8 @@ def check_destination(addr: Address, port: int, where: Where, *, is_local: bool)
     are refused to non-loopback clients unless ``allow_private_destinations`` is set.
     """
     a = unmap(addr)
-    local = is_local or a.is_loopback or a.is_unspecified
+    unspecified = a.is_unspecified or a in _THIS_NETWORK  # 0.x.y.z: "this host" to some stacks
+    local = is_local or a.is_loopback or unspecified
     if local and port in where.own_ports:
         return Refusal(403, f"{a}:{port} is this proxy", "destination")
     if where.client_loopback or where.allow_private:
@@ -186,7 +190,7 @@ def check_destination(addr: Address, port: int, where: Where, *, is_local: bool)
         else "a link-local"
         if a.is_link_local
         else "an unspecified"
-        if a.is_unspecified
+        if unspecified
         else "this host's"
         if local
         else None
