@@ -433,3 +433,18 @@ async def test_a_full_queue_answers_503_with_retry_after_at_once(
         for w in conns:
             w.close()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_an_exempt_read_survives_a_store_that_cannot_answer(closing: list[Pacer]) -> None:
+    class NoView(MemoryStore):
+        async def host_view(self, host: str):  # type: ignore[no-untyped-def]
+            raise StoreError("redis: connection refused")
+
+    store = NoView(rand=lambda: 0.0)
+    pacer = Pacer(store, settings())
+    closing.append(pacer)
+    async with pacer.permit(A, Klass.EXEMPT) as p:  # no backoff known anywhere: it goes
+        await p.answered(503, "0.3")  # the store records it; the local hint holds it too
+    t0 = time.monotonic()
+    async with pacer.permit(A, Klass.EXEMPT):
+        assert time.monotonic() - t0 >= 0.25  # the local hint still applied the backoff

@@ -223,12 +223,12 @@ class Pacer:
         arrived = now if arrived is None else arrived
         deadline = arrived + self.settings.max_wait
         if self.settings.exempt_respect_backoff:
-            view = await self.store.host_view(host)
-            if view.backoff_in > 0:
-                if now + view.backoff_in > deadline:
+            backoff_in = await self._backoff_in(host, now)
+            if backoff_in > 0:
+                if now + backoff_in > deadline:
                     self.events.rejected(host, "max_wait")
-                    raise WaitTooLong(view.backoff_in, f"{host} is backing off for {view.backoff_in:.1f}s")
-                await asyncio.sleep(view.backoff_in)
+                    raise WaitTooLong(backoff_in, f"{host} is backing off for {backoff_in:.1f}s")
+                await asyncio.sleep(backoff_in)
         if self.places.in_flight(host) >= self.settings.exempt_max_in_flight:
             self._refuse_if_full(host)
         try:
@@ -242,6 +242,14 @@ class Pacer:
             yield self._waited(host, Klass.EXEMPT, arrived)
         finally:
             self.places.release(host)
+
+    async def _backoff_in(self, host: str, now: float) -> float:
+        """The host's backoff left, from the store; from the local hint when the store cannot answer."""
+        try:
+            return (await self.store.host_view(host)).backoff_in
+        except Exception as e:  # noqa: BLE001 - a store fault must not turn an exempt read into a 500
+            self._errors.error("reading a host's backoff", e)
+            return max(0.0, self.state.ready_at(host) - now)
 
     # -- the facade ---------------------------------------------------------------------------------
 
