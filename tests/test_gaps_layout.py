@@ -74,7 +74,10 @@ def test_index_host_defaults_to_one_request_a_second(
     times = sorted(a["t"] for a in upstream.log() if a["host"] == "index.commoncrawl.org")
     assert len(times) == 4
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert min(gaps) >= 0.99, f"index.commoncrawl.org arrivals {gaps} are closer than its 1 s interval"
+    # Grants are exactly 1 s apart; arrivals carry the upstream leg's jitter (a new TLS connection for one
+    # of them), so allow 50 ms per gap and hold the span of the four to three intervals.
+    assert min(gaps) >= 0.95, f"index.commoncrawl.org arrivals {gaps} are closer than its 1 s interval"
+    assert times[-1] - times[0] >= 2.95, f"four index lookups within {times[-1] - times[0]:.2f}s"
 
 
 def test_json_logs_are_json_from_the_first_line(tmp_path: Path) -> None:
