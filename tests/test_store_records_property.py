@@ -1,16 +1,21 @@
 """Property tests for the store records (untrusted input: ccrawl, a crash, a disk, a stray HSET).
 
 Each property states what it checks; none may raise or yield a non-finite time, and every time a store
-derives from a record lies within the sanity bound of ``policy/slots.py``.
+derives from a record lies within the sanity bound of ``policy/slots.py``. Below the properties, the same
+records in a real file store: corrupt files, records from the future, raw host names, odd numbers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
+import os
+import struct
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,13 +27,17 @@ from politeproxy.policy.slots import (
     MAX_THROTTLES,
     Bounds,
     HostState,
+    Outcome,
     sane_global,
     sane_host,
 )
+from politeproxy.stores.base import Store
 from politeproxy.stores.file import GLOBAL, HOST, FileStore, decode_global, decode_host, host_file_name
+from politeproxy.stores.memory import MemoryStore
 
 NOW = 1_700_000_000.0
 H = "data.commoncrawl.org"
+NOJITTER = BackoffPolicy(base=1.0, cap=300.0, jitter=0.0)
 any_float = st.floats(allow_nan=True, allow_infinity=True)
 gaps = st.floats(min_value=0.0, max_value=3600.0)
 # any length, and the two record sizes, with all-0xFF (ccrawl's count or a throttle count at its maximum)
@@ -138,3 +147,105 @@ async def _one_file_op(d: Path, glob: bytes, host: bytes, gap: float, interval: 
             assert g[0] <= NOW + b.schedule() + gap
     finally:
         await store.close()
+
+
+# -- corrupt records in a real file store (items 3 and 12) --------------------------------------------------
+
+T0 = NOW
+NS = 1_000_000_000
+
+
+class Clock:
+    def __init__(self, t: float = T0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def read_lock(data_dir: Path) -> tuple[int, int]:
+    data = (data_dir / "ratelimit.lock").read_bytes()
+    assert len(data) == 16
+    return struct.unpack(">QQ", data)
+
+
+async def test_corrupt_lock_file_is_treated_as_now_and_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """16 bytes of 0xFF (item 3): the claim does not raise (struct.error on count + 1 before), the slot is
+    now, the record is written back sane, and one warning says so however many claims read it."""
+    caplog.set_level(logging.DEBUG, logger="politeproxy.store")
+    clock = Clock()
+    s = FileStore(tmp_path, clock)
+    for _ in range(3):
+        clock.t += 1.0
+        (tmp_path / "ratelimit.lock").write_bytes(b"\xff" * 16)
+        (tmp_path / "hosts" / H).write_bytes(b"\xff" * 40)
+        c = await s.claim(H, 0.2, 0.0, None)
+        assert c.granted and c.wait == pytest.approx(0.2)  # now + one gap
+        nxt, _count = read_lock(tmp_path)
+        assert nxt == pytest.approx(int((clock.t + 0.4) * NS), abs=1000)
+        view = await s.host_view(H)
+        assert view.backoff_in == 0.0 and view.ready_in == 0.0 and view.crawl_delay == 0.0
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2  # one for the global record, one for host records
+    await s.close()
+
+
+async def test_a_record_corrupted_under_a_running_store_never_repeats_a_slot(tmp_path: Path) -> None:
+    """The fault suite rewrote ratelimit.lock with 0xFF mid-run: "treated as now" forgot the slots this
+    store had just handed out and granted one on top of them. Now an insane record counts as now + one
+    gap, or the next this store wrote last when that is later."""
+    clock = Clock()
+    s = FileStore(tmp_path, clock)
+    assert (await s.claim(H, 0.2, 0.0, None)).wait == 0.0
+    assert (await s.claim(H, 0.2, 0.0, None)).wait == pytest.approx(0.2)  # pending, like a second proxy's
+    (tmp_path / "ratelimit.lock").write_bytes(b"\xff" * 16)
+    assert (await s.claim(H, 0.2, 0.0, None)).wait == pytest.approx(0.4)
+    await s.close()
+
+
+async def test_host_record_from_the_future_is_treated_as_now(tmp_path: Path) -> None:
+    """A host record 2 h ahead (a clock step back, item 12) holds a 1 s-interval host for 1 s, not 2 h;
+    a backoff further ahead than the cap is dropped, one within it is kept."""
+    clock = Clock()
+    s = FileStore(tmp_path, clock, max_backoff=300.0)
+    far = struct.pack(">QQQQQ", int((T0 + 7200) * NS), int((T0 + 7200) * NS), 0, 0, 0)
+    (tmp_path / "hosts" / H).write_bytes(far)
+    c = await s.claim(H, 0.1, 1.0, None)
+    assert c.granted and c.wait == 0.0
+    assert 0.9 < (await s.host_view(H)).ready_in <= 1.0
+    await s.throttled(H, 200.0, BackoffPolicy(cap=300.0))
+    assert (await s.claim(H, 0.1, 1.0, None)).wait == pytest.approx(200.0)
+    await s.close()
+
+
+async def test_raw_host_names_never_become_paths(tmp_path: Path) -> None:
+    """A name that is not RFC 1123 labels is stored under a hashed name inside hosts/, never joined into a
+    path (item 9): nothing is written outside the data dir, and the name is still paced."""
+    d = tmp_path / "data"
+    s = FileStore(d)
+    for bad in ("../../escape.commoncrawl.org", "/tmp/abs.commoncrawl.org", "a\x00b.org", "..", "x/../../y"):
+        assert (await s.claim(bad, 0.0, 5.0, None)).granted
+        assert (await s.claim(bad, 0.0, 5.0, None)).outcome is Outcome.HOST_NOT_READY
+    assert sorted(os.listdir(tmp_path)) == ["data"]
+    assert all(n.startswith("_") for n in os.listdir(d / "hosts"))
+    assert "abs.commoncrawl.org" not in os.listdir("/tmp")
+    await s.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+async def test_odd_numbers_never_raise(kind: str, tmp_path: Path) -> None:
+    """An "inf", NaN or huge gap, interval, max_wait or Retry-After never makes a store raise
+    (OverflowError before), and never switches pacing off: NaN and inf count as the longest gap."""
+    s: Store = MemoryStore() if kind == "memory" else FileStore(tmp_path)
+    for bad in (float("inf"), float("nan"), 1e400, 1e300, -1.0):
+        await s.claim(H + ".x", bad, 0.0, None)
+        await s.claim(H, 0.1, bad, bad)
+        await s.throttled(H, bad, NOJITTER)
+        await s.set_crawl_delay(H, bad, bad)
+        view = await s.host_view(H)
+        assert all(v == v and v != float("inf") for v in (view.ready_in, view.backoff_in, view.crawl_delay))
+    assert (await s.claim("index.commoncrawl.org", float("nan"), 0.0, None)).granted
+    assert not (await s.claim("commoncrawl.org", float("nan"), 0.0, 5.0)).granted  # a NaN gap is a long gap
+    await s.close()
