@@ -83,3 +83,13 @@ def test_read_only_data_dir_that_holds_a_ca(tmp_path: Path) -> None:
     subprocess.run(made, cwd=ROOT, check=True, capture_output=True)
     assert (data_dir / "ca.pem").exists()
     assert_refused(*run(read_only(data_dir, proxy_argv(data_dir))), data_dir)
+
+
+def test_read_only_data_dir_with_the_redis_backend(tmp_path: Path) -> None:
+    """With Redis the data dir holds the fallback store: without it an outage would have nowhere to pace."""
+    data_dir = tmp_path / "ro-redis"
+    data_dir.mkdir()
+    cfg = tmp_path / "redis.toml"
+    cfg.write_text('[schedule]\nbackend = "redis"\nredis_url = "redis://127.0.0.1:1/0"\n')
+    argv = [*proxy_argv(data_dir), "--config", str(cfg)]
+    assert_refused(*run(read_only(data_dir, argv)), data_dir)
