@@ -132,6 +132,12 @@ class Dispatcher:
             # cached loop time); a grant must never precede its slot.
             while (rest := slot - self.monotonic()) > 0:
                 await asyncio.sleep(max(rest, 0.001))
+            if await self._throttled_meanwhile(host):
+                # A throttle came in while the slot was reserved (answered here or to another proxy on
+                # the store): the slot goes unused, a gap, and the request waits out the backoff.
+                if not head.ticket.done():
+                    self.state.push_front(head)
+                return
         if head.ticket.done():
             # The client left while its slot came up: give the slot to the next in this host's line.
             head = self.state.pop_live(host) or head
@@ -139,6 +145,21 @@ class Dispatcher:
         self.events.granted(host, max(0.0, self.monotonic() - slot))
         if not head.ticket.done():
             head.ticket.set_result(slot)
+
+    async def _throttled_meanwhile(self, host: str) -> bool:
+        """Did a backoff for ``host`` start while its slot was reserved? Checks the local hint, then the
+        store (one read per slot that had to be waited for; a store that cannot answer changes nothing)."""
+        now = self.monotonic()
+        if self.state.ready_at(host) > now:
+            return True
+        try:
+            view = await self.store.host_view(host)
+        except StoreError:
+            return False
+        if view.backoff_in > 0:
+            self.state.hold(host, now + view.backoff_in, now)
+            return True
+        return False
 
     def _too_late(self, host: str, head: Waiter[asyncio.Future[float]], c: Claim, now: float) -> None:
         """The head cannot go before its deadline: refuse it now, with the store's estimate."""

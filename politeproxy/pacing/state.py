@@ -69,6 +69,13 @@ class QueueState(Generic[T]):
         self._shrunk(w.host, q)
         return True
 
+    def push_front(self, w: Waiter[T]) -> None:
+        """Put ``w`` back at the head of its line (its reserved slot was not used)."""
+        q = self.queues.setdefault(w.host, deque())
+        q.appendleft(w)
+        self.total += 1
+        self.on_depth(w.host, len(q))
+
     def head(self, host: str) -> Waiter[T] | None:
         q = self.queues.get(host)
         return q[0] if q else None
