@@ -352,7 +352,7 @@ class Proxy:
             host,
             port,
             leftover,
-            context_for=self.ca.context_for,
+            context_for=self.ca.context,
             handshake_timeout=self.timeouts.handshake,
             attach=attach,
         )
