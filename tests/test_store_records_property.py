@@ -249,3 +249,15 @@ async def test_odd_numbers_never_raise(kind: str, tmp_path: Path) -> None:
     assert (await s.claim("index.commoncrawl.org", float("nan"), 0.0, None)).granted
     assert not (await s.claim("commoncrawl.org", float("nan"), 0.0, 5.0)).granted  # a NaN gap is a long gap
     await s.close()
+
+
+async def test_a_name_that_is_only_looked_at_leaves_no_file(tmp_path: Path) -> None:
+    """A view, a success or a refused claim of a new name creates nothing in hosts/ and holds no fd: only
+    a record with something in it is written (before, every name looked at cost a file and an fd)."""
+    s = FileStore(tmp_path)
+    await s.claim(H, 10.0, 0.0, None)  # the schedule is now 10 s ahead
+    await s.host_view("a.data.commoncrawl.org")
+    await s.succeeded("b.data.commoncrawl.org")
+    assert not (await s.claim("c.data.commoncrawl.org", 10.0, 1.0, 1.0)).granted  # too late: refused
+    assert os.listdir(tmp_path / "hosts") == [] and not s.host_fds
+    await s.close()

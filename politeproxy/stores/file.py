@@ -221,20 +221,30 @@ class FileStore(Store):
     def _write_global(self, nxt: float, count: int) -> None:
         os.pwrite(self.fd, GLOBAL.pack(_ns(nxt), count & U64), 0)
 
-    def _host_fd(self, host: str) -> int:
+    def _host_fd(self, host: str, create: bool) -> int | None:
+        """The open record of a host; None when it has none yet and ``create`` is false (a view or a
+        refused claim of a new name leaves no file behind)."""
         name = host_file_name(host)
         fd = self.host_fds.get(name)
         if fd is not None:
             self.host_fds.move_to_end(name)
             return fd
+        try:
+            fd = os.open(self.host_dir / name, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
         while len(self.host_fds) >= MAX_HOST_FDS:
             os.close(self.host_fds.popitem(last=False)[1])
-        fd = os.open(self.host_dir / name, os.O_RDWR | os.O_CREAT, 0o644)
         self.host_fds[name] = fd
         return fd
 
     def _read_host(self, host: str) -> HostState:
-        data = os.pread(self._host_fd(host), HOST.size, 0)
+        fd = self._host_fd(host, create=False)
+        if fd is None:
+            return HostState()
+        data = os.pread(fd, HOST.size, 0)
         st = decode_host(data)
         if st is None:
             if data:
@@ -249,7 +259,9 @@ class FileStore(Store):
 
     def _write_host(self, host: str, st: HostState) -> None:
         # One pwrite of 40 bytes: a kill -9 leaves the old or the new record, never half of each.
-        os.pwrite(self._host_fd(host), encode_host(st), 0)
+        fd = self._host_fd(host, create=True)
+        assert fd is not None
+        os.pwrite(fd, encode_host(st), 0)
 
     # -- Store ------------------------------------------------------------------------------------
 
