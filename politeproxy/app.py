@@ -83,10 +83,12 @@ def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
     backend = sched["backend"]
     clock = wall_clock()
     mult = float(sched["expected_proxies"])
+    # A record further ahead than the longest legitimate backoff is treated as now (issue 9 item 12).
+    cap = cfg["pacing"]["backoff_cap"]
     if backend == "memory":
-        return MemoryStore(clock)
+        return MemoryStore(max_backoff=cap)  # monotonic: no other process reads its records
     try:
-        local: Store = FileStore(cfg.data_dir, clock)
+        local: Store = FileStore(cfg.data_dir, clock, max_backoff=cap)
     except StoreError as e:
         # Never a silent fall back to memory: that paces this process alone and fails open on the
         # budget shared with other proxies and ccrawl. (A lock that cannot be taken, NFS, is the store's.)
@@ -95,10 +97,12 @@ def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
             'permissions, or set schedule.backend = "memory" to pace this process alone'
         ) from None
     if backend == "file":
-        return FailoverStore(local, MemoryStore(clock), mult, on_change=on_change)
+        return FailoverStore(local, MemoryStore(max_backoff=cap), mult, on_change=on_change)
     from politeproxy.stores.redis_store import RedisStore
 
-    primary = RedisStore(sched["redis_url"], prefix=sched["redis_prefix"], key_ttl=sched["redis_key_ttl"])
+    primary = RedisStore(
+        sched["redis_url"], prefix=sched["redis_prefix"], key_ttl=sched["redis_key_ttl"], max_backoff=cap
+    )
     return FailoverStore(primary, local, mult, on_change=on_change)
 
 
