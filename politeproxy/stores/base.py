@@ -1,7 +1,8 @@
 """The one small interface every store implements.
 
-Times cross this interface only as relative seconds, so each store may use its own clock (the local wall
-clock for memory and file, the server's ``TIME`` for Redis) without the callers caring.
+Times cross this interface only as relative seconds, so each store may use its own clock (the monotonic
+clock for memory, the local wall clock for file, the server's ``TIME`` for Redis) without the callers
+caring. ``Claim.at`` is informational only.
 """
 
 from __future__ import annotations
