@@ -32,6 +32,27 @@ class _Pending(asyncio.Protocol):
         self.lost = True
 
 
+async def _leaf_context(
+    transport: asyncio.Transport,
+    client: str,
+    host: str,
+    port: int,
+    context_for: Callable[[str], Awaitable[ssl.SSLContext] | ssl.SSLContext],
+) -> ssl.SSLContext | None:
+    """The server context for ``host``, or None after answering the client why not."""
+    try:
+        got = context_for(host)
+        return await got if inspect.isawaitable(got) else got
+    except ValueError as e:  # the CA refused the name (ca.NameRefused): the client's doing, one line
+        log.info("%s: CONNECT %s:%d refused: %s", client, host, port, e)
+        transport.write(plain_response(403, "Forbidden", "the CA may not sign this name"))
+    except Exception as e:  # noqa: BLE001 - a bad leaf must not take the listener down
+        log.error("%s: no leaf for %s: %s", client, host, e)
+        transport.write(plain_response(502, "Bad Gateway", f"cannot make a certificate for {host}"))
+    transport.close()
+    return None
+
+
 async def upgrade(
     transport: asyncio.Transport,
     client: str,
@@ -55,20 +76,8 @@ async def upgrade(
         transport.write(plain_response(400, "Bad Request", "data sent before CONNECT was answered"))
         transport.close()
         return
-    try:
-        got = context_for(host)
-        ctx = await got if inspect.isawaitable(got) else got
-    except ValueError as e:  # the CA refused the name (ca.NameRefused): the client's doing, one line
-        log.info("%s: CONNECT %s:%d refused: %s", client, host, port, e)
-        transport.write(plain_response(403, "Forbidden", "the CA may not sign this name"))
-        transport.close()
-        return
-    except Exception as e:  # noqa: BLE001 - a bad leaf must not take the listener down
-        log.error("%s: no leaf for %s: %s", client, host, e)
-        transport.write(plain_response(502, "Bad Gateway", f"cannot make a certificate for {host}"))
-        transport.close()
-        return
-    if transport.is_closing():  # the client left while its leaf was made
+    ctx = await _leaf_context(transport, client, host, port, context_for)
+    if ctx is None or transport.is_closing():  # refused, or the client left while its leaf was made
         return
     transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
     pending = _Pending()
