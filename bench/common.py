@@ -142,7 +142,15 @@ class Upstream:
 
 def start_upstream(bench: Bench, certs: Certs, files_dir: Path | None = None) -> Upstream:
     port_file = bench.tmp / f"upstream-port-{time.monotonic_ns()}"
-    cmd = [PY, "-m", "tests.fakeupstream", "--cert", str(certs.server_pem), "--port-file", str(port_file)]
+    cmd = [
+        PY,
+        "-m",
+        "tests.support.fakeupstream",
+        "--cert",
+        str(certs.server_pem),
+        "--port-file",
+        str(port_file),
+    ]
     cmd += ["--plain-port", "0"]
     if files_dir:
         cmd += ["--files-dir", str(files_dir)]

@@ -106,7 +106,7 @@ def start_upstream(certs: Certs, tmp: Path, files_dir: Path | None = None) -> Up
     cmd = [
         PY,
         "-m",
-        "tests.fakeupstream",
+        "tests.support.fakeupstream",
         "--cert",
         str(certs.server_pem),
         "--port-file",
@@ -277,3 +277,14 @@ NO_ROBOTS = "[robots]\nenabled = false\n"
 def proxy(proxy_factory: Callable[..., ProxyProc], upstream: Upstream) -> ProxyProc:
     """One proxy in front of the fake upstream, robots off so arrival logs hold only the test's requests."""
     return proxy_factory(upstream, NO_ROBOTS)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The folder says what a test is: everything under tests/slow/ is ``slow``, everything under
+    tests/faults/ is ``faults`` and ``slow`` (so ``pytest -m "not slow"`` is the quick run)."""
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        if "slow" in parts or "faults" in parts:
+            item.add_marker(pytest.mark.slow)
+        if "faults" in parts:
+            item.add_marker(pytest.mark.faults)

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import NO_ROBOTS, Certs, ProxyProc, Upstream, resolve_table, wait_for
-from tests.measure import budget_report, busiest_window, max_in_window, requests_during, results, run_load
+from tests.support.measure import (
+    budget_report,
+    busiest_window,
+    max_in_window,
+    requests_during,
+    results,
+    run_load,
+)
 
 GAP = 0.1
 RATE = 1 / GAP
@@ -47,7 +54,7 @@ def upstream_toml(up: Upstream, certs: Certs, extra: str) -> str:
 
 @dataclass
 class Load:
-    """Load clients (one process per proxy) that run until ``finish``; see tests.loadclient --until."""
+    """Load clients (one process per proxy) that run until ``finish`` (tests.support.loadclient --until)."""
 
     stop: Path
     procs: list[subprocess.Popen[str]]

@@ -32,7 +32,7 @@ from tests.faults.common import (
     throttled_arrival,
     wait_arrivals,
 )
-from tests.redis_server import RedisServer, running_redis
+from tests.support.redis_server import RedisServer, running_redis
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 

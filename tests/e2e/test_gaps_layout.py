@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import NO_ROBOTS, POLITEPROXY, ROOT, Certs, ProxyProc, Upstream, free_port, wait_for
-from tests.test_proxy_io import connect_tunnel, proc_mem_kib
+from tests.e2e.test_proxy_io import connect_tunnel, proc_mem_kib
 
 
 def test_blind_tunnel_applies_flow_control(

@@ -22,11 +22,7 @@ from politeproxy.policy.slots import HostState, Outcome
 from politeproxy.stores.base import Store
 from politeproxy.stores.memory import MemoryStore
 from politeproxy.stores.redis_store import RedisStore
-
-try:
-    from redis_server import RedisServer, running_redis, server_kinds
-except ImportError:  # pragma: no cover
-    from tests.redis_server import RedisServer, running_redis, server_kinds
+from tests.support.redis_server import RedisServer, running_redis, server_kinds
 
 H = HOST = "data.commoncrawl.org"
 NOW = 1_700_000_000.0

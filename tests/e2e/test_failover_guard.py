@@ -25,11 +25,7 @@ from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
 from politeproxy.stores.memory import MemoryStore
 from politeproxy.stores.redis_store import RedisStore
-
-try:
-    from redis_server import RedisServer, running_redis
-except ImportError:  # pragma: no cover
-    from tests.redis_server import RedisServer, running_redis
+from tests.support.redis_server import RedisServer, running_redis
 
 H = "data.commoncrawl.org"
 GAP, MULT = 0.2, 4.0

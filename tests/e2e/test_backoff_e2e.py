@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
-from tests.test_pacing_accuracy import tunnel_get
+from tests.slow.test_pacing_accuracy import tunnel_get
 
 DATA = "data.commoncrawl.org"
 INDEX = "index.commoncrawl.org"

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import NO_ROBOTS, ROOT, ProxyProc, Upstream
-from tests.test_pacing_accuracy import arrival_stats, read_lock, start_clients, warm_upstream_pool
+from tests.slow.test_pacing_accuracy import arrival_stats, read_lock, start_clients, warm_upstream_pool
 
 GAP = 0.05
 GAP_NS = 50_000_000

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import NO_ROBOTS, ROOT, Certs, ProxyProc, Upstream, start_upstream, wait_for
-from tests.test_pacing_accuracy import arrival_stats, read_lock, start_clients, tunnel_get
+from tests.slow.test_pacing_accuracy import arrival_stats, read_lock, start_clients, tunnel_get
 
 MAX_IN_FLIGHT = 4
 ROWS = 200_000

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def achieved_rate(times: Sequence[float]) -> float:
@@ -44,7 +44,16 @@ def busiest_window(times: Sequence[float], window: float = 1.0) -> tuple[float, 
 
 def run_clients(env: dict[str, str], prefix: str, n: int, concurrency: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.loadclient", "--n", str(n), "--concurrency", str(concurrency), prefix],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.loadclient",
+            "--n",
+            str(n),
+            "--concurrency",
+            str(concurrency),
+            prefix,
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -81,12 +90,12 @@ def run_load(
     n: int = 100_000,
     timeout: float = 40.0,
 ) -> subprocess.Popen[str]:
-    """Paced load until the file ``until`` exists (see tests.loadclient --until); read it with results()."""
+    """Paced load until the file ``until`` exists (loadclient --until); read it with results()."""
     return subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "tests.loadclient",
+            "tests.support.loadclient",
             "--n",
             str(n),
             "--concurrency",

@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 GRAFANA = ROOT / "grafana"
 UNIT = DEPLOY / "politeproxy.service"

@@ -18,8 +18,8 @@ import requests
 from politeproxy import config
 from politeproxy.app import App
 from tests.conftest import Certs, ProxyProc, Upstream, wait_for
-from tests.test_bad_input import no_tracebacks, one_line_reason, read_to_close
-from tests.test_proxy_io import (
+from tests.e2e.test_bad_input import no_tracebacks, one_line_reason, read_to_close
+from tests.e2e.test_proxy_io import (
     ProxyFactory,
     ca_pem,
     connect_tunnel,

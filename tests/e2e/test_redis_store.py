@@ -22,13 +22,9 @@ from politeproxy.stores.base import StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.memory import MemoryStore
 from politeproxy.stores.redis_store import RedisStore
+from tests.support.redis_server import RedisServer, redis_fixture, running_redis, server_kinds
 
-try:  # tests/ is a plain directory today; keep working if it becomes a package
-    from redis_server import RedisServer, redis_fixture, running_redis, server_kinds
-except ImportError:  # pragma: no cover
-    from tests.redis_server import RedisServer, redis_fixture, running_redis, server_kinds
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOST = "data.commoncrawl.org"
 OTHER = "index.commoncrawl.org"
 EPS = 1e-6

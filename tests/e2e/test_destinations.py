@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Certs, ProxyProc, Upstream, free_port, wait_for
-from tests.test_access import non_loopback_ip
-from tests.test_bad_input import no_tracebacks, one_line_reason, raw, read_to_close
-from tests.test_proxy_io import ProxyFactory, metric_value, read_head, start_with, still_serves
+from tests.e2e.test_access import non_loopback_ip
+from tests.e2e.test_bad_input import no_tracebacks, one_line_reason, raw, read_to_close
+from tests.e2e.test_proxy_io import ProxyFactory, metric_value, read_head, start_with, still_serves
 
 
 class Listener:

@@ -1,6 +1,6 @@
 """A local TLS server impersonating Common Crawl's hosts, with an arrival log.
 
-Run as ``python -m tests.fakeupstream --cert server.pem --port-file F [--log FILE]``; it writes its
+Run as ``python -m tests.support.fakeupstream --cert server.pem --port-file F [--log FILE]``; it writes its
 port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once listening. Routes (any host):
   /size/N[?chunked=1]     N bytes of b"x" (Content-Length, or chunked)
   /echo                   JSON: method, path, host, headers, body length and sha256

@@ -1,6 +1,6 @@
 """A load client in its own process: GETs through the proxy from the environment, K at a time.
 
-``python -m tests.loadclient --n 40 --concurrency 10 URL_PREFIX [URL_PREFIX ...]`` GETs prefix + "0".."N-1"
+``python -m tests.support.loadclient --n 40 --concurrency 10 PREFIX [PREFIX ...]`` GETs prefix + "0".."N-1"
 (the prefixes taken in turn) with requests (HTTPS_PROXY and REQUESTS_CA_BUNDLE from the environment) and
 prints one JSON line per request: {"i": i, "url": url, "status": code, "t0": start, "t": completion time,
 "retry_after": header, "bytes": body length}, status 0 for a client-side failure (with "error").

@@ -38,7 +38,7 @@ from politeproxy.proxy import ca as ca_mod
 from politeproxy.proxy import intercept
 from politeproxy.proxy.ca import CAError, CertificateAuthority, NameRefused, constraints_current
 from tests.conftest import ROOT, Certs, Upstream, need_tool
-from tests.test_proxy_io import FAST, ProxyFactory, connect_tunnel, tls_through_proxy, upstream_toml
+from tests.e2e.test_proxy_io import FAST, ProxyFactory, connect_tunnel, tls_through_proxy, upstream_toml
 
 PERMITTED = HostSet().permitted_subtrees()
 CONFIGURED = HostSet().concrete_hosts()

@@ -13,7 +13,7 @@ import requests
 
 from politeproxy.config import ConfigError, load
 from tests.conftest import POLITEPROXY, ROOT, Certs, Upstream, free_port, need_tool, wait_for
-from tests.test_proxy_io import FAST, upstream_toml
+from tests.e2e.test_proxy_io import FAST, upstream_toml
 
 ENV_KEYS = (
     "HTTPS_PROXY",

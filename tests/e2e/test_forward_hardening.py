@@ -18,9 +18,16 @@ from hypothesis import strategies as st
 
 from politeproxy.proxy.upstream import loggable
 from tests.conftest import NO_ROBOTS, Certs, ProxyProc, Upstream, free_port, need_tool, wait_for
-from tests.test_backoff_e2e import arrivals, throttle
-from tests.test_pacing_accuracy import tunnel_get
-from tests.test_proxy_io import bundle, metric_value, read_head, start_with, tls_through_proxy, upstream_toml
+from tests.e2e.test_backoff_e2e import arrivals, throttle
+from tests.e2e.test_proxy_io import (
+    bundle,
+    metric_value,
+    read_head,
+    start_with,
+    tls_through_proxy,
+    upstream_toml,
+)
+from tests.slow.test_pacing_accuracy import tunnel_get
 
 DATA = "data.commoncrawl.org"
 ProxyFactory = Callable[..., ProxyProc]

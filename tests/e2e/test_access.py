@@ -14,7 +14,7 @@ import requests
 
 from politeproxy.policy.access import Access, is_loopback
 from tests.conftest import POLITEPROXY, ROOT, Certs, Upstream, free_port, need_tool
-from tests.test_proxy_io import ProxyFactory, bundle, read_head, start_with
+from tests.e2e.test_proxy_io import ProxyFactory, bundle, read_head, start_with
 
 AUTH = '[auth]\nusers = { alice = "s3cret:with colon" }\n'
 

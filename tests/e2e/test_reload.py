@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
-from tests.test_pacing_accuracy import arrival_stats, run_clients, warm_upstream_pool
+from tests.slow.test_pacing_accuracy import arrival_stats, run_clients, warm_upstream_pool
 
 
 def set_rate(p: ProxyProc, old: str, new: str, keep_mtime: bool = False) -> None:

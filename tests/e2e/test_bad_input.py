@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from tests.conftest import Certs, ProxyProc, Upstream, free_port, wait_for
-from tests.test_proxy_io import (
+from tests.e2e.test_proxy_io import (
     ProxyFactory,
     bundle,
     ca_pem,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
-from tests.measure import achieved_rate, busiest_window, max_in_window, results, run_clients
-from tests.redis_server import RedisServer, running_redis, server_kinds
-from tests.test_pacing_accuracy import start_clients, warm_upstream_pool
+from tests.slow.test_pacing_accuracy import start_clients, warm_upstream_pool
+from tests.support.measure import achieved_rate, busiest_window, max_in_window, results, run_clients
+from tests.support.redis_server import RedisServer, running_redis, server_kinds
 
 GAP = 0.02  # 50 req/s
 
