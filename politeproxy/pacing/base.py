@@ -7,6 +7,7 @@ from typing import Protocol
 
 from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.classify import Klass
+from politeproxy.policy.fairness import PipelineRule
 from politeproxy.policy.hosts import host_matches
 
 INDEX_HOST_INTERVAL = 1.0
@@ -27,6 +28,8 @@ class PacingSettings:
     exempt_max_in_flight: int = 16
     exempt_respect_backoff: bool = True
     max_queue: int = DEFAULT_MAX_QUEUE
+    # [pipelines.NAME] weight / max_queued; a pipeline not listed has weight 1 and no cap of its own
+    pipelines: tuple[PipelineRule, ...] = ()
 
     def interval_for(self, host: str) -> float:
         for pattern, interval in self.host_intervals:

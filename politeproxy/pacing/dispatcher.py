@@ -2,8 +2,9 @@
 
 The dispatcher holds at most one reserved slot at a time: it claims, sleeps until the slot, hands it to the
 request, and claims again. Several proxies sharing a store therefore interleave on one schedule, and a
-request that leaves before its claim spends no slot. The longest-waiting request of a ready host goes next;
-a host in backoff is skipped until it is ready, so it never delays another host.
+request that leaves before its claim spends no slot. Among the lines whose host is ready, the next slot goes
+to the pipeline with the least start-time fair-queuing tag (``policy.fairness``), to its longest-waiting
+head; a host in backoff is skipped until it is ready, so it never delays another host or pipeline.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 
 from politeproxy.pacing.base import PacerEvents, PacingSettings, WaitTooLong
 from politeproxy.pacing.state import QueueState, Waiter
+from politeproxy.policy.classify import Klass
 from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.base import Store, StoreError
 
@@ -62,6 +64,37 @@ class RepeatLog:
             self._seen.clear()
 
 
+class Report:
+    """The pacer's events with the pipeline passed on to sinks that label it (``labels_pipelines = True``,
+    as ``metrics.Metrics``); older sinks get the host-only calls they were written for."""
+
+    def __init__(self, events: PacerEvents) -> None:
+        self.events = events
+        self.pipes = bool(getattr(events, "labels_pipelines", False))
+
+    def granted(self, host: str, lateness: float, pipeline: str) -> None:
+        if self.pipes:
+            self.events.granted(host, lateness, pipeline=pipeline)  # type: ignore[call-arg]
+        else:
+            self.events.granted(host, lateness)
+
+    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None:
+        if self.pipes:
+            self.events.waited(host, klass, seconds, pipeline=pipeline)  # type: ignore[call-arg]
+        else:
+            self.events.waited(host, klass, seconds)
+
+    def rejected(self, host: str, reason: str, pipeline: str) -> None:
+        if self.pipes:
+            self.events.rejected(host, reason, pipeline=pipeline)  # type: ignore[call-arg]
+        else:
+            self.events.rejected(host, reason)
+
+    def line_changed(self, host: str, pipeline: str, depth: int) -> None:
+        if self.pipes:
+            self.events.line_changed(host, pipeline, depth)  # type: ignore[attr-defined]
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -75,6 +108,7 @@ class Dispatcher:
         self.store = store
         self.settings = settings
         self.events = events
+        self.report = Report(events)
         self.monotonic = monotonic
         self.wake = asyncio.Event()
         self.grants = 0
@@ -102,8 +136,8 @@ class Dispatcher:
         if now - self._pruned >= PRUNE_EVERY:
             self._pruned = now
             self.state.prune(now)
-        host, soonest = self.state.next_ready(now)
-        if host is None:
+        head, soonest = self.state.next_line(now)
+        if head is None:
             self.wake.clear()
             timeout = None if soonest is None else max(0.0, soonest - now)
             try:
@@ -112,8 +146,7 @@ class Dispatcher:
             except TimeoutError:
                 pass
             return
-        head = self.state.head(host)
-        assert head is not None  # next_ready only names hosts with a live head
+        host = head.host
         s = self.settings()
         c = await self.store.claim(host, s.gap, s.interval_for(host), max(0.0, head.deadline - now))
         now = self.monotonic()
@@ -139,10 +172,12 @@ class Dispatcher:
                     self.state.push_front(head)
                 return
         if head.ticket.done():
-            # The client left while its slot came up: give the slot to the next in this host's line.
-            head = self.state.pop_live(host) or head
+            # The client left while its slot came up: the slot goes to the next of this host's line in the
+            # same pipeline, else to the oldest other line of the host.
+            head = self.state.pop_live(host, head.pipeline) or head
+        self.state.charge(head.pipeline)
         self.grants += 1
-        self.events.granted(host, max(0.0, self.monotonic() - slot))
+        self.report.granted(host, max(0.0, self.monotonic() - slot), head.pipeline)
         if not head.ticket.done():
             head.ticket.set_result(slot)
 
@@ -165,7 +200,7 @@ class Dispatcher:
         """The head cannot go before its deadline: refuse it now, with the store's estimate."""
         self.state.remove(head)
         if not head.ticket.done():
-            self.events.rejected(host, "max_wait")
+            self.report.rejected(host, "max_wait", head.pipeline)
             head.ticket.set_exception(
                 WaitTooLong(c.wait, f"{host} is paced and this request would wait {c.wait:.1f}s")
             )
@@ -174,6 +209,6 @@ class Dispatcher:
 
     def refuse_all(self, why: str) -> None:
         """Shutdown: every waiter gets a refusal instead of hanging."""
-        for host in list(self.state.queues):
+        for host in list(self.state.by_host):
             while (w := self.state.pop_live(host)) is not None:
                 w.ticket.set_exception(WaitTooLong(1.0, why))

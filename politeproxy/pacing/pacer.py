@@ -26,6 +26,7 @@ from politeproxy.pacing.exempt import ExemptPlaces
 from politeproxy.pacing.state import HINT_CAP, QueueState, Waiter
 from politeproxy.policy.backoff import Delay, parse_retry_after, throttle_delay
 from politeproxy.policy.classify import Klass
+from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineNames, PipelineRule
 from politeproxy.policy.slots import Outcome
 from politeproxy.stores.base import HostView, Store, StoreError
 
@@ -48,13 +49,16 @@ FEEDBACK_CLOSE_TIMEOUT = 5.0  # close() waits this long for feedback still being
 class Permit:
     """One request's turn, from ``Pacer.permit``: how long it was held, and where its answer goes."""
 
-    __slots__ = ("_pacer", "host", "klass", "waited")
+    __slots__ = ("_pacer", "host", "klass", "pipeline", "waited")
 
-    def __init__(self, pacer: Pacer, host: str, klass: Klass, waited: float) -> None:
+    def __init__(
+        self, pacer: Pacer, host: str, klass: Klass, waited: float, pipeline: str = DEFAULT_PIPELINE
+    ) -> None:
         self._pacer = pacer
         self.host = host
         self.klass = klass
         self.waited = waited
+        self.pipeline = pipeline  # the name it counted as (bounded: configured, first 50 seen, "other")
 
     async def answered(self, status: int | None, retry_after: str | None) -> Delay | None:
         """Feed the upstream's answer back (``status`` None: the connection failed or timed out).
@@ -86,9 +90,18 @@ class Pacer:
         self.settings = settings or PacingSettings()
         self.events: PacerEvents = events or NoEvents()
         self.monotonic = monotonic
-        self.state: QueueState[asyncio.Future[float]] = QueueState(self.events.queue_changed)
-        self.places = ExemptPlaces(lambda: self.settings.exempt_max_in_flight, self.events.exempt_changed)
-        self.dispatcher = Dispatcher(self.state, store, lambda: self.settings, self.events, monotonic)
+        self.dispatcher = Dispatcher(QueueState(), store, lambda: self.settings, self.events, monotonic)
+        self.report = self.dispatcher.report
+        self.state: QueueState[asyncio.Future[float]] = self.dispatcher.state
+        self.state.on_depth = self.events.queue_changed
+        self.state.on_line = self.report.line_changed
+        self.places = ExemptPlaces(
+            lambda: self.settings.exempt_max_in_flight, self.events.exempt_changed, lambda: self._weights
+        )
+        self.pipelines = PipelineNames()
+        self._rules: dict[str, PipelineRule] = {}
+        self._weights: dict[str, float] = {}
+        self._configure_pipelines(self.settings.pipelines)
         # When each host's throttle count in the store was last reset (or found clean) by a success here;
         # a host missing is checked on its next success, so dropping an entry only costs a store write.
         self._checked: dict[str, float] = {}
@@ -125,8 +138,21 @@ class Pacer:
 
     def update(self, settings: PacingSettings) -> None:
         self.settings = settings
+        self._configure_pipelines(settings.pipelines)
         self.dispatcher.wake.set()
         self.places.resize()
+
+    def _configure_pipelines(self, rules: tuple[PipelineRule, ...]) -> None:
+        """The configured pipelines keep their names whatever else comes; their weights feed the fair
+        queue (paced slots) and the exempt places alike."""
+        self._rules = {r.name: r for r in rules}
+        self._weights = {r.name: r.weight for r in rules}
+        self.pipelines.configure(self._rules)
+        self.state.tags.weights = self._weights
+
+    def pipeline(self, name: str | None) -> str:
+        """The pipeline a requested name counts as (bounded; ``None`` is the default pipeline)."""
+        return self.pipelines(name or DEFAULT_PIPELINE)
 
     def depth(self, host: str | None = None) -> int:
         return self.state.depth(host)
@@ -141,8 +167,8 @@ class Pacer:
 
     # Read-only views of the internals, kept for callers written against the old attributes.
     @property
-    def queues(self) -> dict[str, object]:
-        return dict(self.state.queues)
+    def queues(self) -> dict[str, int]:
+        return dict(self.state.by_host)
 
     @property
     def host_ready(self) -> dict[str, float]:
@@ -159,42 +185,53 @@ class Pacer:
 
     # -- paced --------------------------------------------------------------------------------------
 
-    def _refuse_if_full(self, host: str) -> None:
-        """Bound every line: beyond ``max_queue`` waiters in this proxy, refuse at once."""
+    def _refuse_if_full(self, host: str, pipeline: str = DEFAULT_PIPELINE) -> None:
+        """Bound every line: beyond ``max_queue`` waiters in this proxy, or beyond the pipeline's own
+        ``max_queued``, refuse at once (the caller answers 503 with a Retry-After)."""
         if self.state.total + self.places.waiting >= self.settings.max_queue:
-            self.events.rejected(host, "queue_full")
+            self.report.rejected(host, "queue_full", pipeline)
             raise WaitTooLong(1.0, f"{self.settings.max_queue} requests are waiting already", "queue_full")
+        rule = self._rules.get(pipeline)
+        if rule is not None and rule.max_queued is not None:
+            mine = self.state.pipeline_depth(pipeline) + self.places.waiting_by_pipeline.get(pipeline, 0)
+            if mine >= rule.max_queued:
+                self.report.rejected(host, "max_queued", pipeline)
+                wait = max(1.0, mine * self.settings.gap)
+                raise WaitTooLong(wait, f"pipeline {pipeline} has {mine} requests waiting", "max_queued")
 
-    async def wait_paced(self, host: str, arrived: float | None = None) -> float:
-        """Wait for a slot for ``host``; return seconds waited. Raises WaitTooLong."""
+    async def wait_paced(
+        self, host: str, arrived: float | None = None, pipeline: str = DEFAULT_PIPELINE
+    ) -> float:
+        """Wait for a slot for ``host`` in ``pipeline``'s fair share; return seconds waited. Raises
+        WaitTooLong."""
         self.start()
         s = self.settings
         now = self.monotonic()
         arrived = now if arrived is None else arrived
         deadline = arrived + s.max_wait
-        est = self.state.estimate(host, now, s.gap, s.interval_for(host))
+        est = self.state.estimate(host, now, s.gap, s.interval_for(host), pipeline)
         if now + est > deadline:
-            self.events.rejected(host, "max_wait")
+            self.report.rejected(host, "max_wait", pipeline)
             raise WaitTooLong(est, f"{host} is paced and this request would wait {est:.1f}s")
         if s.gap <= 0 and not self.state.depth(host) and self.state.ready_at(host) <= now:
-            if await self._claim_here(host, now, deadline):
-                return self._waited(host, Klass.PACED, arrived)
-        self._refuse_if_full(host)
-        w = Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future())
+            if await self._claim_here(host, now, deadline, pipeline):
+                return self._waited(host, Klass.PACED, arrived, pipeline)
+        self._refuse_if_full(host, pipeline)
+        w = Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future(), pipeline)
         self.state.add(w)
         self.dispatcher.wake.set()
         try:
             async with asyncio.timeout(max(0.0, deadline - now) + 0.05):
                 await w.ticket
         except TimeoutError:
-            wait = self.state.estimate(host, self.monotonic(), s.gap, s.interval_for(host))
-            self.events.rejected(host, "max_wait")
+            wait = self.state.estimate(host, self.monotonic(), s.gap, s.interval_for(host), pipeline)
+            self.report.rejected(host, "max_wait", pipeline)
             raise WaitTooLong(max(wait, 1.0), f"{host} is paced and the wait exceeded max_wait") from None
         finally:
             self.state.remove(w)
-        return self._waited(host, Klass.PACED, arrived)
+        return self._waited(host, Klass.PACED, arrived, pipeline)
 
-    async def _claim_here(self, host: str, now: float, deadline: float) -> bool:
+    async def _claim_here(self, host: str, now: float, deadline: float, pipeline: str) -> bool:
         """Global pacing off and nobody ahead for this host: claim in this task, skipping the hand-off to
         the dispatcher. The store still answers, so a host's interval and backoff still hold."""
         try:
@@ -203,22 +240,26 @@ class Pacer:
             return False
         if c.granted and c.wait <= 0:
             self.dispatcher.grants += 1
-            self.events.granted(host, 0.0)
+            self.state.charge(pipeline)
+            self.report.granted(host, 0.0, pipeline)
             return True
         if c.outcome is Outcome.HOST_NOT_READY:
             self.state.set_ready(host, now + c.wait, now)
         return False
 
-    def _waited(self, host: str, klass: Klass, arrived: float) -> float:
+    def _waited(self, host: str, klass: Klass, arrived: float, pipeline: str) -> float:
         waited = self.monotonic() - arrived
-        self.events.waited(host, klass, waited)
+        self.report.waited(host, klass, waited, pipeline)
         return waited
 
     # -- exempt -------------------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def exempt(self, host: str, arrived: float | None = None) -> AsyncIterator[float]:
-        """Hold one of the host's exempt places for the whole exchange; yields seconds waited."""
+    async def exempt(
+        self, host: str, arrived: float | None = None, pipeline: str = DEFAULT_PIPELINE
+    ) -> AsyncIterator[float]:
+        """Hold one of the host's exempt places for the whole exchange (shared fairly between pipelines);
+        yields seconds waited."""
         now = self.monotonic()
         arrived = now if arrived is None else arrived
         deadline = arrived + self.settings.max_wait
@@ -226,22 +267,22 @@ class Pacer:
             backoff_in = await self._backoff_in(host, now)
             if backoff_in > 0:
                 if now + backoff_in > deadline:
-                    self.events.rejected(host, "max_wait")
+                    self.report.rejected(host, "max_wait", pipeline)
                     raise WaitTooLong(backoff_in, f"{host} is backing off for {backoff_in:.1f}s")
                 await asyncio.sleep(backoff_in)
         if self.places.in_flight(host) >= self.settings.exempt_max_in_flight:
-            self._refuse_if_full(host)
+            self._refuse_if_full(host, pipeline)
         try:
             async with asyncio.timeout(max(0.0, deadline - self.monotonic())):
-                await self.places.acquire(host)
+                await self.places.acquire(host, pipeline)
         except TimeoutError:
-            self.events.rejected(host, "max_wait")
+            self.report.rejected(host, "max_wait", pipeline)
             n = self.places.in_flight(host)
             raise WaitTooLong(1.0, f"{host} has {n} exempt reads in flight") from None
         try:
-            yield self._waited(host, Klass.EXEMPT, arrived)
+            yield self._waited(host, Klass.EXEMPT, arrived, pipeline)
         finally:
-            self.places.release(host)
+            self.places.release(host, pipeline)
 
     async def _backoff_in(self, host: str, now: float) -> float:
         """The host's backoff left, from the store; from the local hint when the store cannot answer."""
@@ -254,14 +295,20 @@ class Pacer:
     # -- the facade ---------------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def permit(self, host: str, klass: Klass, arrived: float | None = None) -> AsyncIterator[Permit]:
-        """Hold the request until it may go (a slot, or an exempt place); raises WaitTooLong."""
+    async def permit(
+        self, host: str, klass: Klass, arrived: float | None = None, pipeline: str | None = None
+    ) -> AsyncIterator[Permit]:
+        """Hold the request until it may go (a slot, or an exempt place); raises WaitTooLong.
+
+        ``pipeline`` names who asks (the proxy user name, else the client address); it is mapped to a
+        bounded name (``Pacer.pipeline``), and slots and exempt places are shared fairly between them."""
+        name = self.pipeline(pipeline)
         if klass is Klass.EXEMPT:
-            async with self.exempt(host, arrived) as waited:
-                yield Permit(self, host, klass, waited)
+            async with self.exempt(host, arrived, name) as waited:
+                yield Permit(self, host, klass, waited, name)
         else:
-            waited = await self.wait_paced(host, arrived)
-            yield Permit(self, host, klass, waited)
+            waited = await self.wait_paced(host, arrived, name)
+            yield Permit(self, host, klass, waited, name)
 
     async def feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None:
         """Record an answer in a task of our own, shielded from the caller's cancellation."""

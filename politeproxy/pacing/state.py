@@ -1,4 +1,5 @@
-"""The pacer's queue state, pure: per-host FIFO lines, the next ready host, the max_wait estimate.
+"""The pacer's queue state, pure: per (pipeline, host) FIFO lines, the fair choice of the next line, the
+max_wait estimate.
 
 No clock reads and no awaits: every time comes in as ``now`` (local monotonic seconds), so this is tested
 with a fake clock. A waiter's ``ticket`` is anything with ``done()`` (the pacer uses an asyncio future).
@@ -15,6 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
+
+from politeproxy.policy.fairness import DEFAULT_PIPELINE, FairTags
 
 HINT_CAP = 256  # hosts with a local ready hint at most
 # A passed hint stays a few seconds, so the backoff gauge's refresh sees the host once more at zero.
@@ -34,86 +37,131 @@ class Waiter(Generic[T]):
     arrived: float
     deadline: float
     ticket: T
+    pipeline: str = DEFAULT_PIPELINE
+
+
+Line = tuple[str, str]  # (pipeline, host): one FIFO line
 
 
 class QueueState(Generic[T]):
-    def __init__(self, on_depth: Callable[[str, int], None] = lambda _h, _d: None) -> None:
-        self.queues: dict[str, deque[Waiter[T]]] = {}
+    """Per (pipeline, host) FIFO lines; the next slot goes by start-time fair queuing between pipelines
+    (``policy.fairness.FairTags``) among the lines whose host could go now."""
+
+    def __init__(
+        self,
+        on_depth: Callable[[str, int], None] = lambda _h, _d: None,
+        on_line: Callable[[str, str, int], None] = lambda _h, _p, _d: None,
+    ) -> None:
+        self.queues: dict[Line, deque[Waiter[T]]] = {}
         self.ready: dict[str, float] = {}  # host -> local monotonic time it may be claimed again
         self.total = 0  # waiters in every line
+        self.by_host: dict[str, int] = {}  # waiters per host, across pipelines
+        self.by_pipeline: dict[str, int] = {}  # waiters per pipeline, across hosts
+        self.tags = FairTags()
         self.on_depth = on_depth
+        self.on_line = on_line
 
     # -- lines ----------------------------------------------------------------------------------------
 
     def depth(self, host: str | None = None) -> int:
         if host is not None:
-            return len(self.queues.get(host, ()))
+            return self.by_host.get(host, 0)
         return self.total
 
+    def pipeline_depth(self, pipeline: str) -> int:
+        return self.by_pipeline.get(pipeline, 0)
+
     def add(self, w: Waiter[T]) -> int:
-        q = self.queues.setdefault(w.host, deque())
+        q = self.queues.setdefault((w.pipeline, w.host), deque())
         q.append(w)
-        self.total += 1
-        self.on_depth(w.host, len(q))
+        self._count(w, 1, len(q))
         return len(q)
 
     def remove(self, w: Waiter[T]) -> bool:
         """Take ``w`` out of its line wherever it stands; False when it was not there."""
-        q = self.queues.get(w.host)
+        key = (w.pipeline, w.host)
+        q = self.queues.get(key)
         if q is None:
             return False
         try:
             q.remove(w)
         except ValueError:
             return False
-        self._shrunk(w.host, q)
+        self._shrunk(key, w, q)
         return True
 
     def push_front(self, w: Waiter[T]) -> None:
         """Put ``w`` back at the head of its line (its reserved slot was not used)."""
-        q = self.queues.setdefault(w.host, deque())
+        q = self.queues.setdefault((w.pipeline, w.host), deque())
         q.appendleft(w)
-        self.total += 1
-        self.on_depth(w.host, len(q))
+        self._count(w, 1, len(q))
 
     def head(self, host: str) -> Waiter[T] | None:
-        q = self.queues.get(host)
-        return q[0] if q else None
+        """The oldest head among the lines of ``host`` (any pipeline)."""
+        heads = [q[0] for (_p, h), q in self.queues.items() if h == host and q]
+        return min(heads, key=lambda w: w.arrived) if heads else None
 
-    def pop_live(self, host: str) -> Waiter[T] | None:
-        """Pop the first waiter of ``host`` still waiting (those gone are dropped on the way)."""
-        q = self.queues.get(host)
-        while q:
-            w = q.popleft()
-            self._shrunk(host, q)
-            if not w.ticket.done():
-                return w
+    def pop_live(self, host: str, pipeline: str | None = None) -> Waiter[T] | None:
+        """Pop the first waiter of ``host`` still waiting, from ``pipeline``'s line first when given, then
+        from the oldest other line of the host (those gone are dropped on the way)."""
+        keys = [(pipeline, host)] if pipeline is not None else []
+        keys += sorted((k for k in self.queues if k[1] == host), key=lambda k: self.queues[k][0].arrived)
+        for key in keys:
+            q = self.queues.get(key)
+            while q:
+                w = q.popleft()
+                self._shrunk(key, w, q)
+                if not w.ticket.done():
+                    return w
         return None
 
-    def _shrunk(self, host: str, q: deque[Waiter[T]]) -> None:
-        self.total -= 1
-        if not q:
-            del self.queues[host]  # an empty line costs nothing: a host's entry lives as long as its line
-        self.on_depth(host, len(q))
+    def _count(self, w: Waiter[T], n: int, line: int) -> None:
+        self.total += n
+        for table, key in ((self.by_host, w.host), (self.by_pipeline, w.pipeline)):
+            v = table.get(key, 0) + n
+            if v > 0:
+                table[key] = v
+            else:
+                table.pop(key, None)
+        self.on_depth(w.host, self.by_host.get(w.host, 0))
+        self.on_line(w.host, w.pipeline, line)
 
-    def next_ready(self, now: float) -> tuple[str | None, float | None]:
-        """The host whose head waited longest among those ready now, and the soonest other ready time."""
+    def _shrunk(self, key: Line, w: Waiter[T], q: deque[Waiter[T]]) -> None:
+        if not q:
+            del self.queues[key]  # an empty line costs nothing: a line lives as long as it has waiters
+        self._count(w, -1, len(q))
+
+    def next_line(self, now: float) -> tuple[Waiter[T] | None, float | None]:
+        """The head to serve next, and the soonest time a line not ready now becomes ready.
+
+        Among lines whose host is ready: the pipeline with the least start tag (SFQ), and within it the
+        head that waited longest (FIFO per host, oldest first across hosts)."""
         best: Waiter[T] | None = None
+        best_tag = 0.0
         soonest: float | None = None
-        for host in list(self.queues):
-            q = self.queues[host]
+        for key in list(self.queues):
+            q = self.queues[key]
             while q and q[0].ticket.done():  # left already (client gone, timed out)
-                q.popleft()
-                self._shrunk(host, q)
+                self._shrunk(key, q.popleft(), q)
             if not q:
                 continue
-            ready = self.ready.get(host, 0.0)
+            ready = self.ready.get(key[1], 0.0)
             if ready > now:
                 soonest = ready if soonest is None else min(soonest, ready)
                 continue
-            if best is None or q[0].arrived < best.arrived:
-                best = q[0]
-        return (best.host if best else None), soonest
+            tag = self.tags.start(key[0])
+            if best is None or (tag, q[0].arrived) < (best_tag, best.arrived):
+                best, best_tag = q[0], tag
+        return best, soonest
+
+    def next_ready(self, now: float) -> tuple[str | None, float | None]:
+        """The host of the next head to serve (see ``next_line``), and the soonest other ready time."""
+        w, soonest = self.next_line(now)
+        return (w.host if w else None), soonest
+
+    def charge(self, pipeline: str) -> None:
+        """``pipeline`` got a slot: advance its fair-queuing tag."""
+        self.tags.charge(pipeline)
 
     # -- ready hints -------------------------------------------------------------------------------
 
@@ -131,7 +179,7 @@ class QueueState(Generic[T]):
 
     def prune(self, now: float) -> None:
         """Drop hints that have passed (after a grace), then the soonest ones beyond the cap."""
-        for host in [h for h, t in self.ready.items() if t <= now - HINT_GRACE and h not in self.queues]:
+        for host in [h for h, t in self.ready.items() if t <= now - HINT_GRACE and h not in self.by_host]:
             del self.ready[host]
         excess = len(self.ready) - HINT_CAP
         if excess > 0:
@@ -140,19 +188,31 @@ class QueueState(Generic[T]):
 
     def hosts(self) -> set[str]:
         """Hosts this process knows something about now: a line, or a ready hint."""
-        return set(self.queues) | set(self.ready)
+        return set(self.by_host) | set(self.ready)
 
     # -- the estimate ------------------------------------------------------------------------------
 
-    def estimate(self, host: str, now: float, gap: float, interval: float) -> float:
-        """A lower bound on the wait of a request for ``host`` queued now, from what this process sees.
+    def estimate(
+        self, host: str, now: float, gap: float, interval: float, pipeline: str = DEFAULT_PIPELINE
+    ) -> float:
+        """A lower bound on the wait of a request of ``pipeline`` for ``host`` queued now, from what this
+        process sees: its fair position, not the length of every line.
 
-        Only hosts that could go now count as ahead on the global schedule: a line of requests behind a
-        host's backoff must not get another, ready host refused for max_wait.
+        Only lines that could go now count as ahead on the global schedule (a line behind a host's backoff
+        must not get another, ready host refused for max_wait). Of another pipeline's ready waiters, only
+        those whose fair-queuing start tag comes first count (``FairTags.ahead``); of its own pipeline, all.
         """
-        own = self.depth(host)
-        ready_ahead = sum(
-            len(q) for h, q in self.queues.items() if h != host and self.ready.get(h, 0.0) <= now
-        )
+        ready_by_pipe: dict[str, int] = {}
+        host_by_pipe: dict[str, int] = {}
+        for (p, h), q in self.queues.items():
+            if self.ready.get(h, 0.0) <= now or h == host:
+                ready_by_pipe[p] = ready_by_pipe.get(p, 0) + len(q)
+            if h == host:
+                host_by_pipe[p] = host_by_pipe.get(p, 0) + len(q)
+        own = ready_by_pipe.get(pipeline, 0)
+        ahead = self.tags.ahead(pipeline, own, ready_by_pipe)
+        own_host = host_by_pipe.get(pipeline, 0)
+        host_ahead = own_host + sum(min(n, host_by_pipe.get(q, 0)) for q, n in ahead.items())
         host_wait = max(0.0, self.ready.get(host, 0.0) - now)
-        return max((ready_ahead + own) * gap, host_wait + own * max(gap, interval))
+        global_wait = (own + sum(ahead.values())) * gap
+        return max(global_wait, host_wait + host_ahead * max(gap, interval))
