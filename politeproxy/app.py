@@ -13,16 +13,18 @@ from typing import Any
 
 from aiohttp import web
 
+from politeproxy import admin as admin_mod
 from politeproxy import config as config_mod
 from politeproxy.config import Config, ConfigError, changes, env_number, parse_hostport
+from politeproxy.logs import AccessLog
 from politeproxy.metrics import Metrics
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.access import Access, is_loopback
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.proxy.ca import CAError, CertificateAuthority
+from politeproxy.proxy.events import Tee
 from politeproxy.proxy.listener import Proxy, Timeouts
-from politeproxy.proxy.responses import health_response, metrics_response
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
 from politeproxy.stores.base import Store, StoreError
@@ -155,7 +157,7 @@ class App:
         self.proxy: Proxy | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._mtime = self._stat()
-        self._metrics_runner: web.AppRunner | None = None
+        self._metrics_runner: web.BaseRunner | None = None
         self.stopped = asyncio.Event()
 
     def _stat(self) -> tuple[int, int] | None:
@@ -230,17 +232,17 @@ class App:
             cl["max_header_size"],
             cl["max_connections"],
         )
+        self.admin = admin_mod.Admin(self.metrics, self._health, ca.pem)
         return Proxy(
             ca=ca,
             classifier=self.classifier,
             pacer=self.pacer,
             upstream=self.upstream,
-            metrics=self.metrics,
+            events=Tee(self.metrics, AccessLog()),  # the access line's format is logs.py's
             access=access,
             timeouts=timeouts,
+            admin=self.admin.handle,
             robots=self.robots,
-            log_json=cfg["log_format"] == "json",
-            health=self._health,
             tunnel_ports=frozenset(cfg["tunnel_ports"]),
             allow_private_destinations=cfg["allow_private_destinations"],
         )
@@ -271,23 +273,7 @@ class App:
 
     async def _start_metrics(self, addr: str) -> None:
         h, p = parse_hostport(addr, "metrics_listen")
-
-        app = web.Application()
-        app.router.add_get("/metrics", lambda _r: metrics_response(self.metrics))
-        app.router.add_get("/healthz", lambda _r: health_response(self._health))
-        # Loopback and allow_clients only: [auth] users do not open /metrics, which takes no password.
-        allowed = Access(self.cfg["allow_clients"], {})
-
-        @web.middleware
-        async def only_allowed(request: web.Request, handler: Any) -> web.StreamResponse:
-            if not allowed.ip_allowed(request.remote or ""):
-                return web.Response(status=403, text="politeproxy: client not allowed\n")
-            return await handler(request)
-
-        app.middlewares.append(only_allowed)
-        self._metrics_runner = web.AppRunner(app, access_log=None)
-        await self._metrics_runner.setup()
-        await web.TCPSite(self._metrics_runner, h, p).start()
+        self._metrics_runner = await admin_mod.serve(self.admin, h, p, self.cfg["allow_clients"])
         who = ", ".join(["loopback", *self.cfg["allow_clients"]])
         log.info("metrics on %s answer %s (allow_clients); others get 403", addr, who)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -12,42 +11,9 @@ from typing import Any
 
 from politeproxy import __version__
 from politeproxy.config import Config, ConfigError, check_environment, env_overrides, load
+from politeproxy.logs import setup_logging
 
 EXIT_CONFIG = 2
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-        }
-        message = record.getMessage()
-        if record.name == "politeproxy.access" and message.startswith("{"):
-            out.update(json.loads(message))  # the access line is already a JSON object: merge, don't nest
-        else:
-            out["message"] = message
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out)
-
-
-def setup_logging(verbose: int, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.WARNING)
-    pp = logging.getLogger("politeproxy")
-    pp.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose >= 1 else logging.WARNING)
-    # One access line per request is the default; -q style silence is a config of the log shipper.
-    logging.getLogger("politeproxy.access").setLevel(logging.INFO)
-    # The one "listening on" line a user sees without -v.
-    logging.getLogger("politeproxy.start").setLevel(logging.INFO)
 
 
 def _config_path(args: argparse.Namespace) -> str | None:

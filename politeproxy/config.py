@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from politeproxy.pacing.base import DEFAULT_MAX_QUEUE
 from politeproxy.pacing.pacer import PacingSettings
+from politeproxy.policy import settings as d
 from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
 from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS, normalize_host, validate_pattern
@@ -181,55 +181,56 @@ def _hosts(v: Any, key: str) -> dict[str, dict[str, Any]]:
     return {_pattern(h, f"{key}.{h}"): _section(t, _HOST, f"{key}.{h}") for h, t in v.items()}
 
 
+# Every default comes from policy/settings.py (d.*), the one home of defaults.
 SCHEMA: dict[str, Any] = {
-    "listen": (_hostport, "127.0.0.1:3128"),
+    "listen": (_hostport, d.LISTEN),
     "data_dir": (_str, ""),
     "allow_clients": (_list(_cidr), []),
     "metrics_listen": (_optional_hostport, ""),
-    "log_format": (_choice("plain", "json"), "plain"),
+    "log_format": (_choice("plain", "json"), d.LOG_FORMAT),
     "paced_hosts": (_list(_pattern), list(DEFAULT_PACED_HOSTS)),
-    "tunnel_ports": (_list(_int(1, 65535)), [443]),
-    "allow_private_destinations": (_bool, False),
+    "tunnel_ports": (_list(_int(1, 65535)), list(d.TUNNEL_PORTS)),
+    "allow_private_destinations": (_bool, d.ALLOW_PRIVATE_DESTINATIONS),
     "auth": {"users": (_table_of(_str), {})},
     "client": {
-        "handshake_timeout": (_dur, 10.0),
-        "header_timeout": (_dur, 15.0),
-        "idle_timeout": (_dur, 60.0),
-        "max_header_size": (_int(1024, 1 << 20), 32768),
-        "max_connections": (_int(1, 1_000_000), 4096),
+        "handshake_timeout": (_dur, d.HANDSHAKE_TIMEOUT),
+        "header_timeout": (_dur, d.HEADER_TIMEOUT),
+        "idle_timeout": (_dur, d.IDLE_TIMEOUT),
+        "max_header_size": (_int(1024, 1 << 20), d.MAX_HEADER_SIZE),
+        "max_connections": (_int(1, 1_000_000), d.MAX_CLIENT_CONNECTIONS),
     },
     "upstream": {
         "ca_file": (_str, ""),
         "resolve": (_table_of(_hostport), {}),
-        "connect_timeout": (_dur, 10.0),
-        "read_timeout": (_dur, 60.0),
-        "max_connections": (_int(1, 100_000), 256),
+        "connect_timeout": (_dur, d.CONNECT_TIMEOUT),
+        "read_timeout": (_dur, d.READ_TIMEOUT),
+        "max_connections": (_int(1, 100_000), d.UPSTREAM_MAX_CONNECTIONS),
     },
     "schedule": {
-        "backend": (_choice("memory", "file", "redis"), "file"),
-        "global_rate": (_dur, 0.2),
-        "redis_url": (_str, "redis://127.0.0.1:6379/0"),
-        "redis_prefix": (_str, "politeproxy:"),
-        "redis_key_ttl": (_dur, 86400.0),
-        "expected_proxies": (_int(1, 1000), 1),
+        "backend": (_choice("memory", "file", "redis"), d.BACKEND),
+        "global_rate": (_dur, d.GLOBAL_GAP),
+        "redis_url": (_str, d.REDIS_URL),
+        "redis_prefix": (_str, d.REDIS_PREFIX),
+        "redis_key_ttl": (_dur, d.REDIS_KEY_TTL),
+        "expected_proxies": (_int(1, 1000), d.EXPECTED_PROXIES),
     },
     "pacing": {
-        "max_wait": (_dur, 25.0),
-        "retries": (_int(0, 10), 2),
-        "max_queue": (_int(1, 1_000_000), DEFAULT_MAX_QUEUE),
+        "max_wait": (_dur, d.MAX_WAIT),
+        "retries": (_int(0, 10), d.RETRIES),
+        "max_queue": (_int(1, 1_000_000), d.MAX_QUEUE),
         "throttle_codes": (_list(_status), sorted(DEFAULT_THROTTLE_CODES)),
-        "backoff_base": (_dur, 1.0),
-        "backoff_cap": (_dur, 300.0),
-        "backoff_jitter": (_float(0.0, 1.0), 0.2),
+        "backoff_base": (_dur, d.BACKOFF_BASE),
+        "backoff_cap": (_dur, d.BACKOFF_CAP),
+        "backoff_jitter": (_float(0.0, 1.0), d.BACKOFF_JITTER),
     },
     "robots": {
-        "enabled": (_bool, True),
-        "ttl": (_dur, 3600.0),
-        "max_crawl_delay": (_dur, 10.0),
+        "enabled": (_bool, d.ROBOTS_ENABLED),
+        "ttl": (_dur, d.ROBOTS_TTL),
+        "max_crawl_delay": (_dur, d.ROBOTS_MAX_CRAWL_DELAY),
     },
     "exempt": {
-        "max_in_flight": (_int(1, 10_000), 16),
-        "respect_backoff": (_bool, True),
+        "max_in_flight": (_int(1, 10_000), d.EXEMPT_MAX_IN_FLIGHT),
+        "respect_backoff": (_bool, d.EXEMPT_RESPECT_BACKOFF),
         "rules": (_rules, None),
     },
     "hosts": (_hosts, None),
@@ -259,7 +260,7 @@ def _section(raw: Any, schema: Mapping[str, Any], prefix: str) -> dict[str, Any]
 class Config:
     raw: dict[str, Any]
     source: str = "<defaults>"
-    listen: tuple[str, int] = ("127.0.0.1", 3128)
+    listen: tuple[str, int] = parse_hostport(d.LISTEN, "listen")
     data_dir: Path = field(default_factory=default_data_dir)
 
     def __getitem__(self, section: str) -> Any:

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from politeproxy.pacing.base import PacerEvents
 from politeproxy.policy.classify import Klass
+from politeproxy.proxy.events import AccessRecord, ProxyEvents
 
 # The achieved-rate gauge's window; POLITEPROXY_RATE_WINDOW shortens it (tests, quick dashboards).
 RATE_WINDOW = float(os.environ.get("POLITEPROXY_RATE_WINDOW", "60") or 60)
@@ -113,7 +114,9 @@ class _RateCollector(Collector):
         yield g
 
 
-class Metrics(PacerEvents):
+class Metrics(PacerEvents, ProxyEvents):
+    """Implements both event Protocols: the pacer's and the proxy's. Nothing else touches Prometheus."""
+
     def __init__(self, clock: Callable[[], float] = time.monotonic, hosts: Iterable[str] = ()) -> None:
         self.clock = clock
         self.host_label = HostLabels()
@@ -202,8 +205,8 @@ class Metrics(PacerEvents):
             "politeproxy_config_reloads", "Config reloads by result", ["result"], registry=r
         )
         self.tunnels_open = Gauge("politeproxy_tunnels_open", "CONNECT tunnels open now", registry=r)
-        for direction in ("client_to_upstream", "upstream_to_client"):
-            self.bytes.labels(direction)
+        # The two directions' children, looked up once: bytes_relayed runs for every chunk.
+        self._bytes = {d: self.bytes.labels(d) for d in ("client_to_upstream", "upstream_to_client")}
         for result in ("ok", "error"):
             self.reloads.labels(result)
 
@@ -214,6 +217,22 @@ class Metrics(PacerEvents):
     def answered(self, host: str, klass: str, status: int | None) -> None:
         """One answered request; ``status`` None when the upstream failed."""
         self.requests.labels(host, klass, code_class(status)).inc()
+
+    # -- ProxyEvents (answered and rejected above and below serve both Protocols) -------------------
+
+    def bytes_relayed(self, direction: str, n: int) -> None:
+        counter = self._bytes.get(direction)
+        if counter is not None:  # a direction nobody defined is not a new label
+            counter.inc(n)
+
+    def tunnels_changed(self, open_now: int) -> None:
+        self.tunnels_open.set(open_now)
+
+    def retried(self, host: str) -> None:
+        self.retries.labels(host).inc()
+
+    def access(self, record: AccessRecord) -> None:
+        """The access line is logs.AccessLog's; metrics count the exchange in ``answered``."""
 
     def set_configured_gap(self, gap: float) -> None:
         self.configured_rate.set(1.0 / gap if gap > 0 else 0.0)

@@ -50,6 +50,52 @@ ENV_NUMBERS: dict[str, tuple[float, float, float]] = {
 }
 
 
+# -- defaults: THE one home of every default --------------------------------------------------------
+# config.py's SCHEMA and the dataclasses (PacingSettings, BackoffPolicy, Timeouts, Upstream,
+# RobotsWatcher) read these names; tests/unit/test_settings_defaults.py checks that they agree.
+
+LISTEN = "127.0.0.1:3128"
+LOG_FORMAT = "plain"
+TUNNEL_PORTS = (443,)
+ALLOW_PRIVATE_DESTINATIONS = False
+# [client]
+HANDSHAKE_TIMEOUT = 10.0
+HEADER_TIMEOUT = 15.0
+IDLE_TIMEOUT = 60.0
+MAX_HEADER_SIZE = 32768
+MAX_CLIENT_CONNECTIONS = 4096  # client connections open at once (tunnels included)
+# [upstream]
+CONNECT_TIMEOUT = 10.0
+READ_TIMEOUT = 60.0
+UPSTREAM_MAX_CONNECTIONS = 256
+# [schedule]
+BACKEND = "file"
+GLOBAL_GAP = 0.2  # seconds between paced grants: 5 req/s
+REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_PREFIX = "politeproxy:"
+REDIS_KEY_TTL = DAY
+EXPECTED_PROXIES = 1
+# [pacing]
+MAX_WAIT = 25.0  # under duckdb's and cdx_toolkit's 30 s timeouts
+RETRIES = 2
+# Waiters one proxy holds at most (paced lines plus exempt places together).
+MAX_QUEUE = 1024
+BACKOFF_BASE = 1.0
+BACKOFF_FACTOR = 2.0
+BACKOFF_CAP = 300.0
+BACKOFF_JITTER = 0.2
+# [hosts]: index.commoncrawl.org is one fragile pywb server; cdx_toolkit paces it at 1 s
+INDEX_HOST_INTERVAL = 1.0
+HOST_INTERVALS: tuple[tuple[str, float], ...] = (("index.commoncrawl.org", INDEX_HOST_INTERVAL),)
+# [exempt]
+EXEMPT_MAX_IN_FLIGHT = 16
+EXEMPT_RESPECT_BACKOFF = True
+# [robots]
+ROBOTS_ENABLED = True
+ROBOTS_TTL = 3600.0
+ROBOTS_MAX_CRAWL_DELAY = 10.0
+
+
 def check_number(value: float, key: str, lo: float = 0.0, hi: float = DAY, unit: str = "") -> float:
     """``value`` as a float when finite and within [lo, hi]; else a ConfigError naming ``key``.
 

@@ -7,10 +7,9 @@ admin endpoints in origin form) and HTTP/1.1 inside an intercepted tunnel.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -19,15 +18,18 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
+from multidict import CIMultiDict
 from yarl import URL
 
 from politeproxy.pacing.pacer import Pacer, Permit, WaitTooLong
 from politeproxy.policy.access import Access
 from politeproxy.policy.backoff import retry_after_seconds
-from politeproxy.policy.classify import Klass
+from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.retry import decide_retry
-from politeproxy.proxy.responses import error_response, health_response, metrics_response
+from politeproxy.proxy.events import AccessRecord, ProxyEvents
+from politeproxy.proxy.responses import error_response
+from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import (
     CHUNK,
     EndWatch,
@@ -40,8 +42,8 @@ from politeproxy.proxy.upstream import (
 )
 
 log = logging.getLogger("politeproxy")
-access_log = logging.getLogger("politeproxy.access")
 POOL_LOG_EVERY = 10.0  # seconds between "pool full" warnings for one pool
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 @dataclass
@@ -50,7 +52,7 @@ class _Try:
 
     host: str
     url: URL
-    headers: Any
+    headers: CIMultiDict[str]
     body: AsyncIterator[bytes] | None
     expect: bool
     arrived: float
@@ -69,26 +71,22 @@ class Forwarder:
     def __init__(
         self,
         *,
-        ca: Any,
-        classifier: Any,
+        classifier: Classifier,
         pacer: Pacer,
         upstream: Upstream,
-        metrics: Any,
+        events: ProxyEvents,
         access: Access,
-        robots: Any,
-        log_json: bool,
-        health: Callable[[], dict[str, Any]],
+        robots: RobotsWatcher | None,
+        admin: Handler,
         tunnel_target: Callable[[RequestHandler], tuple[str, int] | None],
     ) -> None:
-        self.ca = ca
         self.classifier = classifier
         self.pacer = pacer
         self.upstream = upstream
-        self.metrics = metrics
+        self.events = events
         self.access = access
         self.robots = robots
-        self.log_json = log_json
-        self.health = health
+        self.admin = admin  # /metrics, /healthz, /ca.pem: answered by the top level (admin.py)
         self.tunnel_target = tunnel_target
         self._pool_full_log: dict[str, tuple[float, int]] = {}  # pool -> (last line, lines held back)
 
@@ -100,9 +98,9 @@ class Forwarder:
         if target is None:
             raw = request.raw_path
             if raw.startswith("/") or raw == "*":
-                return await self._admin(request)
+                return await self.admin(request)
             if not self.access.auth_ok(request.headers.get("Proxy-Authorization")):
-                self.metrics.rejected("other", "auth")
+                self.events.rejected("other", "auth")
                 return error_response(
                     407, "proxy authentication required", {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
                 )
@@ -111,7 +109,7 @@ class Forwarder:
             except ValueError:
                 url = URL()
             if url.scheme not in ("http", "https") or not url.host:
-                self.metrics.rejected("other", "bad_request")
+                self.events.rejected("other", "bad_request")
                 return error_response(400, f"not a URL this proxy can forward: {raw[:200]!r}")
             host = normalize_host(url.host)
             return await self._forward(request, url.scheme, host, url.port or 80, url.raw_path_qs)
@@ -130,22 +128,10 @@ class Forwarder:
             except ValueError:
                 h_host = ""
         if normalize_host(h_host) != host or not h_port.isdigit() or int(h_port) != port:
-            self.metrics.rejected(host if self.hosts_paced(host) else "other", "misdirected")
+            self.events.rejected(host if self.hosts_paced(host) else "other", "misdirected")
             log.info("%s: 421 request for %r inside the tunnel to %s:%d", request.remote, hh, host, port)
             return error_response(421, f"this tunnel reaches only {host}:{port}, not {hh!r}")
         return await self._forward(request, "https", host, port, path)
-
-    async def _admin(self, request: web.BaseRequest) -> web.StreamResponse:
-        path = request.rel_url.path
-        if request.method not in ("GET", "HEAD"):
-            return error_response(405, "admin endpoints answer GET only")
-        if path == "/metrics":
-            return metrics_response(self.metrics)
-        if path == "/healthz":
-            return health_response(self.health)
-        if path == "/ca.pem":
-            return web.Response(body=self.ca.pem(), content_type="application/x-pem-file")
-        return error_response(404, "not found: the admin endpoints are /metrics, /healthz and /ca.pem")
 
     async def _forward(
         self, request: web.BaseRequest, scheme: str, host: str, port: int, path: str
@@ -166,41 +152,23 @@ class Forwarder:
         finally:
             info["duration"] = time.monotonic() - started
             self._access(request, host, klass, info)
-        self.metrics.answered(label, klass.value, info["status"] or None)
+        self.events.answered(label, klass.value, info["status"] or None)
         return resp
 
     def _access(self, request: web.BaseRequest, host: str, klass: Klass, info: dict[str, Any]) -> None:
-        if not access_log.isEnabledFor(logging.INFO):
-            return
-        if self.log_json:
-            access_log.info(
-                json.dumps(
-                    {
-                        "client": request.remote,
-                        "method": request.method,
-                        "host": host,
-                        "class": klass.value,
-                        "wait": round(info["wait"], 4),
-                        "status": info["status"],
-                        "bytes": info["bytes"],
-                        "duration": round(info["duration"], 4),
-                        **({"note": info["note"]} if "note" in info else {}),
-                    }
-                )
+        self.events.access(
+            AccessRecord(
+                client=request.remote or "?",
+                method=request.method,
+                host=host,
+                klass=klass.value,
+                wait=info["wait"],
+                status=info["status"],
+                bytes=info["bytes"],
+                duration=info["duration"],
+                note=info.get("note"),
             )
-        else:
-            access_log.info(
-                "%s %s %s %s wait=%.3fs status=%s bytes=%d duration=%.3fs%s",
-                request.remote,
-                request.method,
-                host,
-                klass.value,
-                info["wait"],
-                info["status"],
-                info["bytes"],
-                info["duration"],
-                f" note={info['note']}" if "note" in info else "",
-            )
+        )
 
     async def _exchange(
         self,
@@ -216,9 +184,7 @@ class Forwarder:
             host=host,
             url=url,
             headers=strip_hop_by_hop(request.headers, drop=("Host", "Expect")),
-            body=self._body(request, self.metrics.bytes.labels("client_to_upstream"), info)
-            if has_body
-            else None,
+            body=self._body(request, self.events, info) if has_body else None,
             expect=has_body and request.headers.get("Expect", "").lower() == "100-continue",
             arrived=arrived,
         )
@@ -260,7 +226,7 @@ class Forwarder:
                     )
                 )
             except PoolFull as e:
-                self.metrics.rejected(t.host if p is not None else "other", "pool_full")
+                self.events.rejected(t.host if p is not None else "other", "pool_full")
                 info["status"], info["note"] = 503, "pool_full"
                 self._pool_full_line(e)
                 return error_response(503, f"{e}; try again shortly", {"Retry-After": "1"})
@@ -275,7 +241,7 @@ class Forwarder:
                     method, t.body is not None, retries_left, elapsed, delay, self.pacer.settings.max_wait
                 )
                 if d.retry:
-                    self.metrics.retries.labels(t.host).inc()
+                    self.events.retried(t.host)
                     log.info(
                         "%s %s: %d from upstream; retrying after %.1fs",
                         method,
@@ -330,10 +296,12 @@ class Forwarder:
         return error_response(status, message)
 
     @staticmethod
-    async def _body(request: web.BaseRequest, counter: Any, info: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def _body(
+        request: web.BaseRequest, events: ProxyEvents, info: dict[str, Any]
+    ) -> AsyncIterator[bytes]:
         try:
             async for chunk in request.content.iter_chunked(CHUNK):
-                counter.inc(len(chunk))
+                events.bytes_relayed("client_to_upstream", len(chunk))
                 yield chunk
         except (OSError, aiohttp.ClientError, HttpProcessingError):
             info["note"] = "client_gone"
@@ -348,7 +316,6 @@ class Forwarder:
         headers = strip_hop_by_hop(upstream.headers)
         out = _RelayedResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         watch = EndWatch(upstream) if close_delimited(upstream, request.method) else None
-        counter = self.metrics.bytes.labels("upstream_to_client")
         try:
             await out.prepare(request)
         except (ConnectionError, aiohttp.ClientError):
@@ -373,7 +340,7 @@ class Forwarder:
             except (ConnectionError, aiohttp.ClientError):
                 return self._client_gone(request, upstream, info, out)
             info["bytes"] += len(chunk)
-            counter.inc(len(chunk))
+            self.events.bytes_relayed("upstream_to_client", len(chunk))
         try:
             await out.write_eof()
         except (ConnectionError, aiohttp.ClientError):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +20,14 @@ from aiohttp.web_protocol import RequestHandler
 
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy import routing
+from politeproxy.policy import settings as defaults
 from politeproxy.policy.access import Access
+from politeproxy.policy.classify import Classifier
 from politeproxy.policy.routing import Refusal, Route, Target
 from politeproxy.proxy import intercept, tunnel
-from politeproxy.proxy.forward import Forwarder
+from politeproxy.proxy.ca import CertificateAuthority
+from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.forward import Forwarder, Handler
 from politeproxy.proxy.responses import (
     BadRequestOneLine,
     BoundedServer,
@@ -32,6 +35,7 @@ from politeproxy.proxy.responses import (
     error_response,
     plain_response,
 )
+from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import CHUNK, Upstream
 
 log = logging.getLogger("politeproxy")
@@ -44,11 +48,11 @@ http_log.addFilter(BadRequestOneLine(refusals))
 
 @dataclass
 class Timeouts:
-    handshake: float = 10.0
-    header: float = 15.0
-    idle: float = 60.0
-    max_header_size: int = 32768
-    max_connections: int = 4096  # client connections open at once (tunnels included)
+    handshake: float = defaults.HANDSHAKE_TIMEOUT
+    header: float = defaults.HEADER_TIMEOUT
+    idle: float = defaults.IDLE_TIMEOUT
+    max_header_size: int = defaults.MAX_HEADER_SIZE
+    max_connections: int = defaults.MAX_CLIENT_CONNECTIONS  # client connections open at once (tunnels too)
 
 
 def _server_kwargs(timeouts: Timeouts) -> dict[str, Any]:
@@ -109,7 +113,7 @@ class FrontProtocol(asyncio.Protocol):
         if self.timer:
             self.timer.cancel()
         refusals.info(self.client, "%s: %d %s", self.client, status, message)
-        self.proxy.metrics.rejected("other", why)
+        self.proxy.events.rejected("other", why)
         if self.transport and not self.transport.is_closing():
             self.transport.write(plain_response(status, reason, message, extra))
             self.transport.close()
@@ -199,16 +203,15 @@ class Proxy:
     def __init__(
         self,
         *,
-        ca: Any,
-        classifier: Any,
+        ca: CertificateAuthority,
+        classifier: Classifier,
         pacer: Pacer,
         upstream: Upstream,
-        metrics: Any,
+        events: ProxyEvents,
         access: Access,
         timeouts: Timeouts,
-        robots: Any = None,
-        log_json: bool = False,
-        health: Callable[[], dict[str, Any]] | None = None,
+        admin: Handler,
+        robots: RobotsWatcher | None = None,
         tunnel_ports: frozenset[int] = frozenset({443}),
         allow_private_destinations: bool = False,
     ) -> None:
@@ -217,7 +220,7 @@ class Proxy:
         self.ca = ca
         self.classifier = classifier
         self.upstream = upstream
-        self.metrics = metrics
+        self.events = events
         self.access = access
         self.timeouts = timeouts
         self.tunnels: dict[RequestHandler, tuple[str, int]] = {}
@@ -229,17 +232,15 @@ class Proxy:
         self.clients: set[asyncio.BaseTransport] = set()
         self._sweep_at = 64
         self.tasks: set[asyncio.Task[None]] = set()
-        self.pairs: set[Any] = set()
+        self.pairs: set[tunnel._RelayPair] = set()
         self.forwarder = Forwarder(
-            ca=ca,
             classifier=classifier,
             pacer=pacer,
             upstream=upstream,
-            metrics=metrics,
+            events=events,
             access=access,
             robots=robots,
-            log_json=log_json,
-            health=health or (lambda: {}),
+            admin=admin,
             tunnel_target=self.tunnels.get,
         )
         limit, report, kwargs = timeouts.max_header_size, self._report, _server_kwargs(timeouts)
@@ -306,7 +307,7 @@ class Proxy:
 
     def _tunnel_change(self, delta: int) -> None:
         self.open_tunnels += delta
-        self.metrics.tunnels_open.set(self.open_tunnels)
+        self.events.tunnels_changed(self.open_tunnels)
 
     def _tunnel_lost(self, handler: RequestHandler) -> None:
         if self.tunnels.pop(handler, None) is not None:
@@ -316,7 +317,7 @@ class Proxy:
 
     def _report(self, client: str, r: Refusal) -> None:
         refusals.info(client, "%s: %d %s", client, r.status, r.message)
-        self.metrics.rejected("other", r.why)
+        self.events.rejected("other", r.why)
 
     def _refused(self, client: str, r: Refusal) -> web.StreamResponse:
         self._report(client, r)
@@ -372,7 +373,7 @@ class Proxy:
             return
 
         def bytes_seen(from_client: bool, n: int) -> None:
-            self.metrics.bytes.labels("client_to_upstream" if from_client else "upstream_to_client").inc(n)
+            self.events.bytes_relayed("client_to_upstream" if from_client else "upstream_to_client", n)
 
         await tunnel.open_tunnel(
             front.transport,

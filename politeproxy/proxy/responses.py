@@ -1,4 +1,4 @@
-"""Answers the proxy writes itself: plain error heads before aiohttp, the admin documents, the 431 of
+"""Answers the proxy writes itself: plain error heads before aiohttp, error answers, the 431 of
 a head over max_header_size (aiohttp's server bounded here), and the rate-limited log of refusals."""
 
 from __future__ import annotations
@@ -31,21 +31,6 @@ def plain_response(status: int, reason: str, message: str, extra: dict[str, str]
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, text=f"politeproxy: {message}\n", headers=headers)
-
-
-PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-
-
-def metrics_response(metrics: Any) -> web.Response:
-    """/metrics, on the proxy port and on --metrics-listen."""
-    return web.Response(
-        body=metrics.render(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
-    )
-
-
-def health_response(health: Callable[[], dict[str, Any]]) -> web.Response:
-    """/healthz, on the proxy port and on --metrics-listen."""
-    return web.json_response({"status": "ok", **health()})
 
 
 class RepeatLog:

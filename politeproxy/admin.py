@@ -1,0 +1,69 @@
+"""The admin endpoints, /metrics, /healthz and /ca.pem, answered in one place for the proxy port and
+for ``--metrics-listen``.
+
+Who may read them, as before this module: on the proxy port, whoever the listener lets connect
+(loopback, ``allow_clients``, and any address when only ``[auth] users`` are set, since the admin paths
+take no password); on ``--metrics-listen``, loopback and ``allow_clients`` only, 403 for anyone else.
+Only GET and HEAD are answered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from politeproxy.metrics import Metrics
+from politeproxy.policy.access import Access
+from politeproxy.proxy.responses import error_response
+
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+PATHS = ("/metrics", "/healthz", "/ca.pem")
+
+
+class Admin:
+    """``handle`` answers an admin request; the proxy layer gets it injected as a callable (its
+    listener has checked the client already). ``guarded`` is the handler of ``--metrics-listen``."""
+
+    def __init__(
+        self, metrics: Metrics, health: Callable[[], dict[str, Any]], ca_pem: Callable[[], bytes]
+    ) -> None:
+        self.metrics = metrics
+        self.health = health
+        self.ca_pem = ca_pem
+
+    async def guarded(self, request: web.BaseRequest, allowed: Access) -> web.StreamResponse:
+        if not allowed.ip_allowed(request.remote or ""):
+            return error_response(403, "client not allowed")
+        return await self.handle(request)
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.method not in ("GET", "HEAD"):
+            return error_response(405, "admin endpoints answer GET only")
+        path = request.rel_url.path
+        if path == "/metrics":
+            return web.Response(body=self.metrics.render(), headers={"Content-Type": PROMETHEUS_TEXT})
+        if path == "/healthz":
+            return web.json_response({"status": "ok", **self.health()})
+        if path == "/ca.pem":
+            return web.Response(body=self.ca_pem(), content_type="application/x-pem-file")
+        return error_response(404, "not found: the admin endpoints are /metrics, /healthz and /ca.pem")
+
+
+async def serve(admin: Admin, host: str, port: int, allow_clients: list[str]) -> web.BaseRunner:
+    """``--metrics-listen``: the same answers on their own address, to loopback and ``allow_clients``
+    (addresses only: a proxy password opens nothing here). The caller cleans the runner up."""
+    allowed = Access(allow_clients, {})
+
+    async def handler(request: web.BaseRequest) -> web.StreamResponse:
+        return await admin.guarded(request, allowed)
+
+    runner = web.ServerRunner(web.Server(handler), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
