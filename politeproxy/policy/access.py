@@ -50,13 +50,33 @@ class Access:
     def auth_ok(self, header: str | None) -> bool:
         if not self.users:
             return True
-        if not header or not header[:6].lower() == "basic ":
+        creds = basic_credentials(header)
+        if creds is None:
             return False
-        try:
-            user, _, password = (
-                base64.b64decode(header[6:].strip(), validate=True).decode("utf-8").partition(":")
-            )
-        except (binascii.Error, UnicodeDecodeError):
-            return False
+        user, password = creds
         want = self.users.get(user)
         return want is not None and hmac.compare_digest(want.encode(), password.encode())
+
+    def pipeline(self, header: str | None, client: str | None) -> str:
+        """Who is asking: the Basic user name (without ``[auth] users`` any name, with any or no password,
+        names a pipeline and grants nothing; with users set, auth_ok has checked it), else the client's
+        address. The pacer maps it to a bounded name."""
+        creds = basic_credentials(header)
+        if creds is not None and creds[0]:
+            return creds[0]
+        return client or "unknown"
+
+
+MAX_AUTH_HEADER = 4096  # a longer Proxy-Authorization is no credential (the head is bounded anyway)
+
+
+def basic_credentials(header: str | None) -> tuple[str, str] | None:
+    """(user, password) of a ``Proxy-Authorization: Basic`` value; None when absent or malformed. Never
+    raises, whatever the bytes."""
+    if not header or len(header) > MAX_AUTH_HEADER or header[:6].lower() != "basic ":
+        return None
+    try:
+        user, _, password = base64.b64decode(header[6:].strip(), validate=True).decode("utf-8").partition(":")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    return user, password

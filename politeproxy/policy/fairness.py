@@ -20,7 +20,6 @@ DEFAULT_PIPELINE = "default"  # the pipeline of callers that name none (tools, t
 OTHER_PIPELINE = "other"
 FREE_PIPELINES = 50  # names beyond the configured ones that count as pipelines of their own, first come
 MAX_NAME = 64  # characters of a pipeline name kept (labels, log lines)
-WEIGHT_MIN, WEIGHT_MAX = 0.01, 1000.0
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,12 @@ HOST_INTERVALS: tuple[tuple[str, float], ...] = (("index.commoncrawl.org", INDEX
 # [exempt]
 EXEMPT_MAX_IN_FLIGHT = 16
 EXEMPT_RESPECT_BACKOFF = True
+# [pipelines.NAME]: a pipeline's weight in the fair queue, and its own cap on requests waiting (0 = none)
+PIPELINE_WEIGHT = 1.0
+PIPELINE_WEIGHT_BOUNDS = (0.01, 1000.0)
+PIPELINE_MAX_QUEUED = 0
+PIPELINE_MAX_QUEUED_BOUNDS = (0, 1_000_000)
+MAX_PIPELINES = 256  # configured [pipelines.*] tables at most (each keeps a metric label for good)
 # [robots]
 ROBOTS_ENABLED = True
 ROBOTS_TTL = 3600.0
