@@ -21,6 +21,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from politeproxy.pacing.pacer import Pacer, WaitTooLong
+from politeproxy.policy import settings as defaults
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.robots import crawl_delay, effective_crawl_delay
 from politeproxy.proxy.upstream import Upstream
@@ -40,7 +41,12 @@ class RobotsFailed(Exception):
 
 class RobotsWatcher:
     def __init__(
-        self, pacer: Pacer, upstream: Upstream, ttl: float, cap: float, enabled: bool = True
+        self,
+        pacer: Pacer,
+        upstream: Upstream,
+        ttl: float = defaults.ROBOTS_TTL,
+        cap: float = defaults.ROBOTS_MAX_CRAWL_DELAY,
+        enabled: bool = defaults.ROBOTS_ENABLED,
     ) -> None:
         self.pacer = pacer
         self.upstream = upstream

@@ -21,6 +21,8 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from politeproxy.policy import settings as defaults
+
 # RFC 9110 7.6.1 and the proxy-only fields: never forwarded in either direction.
 HOP_BY_HOP = frozenset(
     h.lower()
@@ -188,9 +190,9 @@ class Upstream:
         self,
         resolve: Mapping[str, str],
         ca_file: str = "",
-        connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
-        max_connections: int = 256,
+        connect_timeout: float = defaults.CONNECT_TIMEOUT,
+        read_timeout: float = defaults.READ_TIMEOUT,
+        max_connections: int = defaults.UPSTREAM_MAX_CONNECTIONS,
     ) -> None:
         self.resolver = MappedResolver(resolve)
         self.ssl = client_ssl_context(ca_file)
