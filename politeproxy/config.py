@@ -18,6 +18,7 @@ from politeproxy.pacing.pacer import PacingSettings
 from politeproxy.policy import settings as d
 from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
+from politeproxy.policy.fairness import PipelineRule, clean_name
 from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS, normalize_host, validate_pattern
 from politeproxy.policy.settings import (
     ConfigError,
@@ -175,6 +176,26 @@ def _rules(v: Any, key: str) -> list[dict[str, Any]]:
     return [_section(r, _RULE, f"{key}[{i}]") for i, r in enumerate(v)]
 
 
+_PIPELINE = {
+    "weight": (_float(*d.PIPELINE_WEIGHT_BOUNDS), d.PIPELINE_WEIGHT),
+    "max_queued": (_int(*d.PIPELINE_MAX_QUEUED_BOUNDS), d.PIPELINE_MAX_QUEUED),
+}
+
+
+def _pipelines(v: Any, key: str) -> dict[str, dict[str, Any]]:
+    """``[pipelines.NAME]`` tables: NAME as a client sends it (printable, no spaces or quotes)."""
+    if not isinstance(v, dict):
+        raise ConfigError(f"{key}: expected a table of pipeline names, got {v!r}")
+    if len(v) > d.MAX_PIPELINES:
+        raise ConfigError(f"{key}: at most {d.MAX_PIPELINES} pipelines, got {len(v)}")
+    for name in v:
+        if not name or clean_name(name) != name:
+            raise ConfigError(
+                f"{key}.{name!r}: a pipeline name is 1-64 printable characters, no spaces or quotes"
+            )
+    return {name: _section(t, _PIPELINE, f"{key}.{name}") for name, t in v.items()}
+
+
 def _hosts(v: Any, key: str) -> dict[str, dict[str, Any]]:
     if not isinstance(v, dict):
         raise ConfigError(f"{key}: expected a table of host patterns, got {v!r}")
@@ -234,6 +255,7 @@ SCHEMA: dict[str, Any] = {
         "rules": (_rules, None),
     },
     "hosts": (_hosts, None),
+    "pipelines": (_pipelines, {}),
 }
 
 
@@ -284,6 +306,12 @@ class Config:
             return PacingSettings().host_intervals
         return tuple((h, t["interval"]) for h, t in hosts.items())
 
+    def pipelines(self) -> tuple[PipelineRule, ...]:
+        return tuple(
+            PipelineRule(name, t["weight"], t["max_queued"] or None)
+            for name, t in self.raw["pipelines"].items()
+        )
+
     def pacing(self) -> PacingSettings:
         p = self.raw["pacing"]
         return PacingSettings(
@@ -294,6 +322,7 @@ class Config:
             throttle_codes=frozenset(p["throttle_codes"]),
             backoff=BackoffPolicy(base=p["backoff_base"], cap=p["backoff_cap"], jitter=p["backoff_jitter"]),
             host_intervals=self.host_intervals(),
+            pipelines=self.pipelines(),
             exempt_max_in_flight=self.raw["exempt"]["max_in_flight"],
             exempt_respect_backoff=self.raw["exempt"]["respect_backoff"],
         )
