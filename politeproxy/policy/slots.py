@@ -8,6 +8,7 @@ All times are wall-clock seconds so they can be shared between processes and sur
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -21,6 +22,13 @@ class HostState:
     throttles: int = 0  # consecutive throttles since the last success
     crawl_delay: float = 0.0  # robots.txt Crawl-delay, already capped
     robots_expires: float = 0.0  # when the cached crawl-delay goes stale
+    blocks: int = 0  # consecutive blocks (403) since the last success: the hold doubles with each
+    fails: int = 0  # consecutive connection failures: FAIL_BLOCK of them count as a block
+    probe_until: float = 0.0  # a probe is out until then (its lease); 0 = none
+    adapt_interval: float = 0.0  # the adaptive interval raised by the last throttle (0 = none)
+    adapt_from: float = 0.0  # when it starts stepping back down (the end of that backoff)
+    adapt_until: float = 0.0  # when it is back at the configured interval
+    tat: float = 0.0  # GCRA theoretical arrival time of the host's exempt reads
 
     def ready_at(self) -> float:
         return max(self.next_allowed, self.backoff_until)
@@ -43,6 +51,38 @@ class Claim:
         return self.outcome is Outcome.GRANTED
 
 
+PROBE_LEASE = 30.0  # a probe whose answer never comes (its proxy died) frees the host after this
+PROBE_POLL = 0.25  # how often the others look whether the probe has answered
+ADAPT_STEPS = 4  # the adaptive interval steps back to the configured one in this many equal steps
+
+
+def adaptive_interval(h: HostState, t: float, base: float) -> float:
+    """The host's effective interval at ``t``: the raised one until its recovery starts, then down to
+    ``base`` (the configured interval) in ADAPT_STEPS equal steps, and ``base`` once the recovery is over."""
+    e = h.adapt_interval
+    if e <= base or t >= h.adapt_until:
+        return base
+    if t < h.adapt_from:
+        return e
+    span = h.adapt_until - h.adapt_from
+    if span <= 0:
+        return base
+    k = min(ADAPT_STEPS, math.floor((t - h.adapt_from) / (span / ADAPT_STEPS)))
+    return e - (e - base) * k / ADAPT_STEPS
+
+
+def _raised(h: HostState, t: float, base: float) -> float:
+    """The adaptive interval while it is raised, else 0 (no constraint beyond the configured ones)."""
+    return adaptive_interval(h, t, base) if h.adapt_interval > base and t < h.adapt_until else 0.0
+
+
+def _probe_wait(host: HostState, now: float) -> float | None:
+    """None when the host may go (no block, or a probe may be sent now); else how long to look again."""
+    if host.blocks > 0 and host.probe_until > now:
+        return min(host.probe_until - now, PROBE_POLL)
+    return None
+
+
 def claim(
     now: float,
     global_next: float,
@@ -63,12 +103,40 @@ def claim(
     if ready > slot:
         outcome = Outcome.TOO_LATE if deadline is not None and ready > deadline else Outcome.HOST_NOT_READY
         return Claim(outcome, ready - now, ready), global_next, host
+    if (poll := _probe_wait(host, now)) is not None:  # blocked, and the probe is out: wait for its answer
+        return Claim(Outcome.HOST_NOT_READY, poll, now + poll), global_next, host
     if deadline is not None and slot > deadline:
         return Claim(Outcome.TOO_LATE, slot - now, slot), global_next, host
     new_next = slot + gap if gap > 0 else global_next
-    step = max(interval, host.crawl_delay)
+    step = max(interval, host.crawl_delay, _raised(host, slot, max(interval, gap)))
     new_host = replace(host, next_allowed=slot + step) if step > 0 else host
+    if host.blocks > 0:  # the hold is over: this grant is the probe, and goes alone
+        new_host = replace(new_host, probe_until=slot + PROBE_LEASE)
     return Claim(Outcome.GRANTED, slot - now, slot), new_next, new_host
+
+
+def exempt_claim(
+    now: float, host: HostState, rate: float, burst: int, deadline: float | None = None
+) -> tuple[Claim, HostState]:
+    """A GCRA slot for an exempt read (as redis-cell): ``burst`` reads at once, then one per ``rate``
+    seconds (0 = no ceiling). The host's backoff, block and probe hold exempt reads as they hold paced ones.
+    The slot is reserved (the theoretical arrival time moves) only when it is granted."""
+    if host.backoff_until > now:
+        ready = host.backoff_until
+        outcome = Outcome.TOO_LATE if deadline is not None and ready > deadline else Outcome.HOST_NOT_READY
+        return Claim(outcome, ready - now, ready), host
+    if (poll := _probe_wait(host, now)) is not None:
+        return Claim(Outcome.HOST_NOT_READY, poll, now + poll), host
+    slot, new = now, host
+    if rate > 0:
+        tat = max(host.tat, now)
+        slot = max(now, tat + rate - max(1, burst) * rate)
+        new = replace(host, tat=tat + rate)
+    if deadline is not None and slot > deadline:
+        return Claim(Outcome.TOO_LATE, slot - now, slot), host
+    if host.blocks > 0:
+        new = replace(new, probe_until=slot + PROBE_LEASE)
+    return Claim(Outcome.GRANTED, slot - now, slot), new
 
 
 # -- sanity bounds for records read back from a store ------------------------------------------------------
@@ -85,6 +153,8 @@ MAX_ROBOTS_TTL = 30 * 86400.0  # the ceiling of robots.ttl
 MAX_BACKOFF = 86400.0  # the ceiling of pacing.backoff_cap: the bound when a store is not told the cap
 MAX_DURATION = 86400.0  # any gap, interval or wait a store is handed is clamped to this
 MAX_THROTTLES = 1000  # beyond 64 the exponential backoff is at its cap anyway
+MAX_RECOVERY = 86400.0  # the ceiling of pacing.adaptive_recovery
+MAX_TAT = 86400.0  # a GCRA arrival time further ahead than burst x rate can be: the ceilings' product
 
 
 def duration(x: float, hi: float = MAX_DURATION) -> float:
@@ -106,8 +176,8 @@ class Bounds:
     def schedule(self) -> float:
         return SCHEDULE_SLACK + SCHEDULE_GAPS * self.gap
 
-    def host_next(self, crawl_delay: float) -> float:
-        return self.schedule() + max(self.step, crawl_delay)
+    def host_next(self, crawl_delay: float, adapt: float = 0.0) -> float:
+        return self.schedule() + max(self.step, crawl_delay, adapt)
 
 
 def sane_time(t: float, now: float, ahead: float) -> tuple[float, bool]:
@@ -130,15 +200,29 @@ def sane_global(global_next: float, now: float, b: Bounds, last: float = 0.0) ->
     return now + b.gap, False
 
 
+def _count(n: int) -> int:
+    return min(max(0, n), MAX_THROTTLES)
+
+
 def sane_host(h: HostState, now: float, b: Bounds) -> tuple[HostState, bool]:
     """The host record with every field within its bound; and whether it already was."""
     cd = h.crawl_delay
     cd_ok = cd == cd and 0.0 <= cd <= MAX_CRAWL_DELAY
     cd = cd if cd_ok else 0.0
-    nxt, ok1 = sane_time(h.next_allowed, now, b.host_next(cd))
-    until, ok2 = sane_time(h.backoff_until, now, b.backoff + 1.0)  # 1 s: rounding and a slow write
+    ai = h.adapt_interval
+    ai_ok = ai == ai and 0.0 <= ai <= MAX_DURATION
+    ai = ai if ai_ok else 0.0
+    counts = (_count(h.throttles), _count(h.blocks), _count(h.fails))
+    # a block holds for block_hold_cap, which may exceed the backoff cap: bounded by the ceiling then
+    hold = max(b.backoff, MAX_BACKOFF) if counts[1] else b.backoff
+    nxt, ok1 = sane_time(h.next_allowed, now, b.host_next(cd, ai))
+    until, ok2 = sane_time(h.backoff_until, now, hold + 1.0)  # 1 s: rounding and a slow write
     robots, ok3 = sane_time(h.robots_expires, now, MAX_ROBOTS_TTL)
-    throttles = min(max(0, h.throttles), MAX_THROTTLES)
-    ok = cd_ok and ok1 and ok2 and ok3 and throttles == h.throttles
-    sane = HostState(nxt, until, throttles, cd, robots)
+    probe, ok4 = sane_time(h.probe_until, now, b.schedule() + PROBE_LEASE)
+    afrom, ok5 = sane_time(h.adapt_from, now, hold + 1.0)
+    auntil, ok6 = sane_time(h.adapt_until, now, hold + 1.0 + MAX_RECOVERY)
+    tat, ok7 = sane_time(h.tat, now, MAX_TAT)
+    ok = cd_ok and ai_ok and ok1 and ok2 and ok3 and ok4 and ok5 and ok6 and ok7
+    ok = ok and counts == (h.throttles, h.blocks, h.fails)
+    sane = HostState(nxt, until, counts[0], cd, robots, counts[1], counts[2], probe, ai, afrom, auntil, tat)
     return (h if sane == h else sane), ok  # times before the epoch are no constraint: sane, as 0

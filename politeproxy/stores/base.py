@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from politeproxy.policy.backoff import BackoffPolicy, Delay
-from politeproxy.policy.slots import Claim
+from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
+from politeproxy.policy.slots import Claim, HostState, Outcome, adaptive_interval
 
 log = logging.getLogger("politeproxy.store")
 
@@ -31,6 +32,18 @@ class HostView:
     throttles: int = 0
     crawl_delay: float = 0.0
     robots_fresh: bool = False  # the cached crawl-delay is still within its TTL
+    blocks: int = 0  # consecutive blocks; > 0 after the hold: the host waits for one probe
+    probe_in: float = 0.0  # a probe is out for this much longer (its lease), 0 when none
+    adapt_interval: float = 0.0  # the raised interval, stepping down from adapt_from_in to adapt_until_in
+    adapt_from_in: float = 0.0
+    adapt_until_in: float = 0.0
+
+    def interval(self, base: float) -> float:
+        """The host's effective interval now, for a configured interval ``base``."""
+        h = HostState(
+            adapt_interval=self.adapt_interval, adapt_from=self.adapt_from_in, adapt_until=self.adapt_until_in
+        )
+        return adaptive_interval(h, 0.0, base)
 
 
 class WarnOnce:
@@ -59,13 +72,33 @@ class Store(ABC):
         ``not_before``: the slot is at least this many seconds from now (the failover store's grace).
         """
 
+    async def exempt_claim(self, host: str, rate: float, burst: int, max_wait: float | None) -> Claim:
+        """Atomically take a GCRA slot for an exempt read (``rate`` seconds apart after a ``burst``; 0 = no
+        ceiling), or nothing. A backoff, a block or a probe out holds it (HOST_NOT_READY).
+
+        The stores override this; this fallback (for a store that keeps no ceiling) only honours the
+        host's backoff."""
+        view = await self.host_view(host)
+        wait = max(view.backoff_in, view.probe_in if view.blocks else 0.0)
+        if wait > 0:
+            return Claim(Outcome.HOST_NOT_READY, wait, time.time() + wait)
+        return Claim(Outcome.GRANTED, 0.0, time.time())
+
     @abstractmethod
-    async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
-        """Record a throttle answer and push the host's next allowed time out; return the delay applied."""
+    async def throttled(
+        self,
+        host: str,
+        retry_after: float | None,
+        policy: BackoffPolicy,
+        kind: Kind = Kind.THROTTLE,
+        base: float = 0.0,
+    ) -> Delay:
+        """Record a throttle, block or failure and push the host's next allowed time out; return the delay
+        applied. ``base``: the host's configured interval, from which the adaptive interval is raised."""
 
     @abstractmethod
     async def succeeded(self, host: str) -> None:
-        """Record a non-throttle answer: the consecutive-throttle count resets."""
+        """Record a non-throttle answer: the consecutive counts reset, and a block whose hold is over ends."""
 
     @abstractmethod
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from politeproxy.policy.backoff import BackoffPolicy, Delay
+from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.slots import Claim, Outcome, duration
 from politeproxy.stores.base import HostView, Store, StoreError, WarnOnce
 
@@ -192,16 +192,34 @@ class FailoverStore(Store):
         except (*FAILS, NotImplementedError) as e:
             self._warn("mirror", "could not mirror a %s into %s: %r", what, self.fallback.name, e)
 
-    async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
+    async def throttled(
+        self,
+        host: str,
+        retry_after: float | None,
+        policy: BackoffPolicy,
+        kind: Kind = Kind.THROTTLE,
+        base: float = 0.0,
+    ) -> Delay:
         if not self.degraded:
             try:
-                delay = await self.primary.throttled(host, retry_after, policy)
+                delay = await self.primary.throttled(host, retry_after, policy, kind, base)
             except FAILS as e:
                 self._degrade(e)
             else:
                 await self._mirror("backoff", lambda s: s.mirror_backoff(host, delay.seconds))
                 return delay
-        return await self.fallback.throttled(host, retry_after, policy)
+        return await self.fallback.throttled(host, retry_after, policy, kind, base)
+
+    async def exempt_claim(self, host: str, rate: float, burst: int, max_wait: float | None) -> Claim:
+        # Degraded, the fallback's ceiling is per proxy: widened like the gap, so N proxies keep the sum.
+        if not self.degraded:
+            try:
+                return await self.primary.exempt_claim(host, rate, burst, max_wait)
+            except FAILS as e:
+                self._degrade(e)
+        wide = duration(rate) * self.gap_multiplier
+        burst = max(1, int(burst / self.gap_multiplier))
+        return await self.fallback.exempt_claim(host, wide, burst, max_wait)
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
         if not self.degraded:

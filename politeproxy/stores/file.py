@@ -25,16 +25,18 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from politeproxy.policy import backoff
-from politeproxy.policy.backoff import BackoffPolicy, Delay
+from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.hosts import normalize_host, valid_hostname
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_THROTTLES, Claim, HostState, duration
 from politeproxy.stores.base import HostView, Store, StoreError, jitter_source
 from politeproxy.stores.memory import StateMachine
 
 GLOBAL = struct.Struct(">QQ")
-# next_allowed, backoff_until, robots_expires (UnixNano), throttles, crawl_delay (ns)
-HOST = struct.Struct(">QQQQQ")
+# next_allowed, backoff_until, robots_expires (UnixNano), throttles, crawl_delay (ns): the 40-byte record
+# of earlier versions, still read; then blocks, fails, probe_until, adapt_interval (ns), adapt_from,
+# adapt_until, tat (UnixNano): 96 bytes, written whole in one pwrite.
+HOST_V1 = struct.Struct(">QQQQQ")
+HOST = struct.Struct(">QQQQQQQQQQQQ")
 NS = 1_000_000_000
 U64 = 2**64 - 1
 MAX_HOST_FDS = 64  # open host files kept (LRU); a name a client chose must not cost an fd for good
@@ -61,18 +63,31 @@ def decode_global(data: bytes) -> tuple[float, int] | None:
 
 
 def decode_host(data: bytes) -> HostState | None:
-    """The host state of a 40-byte record, or None for a short one. Never raises."""
-    if len(data) < HOST.size:
+    """The host state of a 96-byte record (or an earlier 40-byte one: the new fields absent), or None for
+    a short one. Never raises; the counts are cut just past their bound, so the sanity check sees them."""
+    if len(data) < HOST_V1.size:
         return None
-    nxt, until, robots, throttles, delay = HOST.unpack_from(data)
-    return HostState(_s(nxt), _s(until), min(throttles, MAX_THROTTLES + 1), _s(delay), _s(robots))
+    if len(data) < HOST.size:
+        data = data[: HOST_V1.size] + bytes(HOST.size - HOST_V1.size)
+    nxt, until, robots, throttles, delay, blocks, fails, probe, ai, afrom, auntil, tat = HOST.unpack(
+        data[: HOST.size]
+    )
+    c = MAX_THROTTLES + 1
+    return HostState(
+        _s(nxt), _s(until), min(throttles, c), _s(delay), _s(robots), min(blocks, c), min(fails, c),
+        _s(probe), _s(ai), _s(afrom), _s(auntil), _s(tat),
+    )  # fmt: skip
 
 
 def encode_host(st: HostState) -> bytes:
-    throttles = min(max(0, st.throttles), U64)
+    def n(x: int) -> int:
+        return min(max(0, x), U64)
+
     return HOST.pack(
-        _ns(st.next_allowed), _ns(st.backoff_until), _ns(st.robots_expires), throttles, _ns(st.crawl_delay)
-    )
+        _ns(st.next_allowed), _ns(st.backoff_until), _ns(st.robots_expires), n(st.throttles),
+        _ns(st.crawl_delay), n(st.blocks), n(st.fails), _ns(st.probe_until), _ns(st.adapt_interval),
+        _ns(st.adapt_from), _ns(st.adapt_until), _ns(st.tat),
+    )  # fmt: skip
 
 
 def host_file_name(host: str) -> str:
@@ -250,7 +265,7 @@ class FileStore(Store):
             if data:
                 self.sm.warn(
                     "short",
-                    "file store: a record in %s is %d bytes, not 40; treated as empty",
+                    "file store: a record in %s is %d bytes, not 40 or 96; treated as empty",
                     self.host_dir,
                     len(data),
                 )
@@ -280,9 +295,24 @@ class FileStore(Store):
                 self._write_host(host, new_st)
             return c
 
-    async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
+    async def exempt_claim(self, host: str, rate: float, burst: int, max_wait: float | None) -> Claim:
         async with self._held():
-            delay, st = self.sm.throttled(self._read_host(host), retry_after, policy)
+            st = self._read_host(host)
+            c, new = self.sm.exempt_claim(st, rate, burst, max_wait)
+            if c.granted and new != st:
+                self._write_host(host, new)
+            return c
+
+    async def throttled(
+        self,
+        host: str,
+        retry_after: float | None,
+        policy: BackoffPolicy,
+        kind: Kind = Kind.THROTTLE,
+        base: float = 0.0,
+    ) -> Delay:
+        async with self._held():
+            delay, st = self.sm.throttled(self._read_host(host), retry_after, policy, kind, base)
             self._write_host(host, st)
             return delay
 
@@ -296,7 +326,7 @@ class FileStore(Store):
     async def succeeded(self, host: str) -> None:
         async with self._held():
             st = self._read_host(host)
-            new = backoff.apply_success(self.sm.checked(st))
+            new = self.sm.succeeded(st)
             if new != st:
                 self._write_host(host, new)
 

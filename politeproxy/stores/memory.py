@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from politeproxy.policy import backoff, slots
-from politeproxy.policy.backoff import BackoffPolicy, Delay
+from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_DURATION, Bounds, Claim, HostState, duration
 from politeproxy.stores.base import HostView, Store, WarnOnce, jitter_source
 
@@ -73,14 +73,30 @@ class StateMachine:
             self.last_next = new_next
         return c, new_next, new_host
 
+    def exempt_claim(
+        self, host: HostState, rate: float, burst: int, max_wait: float | None
+    ) -> tuple[Claim, HostState]:
+        now = self.clock()
+        host = self.check_host(host, now, replace(LOOSE, backoff=self.max_backoff))
+        deadline = None if max_wait is None else now + duration(max_wait)
+        return slots.exempt_claim(now, host, duration(rate), max(1, burst), deadline)
+
     def throttled(
-        self, host: HostState, retry_after: float | None, policy: BackoffPolicy
+        self,
+        host: HostState,
+        retry_after: float | None,
+        policy: BackoffPolicy,
+        kind: Kind = Kind.THROTTLE,
+        base: float = 0.0,
     ) -> tuple[Delay, HostState]:
         now = self.clock()
-        host = self.check_host(host, now, replace(LOOSE, backoff=min(self.max_backoff, policy.cap)))
+        host = self.check_host(host, now, replace(LOOSE, backoff=self.max_backoff))
         ra = None if retry_after is None else duration(retry_after)
-        delay = backoff.throttle_delay(host.throttles, ra, policy, self.rand())
-        return delay, backoff.apply_throttle(host, now, delay.seconds)
+        delay = backoff.answer_delay(host, kind, ra, policy, self.rand())
+        return delay, backoff.apply_answer(host, now, kind, delay, duration(base), policy)
+
+    def succeeded(self, host: HostState) -> HostState:
+        return backoff.apply_success(self.checked(host), self.clock())
 
     def held(self, host: HostState, seconds: float) -> HostState:
         """The host with its backoff pushed out to at least ``seconds`` from now (a mirrored backoff)."""
@@ -101,6 +117,11 @@ class StateMachine:
             throttles=host.throttles,
             crawl_delay=host.crawl_delay,
             robots_fresh=host.robots_expires > now,
+            blocks=host.blocks,
+            probe_in=max(0.0, host.probe_until - now),
+            adapt_interval=host.adapt_interval,
+            adapt_from_in=host.adapt_from - now,
+            adapt_until_in=host.adapt_until - now,
         )
 
     def with_crawl_delay(self, host: HostState, delay: float, ttl: float) -> HostState:
@@ -139,8 +160,22 @@ class MemoryStore(Store):
             self.count += 1
         return c
 
-    async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
-        delay, self.hosts[host] = self.sm.throttled(self.hosts.get(host, HostState()), retry_after, policy)
+    async def exempt_claim(self, host: str, rate: float, burst: int, max_wait: float | None) -> Claim:
+        c, new = self.sm.exempt_claim(self.hosts.get(host, HostState()), rate, burst, max_wait)
+        if c.granted:
+            self.hosts[host] = new
+        return c
+
+    async def throttled(
+        self,
+        host: str,
+        retry_after: float | None,
+        policy: BackoffPolicy,
+        kind: Kind = Kind.THROTTLE,
+        base: float = 0.0,
+    ) -> Delay:
+        old = self.hosts.get(host, HostState())
+        delay, self.hosts[host] = self.sm.throttled(old, retry_after, policy, kind, base)
         return delay
 
     async def mirror_backoff(self, host: str, seconds: float) -> None:
@@ -148,7 +183,7 @@ class MemoryStore(Store):
 
     async def succeeded(self, host: str) -> None:
         if host in self.hosts:
-            self.hosts[host] = backoff.apply_success(self.hosts[host])
+            self.hosts[host] = self.sm.succeeded(self.hosts[host])
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
         self.hosts[host] = self.sm.with_crawl_delay(self.hosts.get(host, HostState()), delay, ttl)

@@ -10,6 +10,7 @@ Times are integer microseconds of the server's ``TIME``.
 from __future__ import annotations
 
 from politeproxy.policy import slots
+from politeproxy.policy.backoff import FAIL_BLOCK
 
 US = 1_000_000
 
@@ -20,6 +21,13 @@ local MAX_CRAWL = {round(slots.MAX_CRAWL_DELAY * US)}
 local MAX_ROBOTS = {round(slots.MAX_ROBOTS_TTL * US)}
 local MAX_THROTTLES = {slots.MAX_THROTTLES}
 local LOOSE_STEP = {round(slots.MAX_DURATION * US)}
+local MAX_BACKOFF = {round(slots.MAX_BACKOFF * US)}
+local MAX_RECOVERY = {round(slots.MAX_RECOVERY * US)}
+local MAX_TAT = {round(slots.MAX_TAT * US)}
+local PROBE_LEASE = {round(slots.PROBE_LEASE * US)}
+local PROBE_POLL = {round(slots.PROBE_POLL * US)}
+local STEPS = {slots.ADAPT_STEPS}
+local FAIL_BLOCK = {FAIL_BLOCK}
 """
 
 PRELUDE = (
@@ -50,39 +58,68 @@ local function sane(t, now, ahead)
   if t < 0 then return 0, true end
   return t, true
 end
--- slots.sane_host over {next_allowed, backoff_until, throttles, crawl_delay, robots_expires}
+-- slots.sane_host over the 12 fields below (times and the adaptive interval in us)
+local FIELDS = {'next_allowed', 'backoff_until', 'throttles', 'crawl_delay', 'robots_expires', 'blocks',
+  'fails', 'probe_until', 'adapt_interval', 'adapt_from', 'adapt_until', 'tat'}
 local function sane_host(key, now, gap, step, backoff)
-  local r = redis.call('HMGET', key, 'next_allowed', 'backoff_until', 'throttles', 'crawl_delay',
-    'robots_expires')
+  local r = redis.call('HMGET', key, unpack(FIELDS))
   local h = {}
   local ok = true
-  for i = 1, 5 do
+  for i = 1, 12 do
     local v, fine = numok(r[i])
     h[i] = v
     ok = ok and fine
   end
   if h[4] < 0 or h[4] > MAX_CRAWL then h[4] = 0; ok = false end
-  local o1, o2, o3
-  h[1], o1 = sane(h[1], now, SLACK + GAPS * gap + math.max(step, h[4]))
-  h[2], o2 = sane(h[2], now, backoff + 1000000)
-  h[5], o3 = sane(h[5], now, MAX_ROBOTS)
-  local t = math.min(math.max(0, math.floor(h[3])), MAX_THROTTLES)
-  if t ~= h[3] then ok = false end
-  h[3] = t
-  return h, ok and o1 and o2 and o3
+  if h[9] < 0 or h[9] > LOOSE_STEP then h[9] = 0; ok = false end
+  for _, i in ipairs({3, 6, 7}) do
+    local t = math.min(math.max(0, math.floor(h[i])), MAX_THROTTLES)
+    if t ~= h[i] then ok = false end
+    h[i] = t
+  end
+  local hold = backoff
+  if h[6] > 0 then hold = math.max(backoff, MAX_BACKOFF) end
+  local o = {}
+  h[1], o[1] = sane(h[1], now, SLACK + GAPS * gap + math.max(step, h[4], h[9]))
+  h[2], o[2] = sane(h[2], now, hold + 1000000)
+  h[5], o[3] = sane(h[5], now, MAX_ROBOTS)
+  h[8], o[4] = sane(h[8], now, SLACK + GAPS * gap + PROBE_LEASE)
+  h[10], o[5] = sane(h[10], now, hold + 1000000)
+  h[11], o[6] = sane(h[11], now, hold + 1000000 + MAX_RECOVERY)
+  h[12], o[7] = sane(h[12], now, MAX_TAT)
+  for i = 1, 7 do ok = ok and o[i] end
+  return h, ok
 end
 local function put_host(key, h)
-  redis.call('HSET', key, 'next_allowed', fmt(h[1]), 'backoff_until', fmt(h[2]), 'throttles', fmt(h[3]),
-    'crawl_delay', fmt(h[4]), 'robots_expires', fmt(h[5]))
+  local args = {}
+  for i = 1, 12 do
+    args[2 * i - 1] = FIELDS[i]
+    args[2 * i] = fmt(h[i])
+  end
+  redis.call('HSET', key, unpack(args))
+end
+local function furthest(h)
+  return math.max(h[1], h[2], h[5], h[8], h[11], h[12])
+end
+-- slots.adaptive_interval
+local function adaptive(h, t, base)
+  local e = h[9]
+  if e <= base or t >= h[11] then return base end
+  if t < h[10] then return e end
+  local span = h[11] - h[10]
+  if span <= 0 then return base end
+  local k = math.min(STEPS, math.floor((t - h[10]) / (span / STEPS)))
+  return e - (e - base) * k / STEPS
 end
 -- keep a key key_ttl past the furthest future time it holds (bounded: a stray value cannot break PEXPIRE)
-local function keep(key, now, ttl_ms, furthest)
-  local ahead = math.min(math.max(0, furthest - now), MAX_ROBOTS + LOOSE_STEP)
+local function keep(key, now, ttl_ms, far)
+  local ahead = math.min(math.max(0, far - now), MAX_ROBOTS + LOOSE_STEP)
   redis.call('PEXPIRE', key, fmt(ttl_ms + math.ceil(ahead / 1000)))
 end
 local function host_furthest(key)
-  local h = redis.call('HMGET', key, 'next_allowed', 'backoff_until', 'robots_expires')
-  return math.max(num(h[1]), num(h[2]), num(h[3]))
+  local h = redis.call('HMGET', key, 'next_allowed', 'backoff_until', 'robots_expires', 'probe_until',
+    'adapt_until', 'tat')
+  return math.max(num(h[1]), num(h[2]), num(h[3]), num(h[4]), num(h[5]), num(h[6]))
 end
 """
 )
@@ -117,7 +154,7 @@ local h, hok = sane_host(KEYS[2], now, gap, interval, tonumber(ARGV[5]))
 if not hok then
   corrupt = corrupt + 2
   put_host(KEYS[2], h)  -- the sane form replaces the corrupt record (as the file store does)
-  keep(KEYS[2], now, ttl_ms, math.max(h[1], h[2], h[5]))
+  keep(KEYS[2], now, ttl_ms, furthest(h))
 end
 
 local slot = now
@@ -128,6 +165,10 @@ if ready > slot then
   if deadline ~= nil and ready > deadline then return {2, ready - now, ready, corrupt} end
   return {1, ready - now, ready, corrupt}
 end
+if h[6] > 0 and h[8] > now then  -- blocked, and the probe is out: look again soon
+  local poll = math.min(h[8] - now, PROBE_POLL)
+  return {1, poll, now + poll, corrupt}
+end
 if deadline ~= nil and slot > deadline then return {2, slot - now, slot, corrupt} end
 
 local new_next = gnext
@@ -136,40 +177,109 @@ if gap > 0 then redis.call('HSET', KEYS[1], 'next', fmt(new_next)) end
 redis.call('HINCRBY', KEYS[1], 'count', 1)
 keep(KEYS[1], now, ttl_ms, new_next)
 
-local step = math.max(interval, h[4])
-if step > 0 then
-  redis.call('HSET', KEYS[2], 'next_allowed', fmt(slot + step))
-  keep(KEYS[2], now, ttl_ms, host_furthest(KEYS[2]))
-end
+local raised = 0
+local ibase = math.max(interval, gap)
+if h[9] > ibase and slot < h[11] then raised = adaptive(h, slot, ibase) end
+local step = math.max(interval, h[4], raised)
+if step > 0 then redis.call('HSET', KEYS[2], 'next_allowed', fmt(slot + step)) end
+if h[6] > 0 then redis.call('HSET', KEYS[2], 'probe_until', fmt(slot + PROBE_LEASE)) end  -- the probe
+if step > 0 or h[6] > 0 then keep(KEYS[2], now, ttl_ms, host_furthest(KEYS[2])) end
 return {0, slot - now, slot, corrupt}
 """
 )
 
 # KEYS: host. ARGV: retry_after_s ('' = none), base_s, factor, cap_s, jitter, rand, key_ttl_ms,
-# max_backoff_us. backoff.throttle_delay and backoff.apply_throttle in one step: counts the throttle and
-# pushes backoff_until out together. Returns {delay_us, corrupt (2 host)}.
+# max_backoff_us, kind (backoff.Kind), configured interval_us, block_hold_s, block_hold_cap_s, adaptive
+# (0/1), adaptive_floor_s, adaptive_recovery_s. backoff.answer_delay and backoff.apply_answer in one step:
+# counts the throttle and pushes backoff_until out together. Returns {delay_us, corrupt (2 host), block}.
 THROTTLE = (
     PRELUDE
     + """
 local now = now_us()
 local base, factor, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local jitter, rand = tonumber(ARGV[5]), tonumber(ARGV[6])
-local h, ok = sane_host(KEYS[1], now, 0, LOOSE_STEP, math.min(tonumber(ARGV[8]), cap * 1000000))
+local kind, bhold, bcap = tonumber(ARGV[9]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local h, ok = sane_host(KEYS[1], now, 0, LOOSE_STEP, tonumber(ARGV[8]))
+local ra = nil
+if ARGV[1] ~= '' then ra = tonumber(ARGV[1]) end
+local block = kind == 1 or (kind == 2 and h[7] + 1 >= FAIL_BLOCK)
 local delay
-if ARGV[1] ~= '' then
-  delay = math.min(cap, tonumber(ARGV[1]))
+if block then
+  local hold = math.min(bcap, bhold * math.pow(2, math.min(h[6], 64)))
+  delay = hold
+  if ra ~= nil and ra > hold then delay = math.min(ra, math.max(cap, bcap)) end
+elseif ra ~= nil then
+  delay = math.min(cap, ra)
 else
   local raw = base * math.pow(factor, math.min(h[3], 64))
   delay = math.min(cap, raw * (1.0 + jitter * rand))
 end
 local delay_us = math.floor(delay * 1000000 + 0.5)
-h[2] = math.max(h[2], now + delay_us)
+local untl = math.max(h[2], now + delay_us)
+if ARGV[13] == '1' then  -- backoff.raised_interval, from the state before this answer
+  local ibase = tonumber(ARGV[10])
+  local floor_us, cap_us = tonumber(ARGV[14]) * 1000000, cap * 1000000
+  local cur = math.max(ibase, adaptive(h, now, ibase))
+  h[9] = math.max(floor_us, math.min(math.max(cap_us, floor_us), 2 * cur))
+  h[10] = untl
+  h[11] = untl + tonumber(ARGV[15]) * 1000000
+end
+h[2] = untl
 h[3] = h[3] + 1
+if block then
+  h[6] = h[6] + 1
+  h[7] = 0
+elseif kind == 2 then
+  h[7] = h[7] + 1
+else
+  h[7] = 0
+end
+h[8] = 0
 put_host(KEYS[1], h)
-keep(KEYS[1], now, tonumber(ARGV[7]), math.max(h[1], h[2], h[5]))
+keep(KEYS[1], now, tonumber(ARGV[7]), furthest(h))
 local corrupt = 0
 if not ok then corrupt = 2 end
-return {delay_us, corrupt}
+local b = 0
+if block then b = 1 end
+return {delay_us, corrupt, b}
+"""
+)
+
+# KEYS: host. ARGV: rate_us (0 = no ceiling), burst, max_wait_us ('' = none), key_ttl_ms, max_backoff_us.
+# slots.exempt_claim: a GCRA slot, held by a backoff, a block or a probe out. Returns {outcome, wait_us,
+# corrupt (2 host)}.
+EXEMPT = (
+    PRELUDE
+    + """
+local now = now_us()
+local ttl_ms = tonumber(ARGV[4])
+local h, ok = sane_host(KEYS[1], now, 0, LOOSE_STEP, tonumber(ARGV[5]))
+local corrupt = 0
+if not ok then
+  corrupt = 2
+  put_host(KEYS[1], h)
+  keep(KEYS[1], now, ttl_ms, furthest(h))
+end
+local deadline = nil
+if ARGV[3] ~= '' then deadline = now + tonumber(ARGV[3]) end
+if h[2] > now then
+  if deadline ~= nil and h[2] > deadline then return {2, h[2] - now, corrupt} end
+  return {1, h[2] - now, corrupt}
+end
+if h[6] > 0 and h[8] > now then return {1, math.min(h[8] - now, PROBE_POLL), corrupt} end
+local rate, burst = tonumber(ARGV[1]), math.max(1, tonumber(ARGV[2]))
+local slot = now
+local tat = h[12]
+if rate > 0 then
+  tat = math.max(h[12], now)
+  slot = math.max(now, tat + rate - burst * rate)
+  tat = tat + rate
+end
+if deadline ~= nil and slot > deadline then return {2, slot - now, corrupt} end
+if rate > 0 then redis.call('HSET', KEYS[1], 'tat', fmt(tat)) end
+if h[6] > 0 then redis.call('HSET', KEYS[1], 'probe_until', fmt(slot + PROBE_LEASE)) end
+if rate > 0 or h[6] > 0 then keep(KEYS[1], now, ttl_ms, host_furthest(KEYS[1])) end
+return {0, slot - now, corrupt}
 """
 )
 
@@ -182,17 +292,24 @@ local now = now_us()
 local h, ok = sane_host(KEYS[1], now, 0, LOOSE_STEP, tonumber(ARGV[3]))
 h[2] = math.max(h[2], now + tonumber(ARGV[1]))
 put_host(KEYS[1], h)
-keep(KEYS[1], now, tonumber(ARGV[2]), math.max(h[1], h[2], h[5]))
+keep(KEYS[1], now, tonumber(ARGV[2]), furthest(h))
 return h[2] - now
 """
 )
 
-# KEYS: host. Resets the throttle count without creating a key (a key without a TTL would live forever).
-SUCCEEDED = """
-local n = tonumber(redis.call('HGET', KEYS[1], 'throttles')) or 0
-if n ~= 0 then redis.call('HSET', KEYS[1], 'throttles', 0) end
+# KEYS: host. backoff.apply_success: resets the counts, and ends a block whose hold is over, without
+# creating a key (a key without a TTL would live forever).
+SUCCEEDED = (
+    PRELUDE
+    + """
+local r = redis.call('HMGET', KEYS[1], 'throttles', 'fails', 'blocks', 'backoff_until')
+if num(r[1]) ~= 0 or num(r[2]) ~= 0 then redis.call('HSET', KEYS[1], 'throttles', 0, 'fails', 0) end
+if num(r[3]) ~= 0 and num(r[4]) <= now_us() then
+  redis.call('HSET', KEYS[1], 'blocks', 0, 'probe_until', 0)
+end
 return 1
 """
+)
 
 # KEYS: host. ARGV: crawl_delay_us, robots_ttl_us, key_ttl_ms.
 SET_CRAWL_DELAY = (
@@ -206,8 +323,8 @@ return 1
 """
 )
 
-# KEYS: host. ARGV: max_backoff_us. Returns {now, next_allowed, backoff_until, throttles, crawl_delay,
-# robots_expires, corrupt}, every field within its (loose) bound: a view never returns a stray value.
+# KEYS: host. ARGV: max_backoff_us. Returns {now, the 12 fields of sane_host, corrupt}, every field within
+# its (loose) bound: a view never returns a stray value.
 HOST_VIEW = (
     PRELUDE
     + """
@@ -215,6 +332,6 @@ local now = now_us()
 local h, ok = sane_host(KEYS[1], now, 0, LOOSE_STEP, tonumber(ARGV[1]))
 local corrupt = 0
 if not ok then corrupt = 2 end
-return {now, h[1], h[2], h[3], h[4], h[5], corrupt}
+return {now, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], corrupt}
 """
 )

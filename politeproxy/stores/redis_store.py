@@ -25,7 +25,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from politeproxy.policy.backoff import BackoffPolicy, Delay
+from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_CRAWL_DELAY, MAX_ROBOTS_TTL, Claim, Outcome, duration
 from politeproxy.stores import redis_lua
 from politeproxy.stores.base import HostView, Store, StoreError, WarnOnce, jitter_source
@@ -77,6 +77,7 @@ class RedisStore(Store):
         )
         self._claim = self.client.register_script(redis_lua.CLAIM)
         self._throttle = self.client.register_script(redis_lua.THROTTLE)
+        self._exempt = self.client.register_script(redis_lua.EXEMPT)
         self._hold = self.client.register_script(redis_lua.HOLD)
         self._succeeded = self.client.register_script(redis_lua.SUCCEEDED)
         self._set_crawl_delay = self.client.register_script(redis_lua.SET_CRAWL_DELAY)
@@ -136,9 +137,24 @@ class RedisStore(Store):
     ) -> Claim:
         return (await self.claim_with_server_time(host, gap, interval, max_wait, not_before))[0]
 
-    async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy) -> Delay:
+    async def exempt_claim(self, host: str, rate: float, burst: int, max_wait: float | None) -> Claim:
+        wait_arg = "" if max_wait is None else round(duration(max_wait) * US)
+        args = [_us(duration(rate)), max(1, int(burst)), wait_arg, self.key_ttl_ms, _us(self.max_backoff)]
+        code, wait_us, corrupt = await self._script("exempt_claim", self._exempt, [self.host_key(host)], args)
+        self._corrupt(int(corrupt), host)
+        wait = int(wait_us) / US
+        return Claim(_OUTCOMES[int(code)], wait, time.time() + wait)
+
+    async def throttled(
+        self,
+        host: str,
+        retry_after: float | None,
+        policy: BackoffPolicy,
+        kind: Kind = Kind.THROTTLE,
+        base: float = 0.0,
+    ) -> Delay:
         # One script: counting the throttle and applying its backoff cannot be separated by a cancellation
-        # or a crash. The arithmetic is backoff.throttle_delay's, in Lua; tests/test_claim_cases.py checks.
+        # or a crash. The arithmetic is backoff.answer_delay's, in Lua; tests/unit/test_claim_cases.py checks.
         ra = None if retry_after is None else duration(retry_after)
         args = [
             "" if ra is None else repr(ra),
@@ -149,11 +165,20 @@ class RedisStore(Store):
             repr(self.rand()),
             self.key_ttl_ms,
             _us(self.max_backoff),
+            int(kind),
+            _us(duration(base)),
+            repr(policy.block_hold),
+            repr(policy.block_hold_cap),
+            "1" if policy.adaptive else "0",
+            repr(policy.adaptive_floor),
+            repr(policy.adaptive_recovery),
         ]
-        delay_us, corrupt = await self._script("throttled", self._throttle, [self.host_key(host)], args)
+        key = [self.host_key(host)]
+        delay_us, corrupt, block = await self._script("throttled", self._throttle, key, args)
         self._corrupt(int(corrupt), host)
-        capped = ra if ra is not None and ra > policy.cap else None
-        return Delay(int(delay_us) / US, capped_from=capped)
+        top = max(policy.cap, policy.block_hold_cap) if int(block) else policy.cap
+        capped = ra if ra is not None and ra > top else None
+        return Delay(int(delay_us) / US, capped_from=capped, block=bool(int(block)))
 
     async def mirror_backoff(self, host: str, seconds: float) -> None:
         args = [_us(duration(seconds, self.max_backoff)), self.key_ttl_ms, _us(self.max_backoff)]
@@ -172,7 +197,8 @@ class RedisStore(Store):
 
     async def host_view(self, host: str) -> HostView:
         raw = await self._script("host_view", self._host_view, [self.host_key(host)], [_us(self.max_backoff)])
-        now, next_allowed, until, throttles, crawl_delay, robots, corrupt = (int(v) for v in raw)
+        now, next_allowed, until, throttles, crawl_delay, robots, blocks = (int(v) for v in raw[:7])
+        probe, ai, afrom, auntil, _tat, corrupt = (int(v) for v in raw[8:])
         self._corrupt(corrupt, host)
         return HostView(
             ready_in=max(0, max(next_allowed, until) - now) / US,
@@ -180,6 +206,11 @@ class RedisStore(Store):
             throttles=throttles,
             crawl_delay=crawl_delay / US,
             robots_fresh=robots > now,
+            blocks=blocks,
+            probe_in=max(0, probe - now) / US,
+            adapt_interval=ai / US,
+            adapt_from_in=(afrom - now) / US,
+            adapt_until_in=(auntil - now) / US,
         )
 
     async def grants(self) -> int:

@@ -1,8 +1,8 @@
-"""One table of (state, event) -> expected state, run against the Python rules (MemoryStore over
-``StateMachine``: ``slots.claim``, the sanity bounds, ``backoff.throttle_delay``) AND the Redis Lua scripts,
-so the two cannot drift. Times in the table are seconds relative to the store's now. Below the table, the
-scripts against what no row can express: a cancellation between round trips, stray values from HSET, a
-record corrupted between two claims of a running proxy."""
+"""One table of (state, event) -> expected state, run against the Python rules (MemoryStore and FileStore
+over ``StateMachine``: ``slots.claim``, ``slots.exempt_claim``, the sanity bounds, ``backoff.answer_delay``)
+AND the Redis Lua scripts, so they cannot drift. Times in the table are seconds relative to the store's
+now. Below the table, the scripts against what no row can express: a cancellation between round trips,
+stray values from HSET, a record corrupted between two claims of a running proxy."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ import math
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
-from politeproxy.policy.backoff import BackoffPolicy
+from politeproxy.policy.backoff import BackoffPolicy, Kind
 from politeproxy.policy.slots import HostState, Outcome
 from politeproxy.stores.base import Store
+from politeproxy.stores.file import GLOBAL, FileStore, encode_host, host_file_name
 from politeproxy.stores.memory import MemoryStore
 from politeproxy.stores.redis_store import RedisStore
 from tests.support.redis_server import RedisServer, running_redis, server_kinds
@@ -28,8 +30,23 @@ H = HOST = "data.commoncrawl.org"
 NOW = 1_700_000_000.0
 DAY = 86400.0
 FF = 2**64 / 1e9 - NOW  # a uint64 of 0xFF bytes as UnixNano, relative to NOW (about 1.7e10 s ahead)
-POLICY = BackoffPolicy(base=1.0, factor=2.0, cap=300.0, jitter=0.2)
-TIMES = ("next", "next_allowed", "backoff_until", "robots_expires")
+POLICY = BackoffPolicy(
+    base=1.0, factor=2.0, cap=300.0, jitter=0.2, block_hold=10.0, block_hold_cap=40.0, adaptive_recovery=60.0
+)
+TIMES = (
+    "next",
+    "next_allowed",
+    "backoff_until",
+    "robots_expires",
+    "probe_until",
+    "adapt_from",
+    "adapt_until",
+)
+TIMES += ("tat",)
+COUNTS = ("throttles", "blocks", "fails")
+DURATIONS = ("crawl_delay", "adapt_interval")
+ABSENT = None  # an expected time that is not set (0 in the record)
+B, F = Kind.BLOCK, Kind.FAILURE
 
 
 @dataclass(frozen=True)
@@ -38,9 +55,9 @@ class Case:
     state: dict[
         str, float
     ]  # next (global), next_allowed, backoff_until, robots_expires (relative), throttles, crawl_delay
-    event: tuple[
-        Any, ...
-    ]  # ("claim", gap, interval, max_wait) | ("throttle", retry_after, rand) | ("success",)
+    # ("claim", gap, interval, max_wait[, not_before]) | ("throttle", retry_after, rand[, kind, base])
+    # | ("success",) | ("exempt", rate, burst, max_wait)
+    event: tuple[Any, ...]
     expect: dict[str, Any] = field(default_factory=dict)  # outcome, wait, delay, and any state key after
 
 
@@ -226,6 +243,203 @@ CASES = [
         {"throttles": 0, "backoff_until": 10.0},
     ),
     Case("success_unknown", {}, ("success",), {"throttles": 0}),
+    # -- blocks (403): block_hold doubling to block_hold_cap, Retry-After wins where longer; the interval
+    # is raised (adaptive) and steps back from the end of the hold
+    Case(
+        "block_first",
+        {},
+        ("throttle", None, 0.0, B),
+        {"delay": 10.0, "blocks": 1, "throttles": 1, "backoff_until": 10.0, "adapt_interval": 1.0}
+        | {"adapt_from": 10.0, "adapt_until": 70.0, "probe_until": ABSENT},
+    ),
+    Case("block_doubles", {"blocks": 1}, ("throttle", None, 0.0, B), {"delay": 20.0, "blocks": 2}),
+    Case("block_capped", {"blocks": 5}, ("throttle", None, 0.0, B), {"delay": 40.0, "blocks": 6}),
+    Case("block_retry_after_longer", {}, ("throttle", 30.0, 0.0, B), {"delay": 30.0, "backoff_until": 30.0}),
+    Case("block_retry_after_shorter", {}, ("throttle", 5.0, 0.0, B), {"delay": 10.0}),
+    Case("block_retry_after_huge", {}, ("throttle", 1e5, 0.0, B), {"delay": 300.0, "blocks": 1}),
+    Case(
+        "block_on_the_probe",
+        {"blocks": 1, "probe_until": 20.0},
+        ("throttle", None, 0.0, B),
+        {"delay": 20.0, "blocks": 2, "probe_until": ABSENT},
+    ),
+    Case(
+        "block_hold_beyond_backoff_cap_is_sane",
+        {"blocks": 3, "backoff_until": 1500.0},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.HOST_NOT_READY, "wait": 1500.0, "backoff_until": 1500.0},
+    ),
+    # -- connection failures: a throttle; FAIL_BLOCK in a row a block; any other answer ends the row
+    Case("failure_first", {}, ("throttle", None, 0.0, F), {"delay": 1.0, "fails": 1, "blocks": 0}),
+    Case(
+        "failure_third_is_block",
+        {"fails": 2, "throttles": 2},
+        ("throttle", None, 0.0, F),
+        {"delay": 10.0, "fails": 0, "blocks": 1, "throttles": 3},
+    ),
+    Case("throttle_ends_failures", {"fails": 2}, ("throttle", None, 0.0), {"fails": 0, "blocks": 0}),
+    # -- the probe: when the hold ends one request goes alone; the others look again until it answers
+    Case(
+        "probe_granted",
+        {"blocks": 1},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "probe_until": 30.0, "next": 1.0},
+    ),
+    Case(
+        "probe_out_waits",
+        {"blocks": 1, "probe_until": 5.0},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.HOST_NOT_READY, "wait": 0.25, "next": ABSENT},
+    ),
+    Case(
+        "probe_lease_expired",
+        {"blocks": 1, "probe_until": -1.0},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "probe_until": 30.0},
+    ),
+    Case(
+        "hold_before_probe",
+        {"blocks": 1, "backoff_until": 5.0},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.HOST_NOT_READY, "wait": 5.0, "probe_until": ABSENT},
+    ),
+    Case(
+        "probe_until_corrupt",
+        {"blocks": 1, "probe_until": 1e6},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "probe_until": 30.0},
+    ),
+    Case(
+        "blocks_corrupt", {"blocks": 5000}, ("claim", 1.0, 0.0, None), {"blocks": 1000, "probe_until": 30.0}
+    ),
+    Case(
+        "success_ends_block_after_hold",
+        {"blocks": 2, "probe_until": 20.0, "fails": 1},
+        ("success",),
+        {"blocks": 0, "probe_until": ABSENT, "fails": 0},
+    ),
+    Case(
+        "success_during_hold_keeps_block",
+        {"blocks": 1, "backoff_until": 50.0, "throttles": 1},
+        ("success",),
+        {"blocks": 1, "throttles": 0, "backoff_until": 50.0},
+    ),
+    # -- the adaptive interval: at least doubles on a throttle (floor 1 s), steps back in 4 equal steps
+    Case(
+        "adaptive_raised_first",
+        {},
+        ("throttle", 2.0, 0.0, Kind.THROTTLE, 0.5),
+        {"adapt_interval": 1.0, "adapt_from": 2.0, "adapt_until": 62.0},
+    ),
+    Case(
+        "adaptive_doubles_current",
+        {"adapt_interval": 3.0, "adapt_from": -1.0, "adapt_until": 59.0},
+        ("throttle", 2.0, 0.0, Kind.THROTTLE, 0.5),
+        {"adapt_interval": 6.0, "adapt_from": 2.0, "adapt_until": 62.0},
+    ),
+    Case(
+        "adaptive_doubles_from_a_step",
+        {"adapt_interval": 4.5, "adapt_from": -31.0, "adapt_until": 29.0},
+        ("throttle", None, 0.0, Kind.THROTTLE, 0.5),
+        {"adapt_interval": 5.0, "delay": 1.0},
+    ),
+    Case(
+        "adaptive_claim_raised",
+        {"adapt_interval": 4.0, "adapt_from": 10.0, "adapt_until": 70.0},
+        ("claim", 0.5, 0.0, None),
+        {"outcome": Outcome.GRANTED, "next_allowed": 4.0},
+    ),
+    Case(
+        "adaptive_claim_second_step",
+        {"adapt_interval": 4.5, "adapt_from": -31.0, "adapt_until": 29.0},
+        ("claim", 0.5, 0.0, None),
+        {"outcome": Outcome.GRANTED, "next_allowed": 2.5},
+    ),
+    Case(
+        "adaptive_claim_recovered",
+        {"adapt_interval": 4.0, "adapt_from": -61.0, "adapt_until": -1.0},
+        ("claim", 0.5, 0.0, None),
+        {"outcome": Outcome.GRANTED, "next_allowed": ABSENT},
+    ),
+    Case(
+        "adaptive_interval_corrupt",
+        {"adapt_interval": 1e9, "adapt_from": 0.0, "adapt_until": 60.0},
+        ("claim", 0.5, 0.0, None),
+        {"outcome": Outcome.GRANTED, "adapt_interval": 0.0, "next_allowed": ABSENT},
+    ),
+    Case(
+        "adaptive_from_the_future",
+        {"adapt_interval": 2.0, "adapt_from": 1e7, "adapt_until": 1e7 + 60},
+        ("claim", 0.5, 0.0, None),
+        {"outcome": Outcome.GRANTED, "adapt_from": 0.0, "adapt_until": 0.0, "next_allowed": ABSENT},
+    ),
+    # -- the exempt ceiling (GCRA): a burst at once, then one per rate; held by backoff, block and probe
+    Case(
+        "exempt_fresh",
+        {},
+        ("exempt", 0.02, 100, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "tat": 0.02},
+    ),
+    Case(
+        "exempt_within_burst",
+        {"tat": 1.0},
+        ("exempt", 0.02, 100, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "tat": 1.02},
+    ),
+    Case(
+        "exempt_burst_spent",
+        {"tat": 2.0},
+        ("exempt", 0.02, 100, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.02, "tat": 2.02},
+    ),
+    Case(
+        "exempt_too_late",
+        {"tat": 5.0},
+        ("exempt", 0.02, 100, 1.0),
+        {"outcome": Outcome.TOO_LATE, "wait": 3.02, "tat": 5.0},
+    ),
+    Case(
+        "exempt_backoff",
+        {"backoff_until": 3.0},
+        ("exempt", 0.02, 100, None),
+        {"outcome": Outcome.HOST_NOT_READY, "wait": 3.0, "tat": ABSENT},
+    ),
+    Case(
+        "exempt_backoff_too_late",
+        {"backoff_until": 3.0},
+        ("exempt", 0.02, 100, 1.0),
+        {"outcome": Outcome.TOO_LATE, "wait": 3.0},
+    ),
+    Case(
+        "exempt_probe_out",
+        {"blocks": 1, "probe_until": 5.0},
+        ("exempt", 0.02, 100, None),
+        {"outcome": Outcome.HOST_NOT_READY, "wait": 0.25},
+    ),
+    Case(
+        "exempt_is_the_probe",
+        {"blocks": 1},
+        ("exempt", 0.0, 100, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "probe_until": 30.0},
+    ),
+    Case(
+        "exempt_ceiling_off",
+        {"tat": 50.0},
+        ("exempt", 0.0, 100, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0},
+    ),
+    Case(
+        "exempt_tat_corrupt",
+        {"tat": 1e6},
+        ("exempt", 0.02, 100, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "tat": 0.02},
+    ),
+    Case(
+        "exempt_burst_one",
+        {"tat": 0.5},
+        ("exempt", 1.0, 1, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.5, "tat": 1.5},
+    ),
 ]
 
 KINDS = server_kinds()
@@ -233,13 +447,19 @@ IDS = [c.name for c in CASES]
 
 
 def host_state(state: dict[str, float], now: float) -> HostState:
-    return HostState(
-        next_allowed=now + state.get("next_allowed", -now),
-        backoff_until=now + state.get("backoff_until", -now),
-        throttles=int(state.get("throttles", 0)),
-        crawl_delay=state.get("crawl_delay", 0.0),
-        robots_expires=now + state.get("robots_expires", -now),
-    )
+    times = {k: now + state[k] for k in TIMES[1:] if k in state}
+    counts = {k: int(state[k]) for k in COUNTS if k in state}
+    return HostState(**times, **counts, **{k: state[k] for k in DURATIONS if k in state})
+
+
+def observed(st: HostState, global_next: float, now: float) -> dict[str, Any]:
+    """A store's record as the table speaks of it: times relative to now, ABSENT when not set."""
+    got: dict[str, Any] = {"next": global_next - now if global_next else ABSENT}
+    for key in TIMES[1:]:
+        t = getattr(st, key)
+        got[key] = t - now if t else ABSENT
+    got |= {k: getattr(st, k) for k in COUNTS + DURATIONS}
+    return got
 
 
 async def run_event(store: Store, event: tuple[Any, ...]) -> dict[str, Any]:
@@ -249,9 +469,13 @@ async def run_event(store: Store, event: tuple[Any, ...]) -> dict[str, Any]:
         assert math.isfinite(c.wait)
         return {"outcome": c.outcome, "wait": c.wait}
     if event[0] == "throttle":
-        d = await store.throttled(H, event[1], POLICY)
+        d = await store.throttled(H, event[1], POLICY, *event[3:])
         assert math.isfinite(d.seconds)
         return {"delay": d.seconds}
+    if event[0] == "exempt":
+        c = await store.exempt_claim(H, event[1], event[2], event[3])
+        assert math.isfinite(c.wait)
+        return {"outcome": c.outcome, "wait": c.wait}
     await store.succeeded(H)
     return {}
 
@@ -259,7 +483,7 @@ async def run_event(store: Store, event: tuple[Any, ...]) -> dict[str, Any]:
 def check(case: Case, got: dict[str, Any], tolerance: float) -> None:
     for key, want in case.expect.items():
         assert key in got, f"{case.name}: {key} missing"
-        if isinstance(want, Outcome):
+        if isinstance(want, Outcome) or want is ABSENT or got[key] is ABSENT:
             assert got[key] is want, f"{case.name}: {key} {got[key]} != {want}"
         else:
             assert got[key] == pytest.approx(want, abs=tolerance), f"{case.name}: {key} {got[key]} != {want}"
@@ -274,12 +498,25 @@ async def test_python_rules(case: Case) -> None:
     if set(case.state) - {"next"}:
         store.hosts[H] = host_state(case.state, NOW)
     got = await run_event(store, case.event)
-    st = store.hosts.get(H, HostState())
-    got["next"] = store.global_next - NOW
-    for key in TIMES[1:]:
-        got[key] = getattr(st, key) - NOW
-    got["throttles"], got["crawl_delay"] = st.throttles, st.crawl_delay
-    check(case, got, 1e-6)
+    check(case, got | observed(store.hosts.get(H, HostState()), store.global_next, NOW), 1e-6)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+async def test_file_store(case: Case, tmp_path: Path) -> None:
+    """The file store (records on disk, read back under the flock) gives the table's answers."""
+    r = case.event[2] if case.event[0] == "throttle" else 0.0
+    store = FileStore(tmp_path, lambda: NOW, rand=lambda: r)
+    try:
+        if "next" in case.state:
+            gnext = round((NOW + case.state["next"]) * 1e9)
+            (tmp_path / "ratelimit.lock").write_bytes(GLOBAL.pack(min(max(gnext, 0), 2**64 - 1), 0))
+        if set(case.state) - {"next"}:
+            (tmp_path / "hosts" / host_file_name(H)).write_bytes(encode_host(host_state(case.state, NOW)))
+        got = await run_event(store, case.event)
+        nxt, _count = store._read_global()
+        check(case, got | observed(store._read_host(H), nxt, NOW), 1e-6)
+    finally:
+        await store.close()
 
 
 @pytest.fixture(scope="module", params=sorted(KINDS) or ["redis"])
@@ -306,19 +543,18 @@ async def test_redis_scripts(case: Case, server: RedisServer, raw: aioredis.Redi
         rel = {k: f"{now_us + v * 1e6:.0f}" for k, v in case.state.items() if k in TIMES}
         if "next" in rel:
             await raw.hset(store.global_key, mapping={"next": rel.pop("next"), "count": 0})
-        fields = {**rel, **{k: f"{v * 1e6:.0f}" for k, v in case.state.items() if k == "crawl_delay"}}
-        if "throttles" in case.state:
-            fields["throttles"] = str(int(case.state["throttles"]))
+        fields = {**rel, **{k: f"{v * 1e6:.0f}" for k, v in case.state.items() if k in DURATIONS}}
+        fields |= {k: str(int(case.state[k])) for k in COUNTS if k in case.state}
         if fields:
             await raw.hset(store.host_key(H), mapping=fields)
         got = await run_event(store, case.event)
         g = await raw.hgetall(store.global_key)
         h = await raw.hgetall(store.host_key(H))
-        got["next"] = (float(g.get("next", 0)) - now_us) / 1e6
-        for key in TIMES[1:]:
-            got[key] = (float(h.get(key, 0)) - now_us) / 1e6
-        got["throttles"] = int(float(h.get("throttles", 0)))
-        got["crawl_delay"] = float(h.get("crawl_delay", 0)) / 1e6
+        for key in TIMES:
+            t = float((g if key == "next" else h).get(key, 0))
+            got[key] = (t - now_us) / 1e6 if t else ABSENT
+        got |= {k: int(float(h.get(k, 0))) for k in COUNTS}
+        got |= {k: float(h.get(k, 0)) / 1e6 for k in DURATIONS}
         check(case, got, 0.05)
     finally:
         await store.close()

@@ -13,26 +13,32 @@ import math
 import os
 import struct
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from politeproxy.policy.backoff import BackoffPolicy
+from politeproxy.policy.backoff import BackoffPolicy, Kind
 from politeproxy.policy.slots import (
     MAX_BACKOFF,
     MAX_CRAWL_DELAY,
+    MAX_DURATION,
+    MAX_RECOVERY,
     MAX_ROBOTS_TTL,
+    MAX_TAT,
     MAX_THROTTLES,
+    PROBE_LEASE,
     Bounds,
     HostState,
     Outcome,
+    adaptive_interval,
     sane_global,
     sane_host,
 )
 from politeproxy.stores.base import Store
-from politeproxy.stores.file import GLOBAL, HOST, FileStore, decode_global, decode_host, host_file_name
+from politeproxy.stores.file import GLOBAL, HOST_V1, FileStore, decode_global, decode_host, host_file_name
 from politeproxy.stores.memory import MemoryStore
 
 NOW = 1_700_000_000.0
@@ -47,6 +53,8 @@ record_bytes = st.one_of(
     st.binary(min_size=0, max_size=60),
     st.binary(min_size=16, max_size=16),
     st.binary(min_size=40, max_size=40),
+    st.just(b"\xff" * 96),
+    st.binary(min_size=96, max_size=96),
 )
 
 
@@ -58,9 +66,11 @@ def test_decode_never_raises_and_is_finite(data: bytes) -> None:
     if g is not None:
         assert math.isfinite(g[0]) and g[0] >= 0 and 0 <= g[1] < 2**64
     h = decode_host(data)
-    assert (h is None) == (len(data) < HOST.size)
+    assert (h is None) == (len(data) < HOST_V1.size)  # a 40-byte record of earlier versions still reads
     if h is not None:
-        for t in (h.next_allowed, h.backoff_until, h.robots_expires, h.crawl_delay):
+        for t in (h.next_allowed, h.backoff_until, h.robots_expires, h.crawl_delay, h.probe_until, h.tat):
+            assert math.isfinite(t) and t >= 0
+        for t in (h.adapt_interval, h.adapt_from, h.adapt_until):
             assert math.isfinite(t) and t >= 0
 
 
@@ -90,6 +100,29 @@ def test_sane_host_is_within_bounds(
     assert 0 <= h.throttles <= MAX_THROTTLES
 
 
+@given(any_float, any_float, any_float, any_float, any_float, st.integers(-(2**70), 2**70), gaps, gaps)
+def test_sane_host_bounds_the_block_probe_adaptive_and_exempt_fields(
+    probe: float, ai: float, afrom: float, auntil: float, tat: float, blocks: int, gap: float, base: float
+) -> None:
+    """The fields added for blocks, probes, the adaptive interval and the exempt ceiling come out finite and
+    within their bounds whatever the record held (records from the future are treated as now), and the
+    effective interval derived from them is finite, at least the configured one and at most the raised one
+    or the ceiling of any interval."""
+    b = Bounds(gap=gap, step=base, backoff=300.0)
+    rec = HostState(blocks=blocks, probe_until=probe, adapt_interval=ai, adapt_from=afrom, adapt_until=auntil)
+    h, _ = sane_host(replace(rec, tat=tat), NOW, b)
+    assert 0 <= h.blocks <= MAX_THROTTLES
+    assert 0 <= h.probe_until <= NOW + b.schedule() + PROBE_LEASE
+    assert 0 <= h.adapt_interval <= MAX_DURATION
+    assert (
+        0 <= h.adapt_from <= NOW + MAX_BACKOFF + 1
+        and 0 <= h.adapt_until <= NOW + MAX_BACKOFF + 1 + MAX_RECOVERY
+    )
+    assert 0 <= h.tat <= NOW + MAX_TAT
+    eff = adaptive_interval(h, NOW, base)
+    assert math.isfinite(eff) and base <= eff <= max(base, h.adapt_interval)
+
+
 def test_host_file_names_never_reach_a_path() -> None:
     """Only RFC 1123 names become file names; anything else is a hash with no separator or dot-dot."""
     assert host_file_name("Data.CommonCrawl.org.") == "data.commoncrawl.org"
@@ -111,7 +144,7 @@ def test_any_host_name_gives_a_plain_file_name(host: str) -> None:
     record_bytes,
     gaps,
     st.floats(0.0, 100.0),
-    st.sampled_from(["claim", "throttle", "view", "crawl"]),
+    st.sampled_from(["claim", "throttle", "block", "exempt", "view", "crawl"]),
 )
 def test_file_store_on_any_records(glob: bytes, host: bytes, gap: float, interval: float, op: str) -> None:
     """A FileStore whose ratelimit.lock and hosts/ record hold any bytes answers every operation without
@@ -130,8 +163,14 @@ async def _one_file_op(d: Path, glob: bytes, host: bytes, gap: float, interval: 
         if op == "claim":
             c = await store.claim(H, gap, interval, None)
             assert math.isfinite(c.wait) and 0 <= c.wait <= max(
-                b.schedule(), b.host_next(MAX_CRAWL_DELAY), MAX_BACKOFF + 1
+                b.schedule(), b.host_next(MAX_CRAWL_DELAY, MAX_DURATION), MAX_BACKOFF + 1
             )
+        elif op == "block":
+            d_ = await store.throttled(H, None, BackoffPolicy(cap=300.0), Kind.BLOCK, interval)
+            assert math.isfinite(d_.seconds) and 0 <= d_.seconds <= 1800.0
+        elif op == "exempt":
+            c = await store.exempt_claim(H, 0.02, 100, None)
+            assert math.isfinite(c.wait) and 0 <= c.wait <= MAX_BACKOFF + 1
         elif op == "throttle":
             d_ = await store.throttled(H, None, BackoffPolicy(cap=300.0))
             assert math.isfinite(d_.seconds) and 0 <= d_.seconds <= 300.0
@@ -142,6 +181,14 @@ async def _one_file_op(d: Path, glob: bytes, host: bytes, gap: float, interval: 
             assert math.isfinite(v) and v >= 0
         assert view.backoff_in <= MAX_BACKOFF + 1
         assert view.crawl_delay <= MAX_CRAWL_DELAY
+        for v in (
+            view.probe_in,
+            view.adapt_interval,
+            view.adapt_from_in,
+            view.adapt_until_in,
+            view.interval(1),
+        ):
+            assert math.isfinite(v)
         g = decode_global((d / "ratelimit.lock").read_bytes())
         if g is not None and op == "claim":
             assert g[0] <= NOW + b.schedule() + gap
