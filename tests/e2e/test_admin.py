@@ -1,0 +1,75 @@
+"""The admin endpoints answered in one place (politeproxy/admin.py): --metrics-listen gives the same
+answers as the proxy port, and the access line is one record, plain or JSON."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import requests
+
+from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, free_port, wait_for
+from tests.e2e.test_proxy_io import bundle, proxies
+
+
+def _answer(r: requests.Response) -> tuple[int, str, bytes]:
+    return r.status_code, r.headers.get("Content-Type", ""), r.content
+
+
+def test_metrics_listen_serves_the_same_admin_answers(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    """Every admin path and refusal is answered alike on the proxy port and on --metrics-listen: /ca.pem
+    (which --metrics-listen did not serve before admin.py), /healthz, a 404 and a 405."""
+    port = free_port()
+    p = proxy_factory(upstream, NO_ROBOTS, args=("--metrics-listen", f"127.0.0.1:{port}"))
+    wait_for(lambda: "metrics on" in p.log(), 10, "the metrics start line")
+    r = requests.get(
+        "https://data.commoncrawl.org/echo", proxies=proxies(p), verify=str(bundle(p)), timeout=30
+    )
+    assert r.status_code == 200
+    side = f"http://127.0.0.1:{port}"
+    for method, path in [("GET", "/healthz"), ("GET", "/ca.pem"), ("GET", "/nope"), ("POST", "/metrics")]:
+        a = requests.request(method, p.url + path, timeout=10)
+        b = requests.request(method, side + path, timeout=10)
+        assert _answer(a) == _answer(b), (method, path, _answer(a), _answer(b))
+    assert requests.get(side + "/ca.pem", timeout=10).content == (p.data_dir / "ca.pem").read_bytes()
+    assert requests.get(side + "/nope", timeout=10).status_code == 404
+    assert requests.post(side + "/metrics", timeout=10).status_code == 405
+    health = requests.get(side + "/healthz", timeout=10).json()
+    assert health["status"] == "ok" and {"store", "degraded", "queued"} <= health.keys()
+    # /metrics: one registry behind both, so both show the request made above.
+    a, b = requests.get(p.url + "/metrics", timeout=10), requests.get(side + "/metrics", timeout=10)
+    assert a.status_code == b.status_code == 200
+    assert a.headers["Content-Type"] == b.headers["Content-Type"]
+    assert a.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    line = 'politeproxy_requests_total{class="paced",code="2xx",host="data.commoncrawl.org"} 1.0'
+    assert line in a.text and line in b.text
+    assert requests.head(side + "/metrics", timeout=10).status_code == 200
+
+
+def test_json_access_line_is_one_flat_object(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    """--log-format json: the access line's fields sit at the top level (no "message", no JSON in a
+    string), and carries the values of the exchange."""
+    p = proxy_factory(upstream, NO_ROBOTS, args=("--log-format", "json"))
+    r = requests.get(
+        "https://data.commoncrawl.org/echo?j=1", proxies=proxies(p), verify=str(bundle(p)), timeout=30
+    )
+    assert r.status_code == 200
+    deadline = time.monotonic() + 10
+    lines: list[dict[str, object]] = []
+    while not lines and time.monotonic() < deadline:
+        objs = [json.loads(x) for x in p.log().splitlines() if x.strip()]
+        lines = [o for o in objs if o.get("logger") == "politeproxy.access"]
+        time.sleep(0.1)
+    assert lines, p.log()
+    a = lines[0]
+    assert "message" not in a, a
+    assert a["method"] == "GET" and a["host"] == "data.commoncrawl.org" and a["class"] == "paced"
+    assert a["status"] == 200 and a["bytes"] == len(r.content) and a["client"] == "127.0.0.1"
+    assert isinstance(a["wait"], float | int) and isinstance(a["duration"], float | int)
+    assert a["level"] == "info" and isinstance(a["ts"], float)
+    assert "note" not in a

@@ -1,0 +1,66 @@
+"""The access line is built once (an AccessRecord) and rendered by logs.py, plain or JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+from politeproxy.logs import PLAIN_FORMAT, AccessLog, JsonFormatter
+from politeproxy.proxy.events import AccessRecord
+
+
+def _render(formatter: logging.Formatter, record: AccessRecord) -> str:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    logger = logging.getLogger(f"politeproxy.access.test{id(out)}")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    AccessLog(logger).access(record)
+    return out.getvalue().strip()
+
+
+REC = AccessRecord("10.0.0.1", "GET", "data.commoncrawl.org", "paced", 0.12345, 200, 42, 0.56789)
+
+
+def test_plain_line() -> None:
+    line = _render(logging.Formatter(PLAIN_FORMAT), REC)
+    assert line.endswith(
+        "10.0.0.1 GET data.commoncrawl.org paced wait=0.123s status=200 bytes=42 duration=0.568s"
+    ), line
+
+
+def test_json_line_is_flat_and_rounded() -> None:
+    obj = json.loads(_render(JsonFormatter(), REC))
+    assert {k: obj[k] for k in obj if k not in ("ts", "logger")} == {
+        "level": "info",
+        "client": "10.0.0.1",
+        "method": "GET",
+        "host": "data.commoncrawl.org",
+        "class": "paced",
+        "wait": 0.1235,
+        "status": 200,
+        "bytes": 42,
+        "duration": 0.5679,
+    }
+
+
+def test_note_in_both_forms() -> None:
+    rec = AccessRecord("?", "GET", "h", "paced", 0.0, 0, 0, 1.0, note="client_gone")
+    assert _render(logging.Formatter(PLAIN_FORMAT), rec).endswith(" note=client_gone")
+    assert json.loads(_render(JsonFormatter(), rec))["note"] == "client_gone"
+
+
+def test_a_message_that_looks_like_json_stays_a_message() -> None:
+    """Before logs.py, any access message starting with "{" was parsed and merged; now only a record is."""
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("politeproxy.access.testmsg")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.warning('{"status": 999}')
+    obj = json.loads(out.getvalue())
+    assert obj["message"] == '{"status": 999}' and "status" not in obj
