@@ -288,6 +288,8 @@ class App:
                 try:
                     view = await self.store.host_view(host)
                     self.metrics.backoff.labels(host).set(view.backoff_in)
+                    s = self.pacer.settings
+                    self.metrics.set_host_interval(host, view.interval(max(s.gap, s.interval_for(host))))
                 except Exception as e:  # noqa: BLE001 - a gauge must not kill the loop
                     errors.report(e, time.monotonic())
 
