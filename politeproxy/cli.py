@@ -6,12 +6,15 @@ import argparse
 import asyncio
 import logging
 import os
+import shlex
 import sys
 from typing import Any
+from urllib.parse import quote
 
 from politeproxy import __version__
 from politeproxy.config import Config, ConfigError, check_environment, env_overrides, load
 from politeproxy.logs import setup_logging
+from politeproxy.policy.fairness import clean_name
 
 EXIT_CONFIG = 2
 
@@ -107,7 +110,12 @@ def cmd_env(args: argparse.Namespace) -> int:
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    proxy = f"http://{netloc}"
+    name = args.pipeline
+    if name is not None and (not name or ":" in name or clean_name(name) != name):
+        return _fail(f"--pipeline {name!r}: 1-64 printable characters, no spaces, quotes or ':'")
+    # The pipeline is the proxy URL's user name, percent-encoded, sent as Proxy-Authorization. The empty
+    # password (the ':') is for requests, which sends no credentials for a user name alone.
+    proxy = shlex.quote(f"http://{quote(name, safe='')}:@{netloc}" if name else f"http://{netloc}")
     bundle = ca.bundle_path
     lines = [
         f"# politeproxy {__version__}: point your tools at the proxy and trust its CA ({ca.cert_path})",
@@ -123,6 +131,8 @@ def cmd_env(args: argparse.Namespace) -> int:
         f"export NODE_EXTRA_CA_CERTS={ca.cert_path}",
         f"# duckdb: SET http_proxy = '{netloc}'; SET ca_cert_file = '{bundle}';",
     ]
+    if name:
+        lines.append("# duckdb: SET http_proxy_username = '{}';".format(name.replace("'", "''")))
     print("\n".join(lines))
     return 0
 
@@ -169,6 +179,7 @@ def parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
     env = sub.add_parser("env", help="print export lines that point tools at the proxy")
     common(env)
+    env.add_argument("--pipeline", help="name this pipeline in the proxy URL (its fair share, its metrics)")
     env.set_defaults(func=cmd_env)
     ca = sub.add_parser("ca", help="print the paths of the CA and the bundle (made if missing)")
     common(ca)

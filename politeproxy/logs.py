@@ -32,6 +32,8 @@ def access_fields(r: AccessRecord) -> dict[str, Any]:
     }
     if r.note is not None:
         out["note"] = r.note
+    if r.pipeline is not None:
+        out["pipeline"] = r.pipeline
     return out
 
 
@@ -46,7 +48,7 @@ class AccessLog(NoProxyEvents):
             return
         # Formatted only when a handler writes it; the JSON formatter reads ``extra["access"]`` instead.
         self.logger.info(
-            "%s %s %s %s wait=%.3fs status=%s bytes=%d duration=%.3fs%s",
+            "%s %s %s %s wait=%.3fs status=%s bytes=%d duration=%.3fs%s%s",
             record.client,
             record.method,
             record.host,
@@ -56,6 +58,7 @@ class AccessLog(NoProxyEvents):
             record.bytes,
             record.duration,
             f" note={record.note}" if record.note is not None else "",
+            f" pipeline={record.pipeline}" if record.pipeline is not None else "",
             extra={"access": record},
         )
 

@@ -2,7 +2,9 @@
 
 Memory is bounded whatever clients send: the host label takes the pinned hosts (the configured concrete
 hosts, index and data.commoncrawl.org) and the first ``FREE_HOST_LABELS`` other names seen, then ``other``;
-the achieved rate is kept in 100 buckets per label, trimmed on every grant.
+the achieved rate is kept in 100 buckets per label, trimmed on every grant. The pipeline label (requests,
+grants, wait, queue depth, rejections) is bounded the same way: the configured pipelines and the first
+``policy.fairness.FREE_PIPELINES`` names seen, then ``other``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from prometheus_client.registry import Collector
 
 from politeproxy.pacing.base import PacerEvents
 from politeproxy.policy.classify import Klass
+from politeproxy.policy.fairness import DEFAULT_PIPELINE, FREE_PIPELINES, PipelineNames
+from politeproxy.policy.settings import MAX_PIPELINES
 from politeproxy.proxy.events import AccessRecord, ProxyEvents
 
 # The achieved-rate gauge's window; POLITEPROXY_RATE_WINDOW shortens it (tests, quick dashboards).
@@ -121,6 +125,8 @@ class Metrics(PacerEvents, ProxyEvents):
         self.clock = clock
         self.host_label = HostLabels()
         self.host_label.pin(hosts)
+        # Names arrive bounded by the pacer (configured + first 50 + other); this is only a backstop.
+        self.pipeline_label = PipelineNames(free=FREE_PIPELINES + MAX_PIPELINES)
         self.started = clock()
         self.registry = CollectorRegistry()
         self._host_metrics(self.registry, self.host_label)
@@ -131,6 +137,8 @@ class Metrics(PacerEvents, ProxyEvents):
         # entry leaves when it reaches zero, so this holds only hosts with waiters or reads now.
         self._other_depth: dict[str, int] = {}
         self._other_exempt: dict[str, int] = {}
+        # Depth per (host, pipeline) line whose labels are shared (``other``), summed into the gauge.
+        self._other_lines: dict[tuple[str, str], int] = {}
         self.registry.register(_RateCollector(self))
 
     def _host_metrics(self, r: CollectorRegistry, lab: HostLabels) -> None:
@@ -138,12 +146,14 @@ class Metrics(PacerEvents, ProxyEvents):
             Counter(
                 "politeproxy_requests",
                 "Answered requests by upstream status class",
-                ["host", "class", "code"],
+                ["host", "class", "code", "pipeline"],
                 registry=r,
             ),
             lab,
         )
-        self.grants = _HostLabelled(Counter("politeproxy_grants", "Slots granted", ["host"], registry=r), lab)
+        self.grants = _HostLabelled(
+            Counter("politeproxy_grants", "Slots granted", ["host", "pipeline"], registry=r), lab
+        )
         self.retries = _HostLabelled(
             Counter("politeproxy_retries", "Throttled requests retried by the proxy", ["host"], registry=r),
             lab,
@@ -152,7 +162,7 @@ class Metrics(PacerEvents, ProxyEvents):
             Histogram(
                 "politeproxy_wait_seconds",
                 "Time held before going upstream",
-                ["host", "class"],
+                ["host", "class", "pipeline"],
                 buckets=WAIT_BUCKETS,
                 registry=r,
             ),
@@ -169,7 +179,7 @@ class Metrics(PacerEvents, ProxyEvents):
             lab,
         )
         self.queue_depth = _HostLabelled(
-            Gauge("politeproxy_queue_depth", "Requests waiting now", ["host"], registry=r), lab
+            Gauge("politeproxy_queue_depth", "Requests waiting now", ["host", "pipeline"], registry=r), lab
         )
         self.throttles = _HostLabelled(
             Counter("politeproxy_throttles", "Throttle answers", ["host", "code"], registry=r), lab
@@ -184,7 +194,8 @@ class Metrics(PacerEvents, ProxyEvents):
             lab,
         )
         self.rejections = _HostLabelled(
-            Counter("politeproxy_rejected", "Requests refused", ["host", "reason"], registry=r), lab
+            Counter("politeproxy_rejected", "Requests refused", ["host", "reason", "pipeline"], registry=r),
+            lab,
         )
         self.exempt_in_flight = _HostLabelled(
             Gauge("politeproxy_exempt_in_flight", "Exempt reads in flight", ["host"], registry=r), lab
@@ -214,9 +225,9 @@ class Metrics(PacerEvents, ProxyEvents):
         """Hosts that always keep a label of their own (the configured concrete hosts)."""
         self.host_label.pin(hosts)
 
-    def answered(self, host: str, klass: str, status: int | None) -> None:
+    def answered(self, host: str, klass: str, status: int | None, pipeline: str = DEFAULT_PIPELINE) -> None:
         """One answered request; ``status`` None when the upstream failed."""
-        self.requests.labels(host, klass, code_class(status)).inc()
+        self.requests.labels(host, klass, code_class(status), self.pipeline_label(pipeline)).inc()
 
     # -- ProxyEvents (answered and rejected above and below serve both Protocols) -------------------
 
@@ -247,24 +258,44 @@ class Metrics(PacerEvents, ProxyEvents):
 
     # -- PacerEvents ------------------------------------------------------------------------------
 
-    def granted(self, host: str, lateness: float) -> None:
-        self.grants.labels(host).inc()
+    labels_pipelines = True  # the pacer passes ``pipeline=`` to the calls below
+
+    def granted(self, host: str, lateness: float, pipeline: str = DEFAULT_PIPELINE) -> None:
+        self.grants.labels(host, self.pipeline_label(pipeline)).inc()
         self.lateness.labels(host).observe(lateness)
         now = self.clock()
         self.rate.add(now)
         self.host_rates.setdefault(self.host_label(host), RateWindow()).add(now)
 
-    def waited(self, host: str, klass: Klass, seconds: float) -> None:
-        self.wait.labels(host, klass.value).observe(seconds)
+    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str = DEFAULT_PIPELINE) -> None:
+        self.wait.labels(host, klass.value, self.pipeline_label(pipeline)).observe(seconds)
 
     def throttled(self, host: str, code: int, delay: float) -> None:
         self.throttles.labels(host, str(code) if code else "error").inc()
 
-    def rejected(self, host: str, reason: str) -> None:
-        self.rejections.labels(host, reason).inc()
+    def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None:
+        self.rejections.labels(host, reason, self.pipeline_label(pipeline)).inc()
 
     def queue_changed(self, host: str, depth: int) -> None:
-        self.queue_depth.labels(host).set(_summed(self.host_label(host), host, depth, self._other_depth))
+        """A host's total: not a series of its own. The pacer reports every (host, pipeline) line through
+        ``line_changed``; a host's depth is their sum (``sum by (host) (politeproxy_queue_depth)``)."""
+
+    def line_changed(self, host: str, pipeline: str, depth: int) -> None:
+        """The depth of one (host, pipeline) line; lines that share a label (``other``) are summed."""
+        labels = (self.host_label(host), self.pipeline_label(pipeline))
+        if labels == (host, pipeline) and OTHER not in labels:
+            self.queue_depth.metric.labels(*labels).set(depth)
+            return
+        if depth:
+            self._other_lines[(host, pipeline)] = depth
+        else:
+            self._other_lines.pop((host, pipeline), None)
+        total = sum(
+            n
+            for (h, p), n in self._other_lines.items()
+            if (self.host_label(h), self.pipeline_label(p)) == labels
+        )
+        self.queue_depth.metric.labels(*labels).set(total)
 
     def exempt_changed(self, host: str, in_flight: int) -> None:
         label = self.host_label(host)

@@ -23,12 +23,13 @@ class AccessRecord:
     bytes: int
     duration: float
     note: str | None = None
+    pipeline: str | None = None  # who asked (bounded name), None when no pipeline was named yet
 
 
 class ProxyEvents(Protocol):
     """What the proxy layer reports. ``direction`` is "client_to_upstream" or "upstream_to_client"."""
 
-    def answered(self, host: str, klass: str, status: int | None) -> None: ...
+    def answered(self, host: str, klass: str, status: int | None, pipeline: str = "default") -> None: ...
     def rejected(self, host: str, reason: str) -> None: ...
     def bytes_relayed(self, direction: str, n: int) -> None: ...
     def tunnels_changed(self, open_now: int) -> None: ...
@@ -39,7 +40,7 @@ class ProxyEvents(Protocol):
 class NoProxyEvents:
     """ProxyEvents that go nowhere: the base of a sink that hears only some events, and tests."""
 
-    def answered(self, host: str, klass: str, status: int | None) -> None:
+    def answered(self, host: str, klass: str, status: int | None, pipeline: str = "default") -> None:
         pass
 
     def rejected(self, host: str, reason: str) -> None:
@@ -64,9 +65,9 @@ class Tee:
     def __init__(self, *sinks: ProxyEvents) -> None:
         self.sinks = sinks
 
-    def answered(self, host: str, klass: str, status: int | None) -> None:
+    def answered(self, host: str, klass: str, status: int | None, pipeline: str = "default") -> None:
         for s in self.sinks:
-            s.answered(host, klass, status)
+            s.answered(host, klass, status, pipeline)
 
     def rejected(self, host: str, reason: str) -> None:
         for s in self.sinks:

@@ -23,7 +23,7 @@ from yarl import URL
 
 from politeproxy.pacing.pacer import Pacer, Permit, WaitTooLong
 from politeproxy.policy.access import Access
-from politeproxy.policy.backoff import retry_after_seconds
+from politeproxy.policy.backoff import Delay, retry_after_seconds
 from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.retry import decide_retry
@@ -43,6 +43,7 @@ from politeproxy.proxy.upstream import (
 
 log = logging.getLogger("politeproxy")
 POOL_LOG_EVERY = 10.0  # seconds between "pool full" warnings for one pool
+RETRY_AFTER_STATUSES = frozenset({403, 429, 503})  # answers that always carry a Retry-After (issue 12)
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
@@ -199,7 +200,8 @@ class Forwarder:
                         out = await self._attempt(request, p, t, info, retries_left)
             except WaitTooLong as e:
                 info["status"], info["note"] = 503, e.reason  # "max_wait" or "queue_full"
-                resp = error_response(503, e.why, {"Retry-After": str(retry_after_seconds(e.wait))})
+                why = e.why if "; " in e.why else e.why + self.pacer.state_note(host)  # blocked/backing off
+                resp = error_response(503, why, {"Retry-After": str(retry_after_seconds(e.wait))})
                 if t.expect and not t.continued:
                     resp.force_close()  # the client holds its body back: this connection cannot go on
                 return resp
@@ -237,8 +239,15 @@ class Forwarder:
                 if self.robots is not None:
                     self.robots.ensure(t.host)  # the host answered: worth its robots.txt
                 elapsed = time.monotonic() - t.arrived
+                info["retry_after"] = delay.seconds if delay is not None else None
                 d = decide_retry(
-                    method, t.body is not None, retries_left, elapsed, delay, self.pacer.settings.max_wait
+                    method,
+                    t.body is not None,
+                    retries_left,
+                    elapsed,
+                    delay.seconds if delay is not None else None,
+                    self.pacer.settings.max_wait,
+                    blocked=delay is not None and delay.block,  # a block is never retried (issue 12)
                 )
                 if d.retry:
                     self.events.retried(t.host)
@@ -265,7 +274,7 @@ class Forwarder:
         more = f" ({count} more since the last line)" if count else ""
         log.warning("503: %s (a local limit, not an upstream throttle)%s", e, more)
 
-    async def _answered(self, p: Permit, status: int | None, retry_after: str | None) -> float | None:
+    async def _answered(self, p: Permit, status: int | None, retry_after: str | None) -> Delay | None:
         """Feed the answer back (shielded inside the facade); a Retry-After nobody can parse still counts."""
         try:
             d = await p.answered(status, retry_after)
@@ -278,7 +287,7 @@ class Forwarder:
             except Exception as e2:  # noqa: BLE001
                 log.warning("%s: feedback failed: %s", p.host, e2)
                 return None
-        return d.seconds if d is not None else None
+        return d
 
     async def _failed(
         self, request: web.BaseRequest, p: Permit | None, t: _Try, e: BaseException, info: dict[str, Any]
@@ -314,6 +323,10 @@ class Forwarder:
         frames a length-less answer so), so a cut can be passed on as a cut: the client connection is
         aborted before the last chunk. An HTTP/1.0 client gets it close-delimited and cannot see a cut."""
         headers = strip_hop_by_hop(upstream.headers)
+        if upstream.status in RETRY_AFTER_STATUSES and "Retry-After" not in headers:
+            # A throttle or block passed on carries a Retry-After even when upstream gave none (issue 12):
+            # duckdb and friends retry within 0.5 s otherwise. The pacer's delay, else one second.
+            headers["Retry-After"] = str(retry_after_seconds(info.get("retry_after") or 1.0))
         out = _RelayedResponse(status=upstream.status, reason=upstream.reason, headers=headers)
         watch = EndWatch(upstream) if close_delimited(upstream, request.method) else None
         try:

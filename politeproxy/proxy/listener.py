@@ -188,7 +188,8 @@ class FrontProtocol(asyncio.Protocol):
         if isinstance(decision, Refusal):
             self.refuse(decision)
         elif decision is Route.INTERCEPT:
-            await self.proxy.intercept(self.transport, self.client, target.host, target.port, leftover)
+            who = self.proxy.access.pipeline(headers.get("proxy-authorization"), self.client)
+            await self.proxy.intercept(self.transport, self.client, target.host, target.port, leftover, who)
         else:
             await self.proxy.tunnel(self, target, leftover)
 
@@ -224,6 +225,7 @@ class Proxy:
         self.access = access
         self.timeouts = timeouts
         self.tunnels: dict[RequestHandler, tuple[str, int]] = {}
+        self.tunnel_pipelines: dict[RequestHandler, str] = {}  # the pipeline each CONNECT named
         self.server: asyncio.Server | None = None
         self.destinations = tunnel.Destinations(
             allow_private_destinations, upstream.resolver.lookup, upstream.connect_timeout
@@ -242,6 +244,7 @@ class Proxy:
             robots=robots,
             admin=admin,
             tunnel_target=self.tunnels.get,
+            tunnel_pipeline=self.tunnel_pipelines.get,
         )
         limit, report, kwargs = timeouts.max_header_size, self._report, _server_kwargs(timeouts)
         self.plain_server = BoundedServer(self._plain, lambda h: None, limit, report, **kwargs)
@@ -310,6 +313,7 @@ class Proxy:
         self.events.tunnels_changed(self.open_tunnels)
 
     def _tunnel_lost(self, handler: RequestHandler) -> None:
+        self.tunnel_pipelines.pop(handler, None)
         if self.tunnels.pop(handler, None) is not None:
             self._tunnel_change(-1)
 
@@ -339,11 +343,12 @@ class Proxy:
     # -- CONNECT ------------------------------------------------------------------------------------
 
     async def intercept(
-        self, transport: asyncio.Transport, client: str, host: str, port: int, leftover: bytes
+        self, transport: asyncio.Transport, client: str, host: str, port: int, leftover: bytes, who: str = ""
     ) -> None:
         def attach(tls: asyncio.Transport) -> asyncio.Protocol:
             proto = self.tunnel_server()
             self.tunnels[proto] = (host, port)
+            self.tunnel_pipelines[proto] = who or client
             self._tunnel_change(+1)
             return proto
 

@@ -1,0 +1,341 @@
+"""Pipelines share the budget fairly (issue 11), measured from the fake upstream's arrival log.
+
+Every client is a real one (requests in tests.support.loadclient, aiohttp, curl) whose proxy URL names its
+pipeline: ``http://NAME@127.0.0.1:PORT``. Each pipeline's requests carry its name in the path, so the
+upstream's arrival log says who got each slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import requests
+
+from tests.conftest import NO_ROBOTS, POLITEPROXY, ROOT, Certs, ProxyProc, Upstream, start_upstream, wait_for
+from tests.support.measure import max_in_window, run_clients
+
+D = "data.commoncrawl.org"
+Factory = Callable[..., ProxyProc]
+
+
+def named(p: ProxyProc, name: str) -> dict[str, str]:
+    """The client environment of ``p`` with the pipeline ``name`` in every proxy URL."""
+    url = f"http://{name}:@127.0.0.1:{p.port}"  # requests sends no user name without the ':'
+    return {**p.env, "HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url}
+
+
+def arrivals(up: Upstream, prefix: str = "/p/") -> list[tuple[float, str]]:
+    """(time, pipeline) of every arrival whose path is /p/PIPELINE/..., in order."""
+    out = [(a["t"], a["path"].split("/")[2]) for a in up.log() if a["path"].startswith(prefix)]
+    return sorted(out)
+
+
+def config(gap: float, max_wait: float = 25.0, extra: str = "") -> str:
+    schedule = f'[schedule]\nbackend = "memory"\nglobal_rate = {gap}\n'
+    return f"{NO_ROBOTS}{schedule}[pacing]\nmax_wait = {max_wait}\n{extra}"
+
+
+async def warm_plain(p: ProxyProc, up: Upstream, n: int = 4) -> None:
+    """Open the proxy's plain upstream connections with exempt range reads (no slot), then clear the log:
+    the first paced requests would otherwise pay the connects, arrive late and bunch up at the upstream."""
+    async with aiohttp.ClientSession() as s:
+        for r in await asyncio.gather(
+            *(
+                s.get(f"http://{D}/cc-index/table/warm{i}", headers={"Range": "bytes=0-0"}, proxy=p.url)
+                for i in range(n)
+            )
+        ):
+            r.release()
+    await asyncio.to_thread(up.reset)
+
+
+def metric_lines(p: ProxyProc, name: str) -> list[str]:
+    return [line for line in p.metrics().splitlines() if line.startswith(name + "{")]
+
+
+def test_a_single_request_goes_within_two_slots_behind_a_greedy_pipeline(
+    proxy_factory: Factory, upstream: Upstream
+) -> None:
+    gap = 0.1
+    p = proxy_factory(upstream, config(gap))
+    polite = requests.Session()
+    polite.proxies = {"https": f"http://polite:@127.0.0.1:{p.port}"}
+    bundle = p.env["REQUESTS_CA_BUNDLE"]
+    assert polite.get(f"https://{D}/p/polite/warm", timeout=30, verify=bundle).status_code == 200
+    greedy = run_clients(named(p, "greedy"), f"https://{D}/p/greedy/", 80, 80)
+    try:
+        wait_for(lambda: sum(1 for _t, who in arrivals(upstream) if who == "greedy") >= 10, 30, "greedy")
+        t0 = time.time()
+        r = polite.get(f"https://{D}/p/polite/one", timeout=30, verify=bundle)  # on the tunnel made above
+        assert r.status_code == 200
+    finally:
+        greedy.terminate()
+        greedy.communicate(timeout=30)
+    log = arrivals(upstream)
+    mine = [t for t, who in log if who == "polite" and t >= t0]
+    assert len(mine) == 1
+    ahead = [t for t, who in log if who == "greedy" and t0 <= t < mine[0]]
+    queued = sum(1 for t, who in log if who == "greedy" and t >= mine[0])
+    # FIFO would put it behind the greedy pipeline's ~70 queued requests (7 s at this gap).
+    assert len(ahead) <= 2, f"{len(ahead)} greedy grants went first; {queued} came after"
+
+
+def test_weights_1_1_2_share_the_slots_25_25_50(proxy_factory: Factory, upstream: Upstream) -> None:
+    p = proxy_factory(upstream, config(0.02, extra="[pipelines.c]\nweight = 2\n"))
+    clients = [run_clients(named(p, name), f"https://{D}/p/{name}/", 400, 16) for name in ("a", "b", "c")]
+    try:
+        wait_for(lambda: len(arrivals(upstream)) >= 60 + 200 + 40, 60, "300 arrivals")
+    finally:
+        for c in clients:
+            c.terminate()
+        for c in clients:
+            c.communicate(timeout=30)
+    log = arrivals(upstream)
+    # From the moment all three have been served (each has its requests queued from then on).
+    start = max(min(i for i, (_t, who) in enumerate(log) if who == name) for name in "abc")
+    window = [who for _t, who in log[start + 20 : start + 220]]
+    assert len(window) == 200
+    share = {name: 100.0 * n / len(window) for name, n in Counter(window).items()}
+    for name, want in (("a", 25.0), ("b", 25.0), ("c", 50.0)):
+        assert abs(share.get(name, 0.0) - want) <= 5.0, share
+
+
+def test_three_floods_share_the_budget_and_refusals_come_only_beyond_a_share(
+    proxy_factory: Factory, upstream: Upstream
+) -> None:
+    gap, max_wait = 0.05, 3.0
+    p = proxy_factory(upstream, config(gap, max_wait))
+
+    async def one(s: aiohttp.ClientSession, name: str, i: int) -> int:
+        async with s.get(f"http://{D}/p/{name}/{i}", proxy=f"http://{name}@127.0.0.1:{p.port}") as r:
+            await r.read()
+            return r.status
+
+    async def scenario() -> dict[str, list[int]]:
+        await warm_plain(p, upstream)
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as s:
+            runs = {name: [one(s, name, i) for i in range(150)] for name in ("x", "y", "z")}
+            done = await asyncio.gather(*(asyncio.gather(*c) for c in runs.values()))
+            return dict(zip(runs, done, strict=True))
+
+    got = asyncio.run(scenario())
+    ok = {name: st.count(200) for name, st in got.items()}
+    refused = {name: st.count(503) for name, st in got.items()}
+    assert all(s in (200, 503) for st in got.values() for s in st), got
+    total = sum(ok.values())
+    for name in ok:  # a pipeline refused for max_wait got its third of what was granted
+        if refused[name]:
+            assert ok[name] >= total / 3 - 3, (ok, refused)
+    log = arrivals(upstream)
+    times = [t for t, _who in log]
+    shown = [(round(t - times[0], 3), who) for t, who in log[:12]]
+    # While the proxy's loop accepts the 450 connections, the first grant's upstream write can be late and
+    # land next to the second (seen on the tree before pipelines too): the budget is checked strictly
+    # from the end of that flood, and the start is allowed that one early arrival.
+    assert max_in_window([t for t in times if t >= times[0] + 0.5]) <= 1 / gap + 1, shown
+    assert max_in_window(times) <= 1 / gap + 2, shown
+
+
+async def _flood(port: int, name: str, n: int) -> tuple[aiohttp.ClientSession, list[asyncio.Task[Any]]]:
+    s = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
+    )
+    tasks = [
+        asyncio.ensure_future(s.get(f"http://{D}/p/{name}/{i}", proxy=f"http://{name}@127.0.0.1:{port}"))
+        for i in range(n)
+    ]
+    return s, tasks
+
+
+def test_a_new_pipeline_is_not_refused_while_another_has_1000_queued(
+    proxy_factory: Factory, upstream: Upstream
+) -> None:
+    # 1000 slots fit in max_wait exactly: FIFO's estimate would refuse the newcomer (1000 ahead x 20 ms).
+    gap = 0.02
+    p = proxy_factory(upstream, config(gap, max_wait=1000 * gap))
+
+    async def scenario() -> tuple[int, float, list[tuple[float, str]]]:
+        await warm_plain(p, upstream)
+        s2 = aiohttp.ClientSession()
+        async with s2.get(f"http://{D}/p/new/0", proxy=f"http://new@127.0.0.1:{p.port}") as r:
+            await r.read()  # its connection is open before the flood: t0 below is its arrival, give or take
+        session, tasks = await _flood(p.port, "bulk", 1000)
+        try:
+            await wait_queued(p, "bulk", 900)
+            t0 = time.time()
+            async with s2.get(f"http://{D}/p/new/1", proxy=f"http://new@127.0.0.1:{p.port}") as r:
+                status = r.status
+            return status, t0, arrivals(upstream)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await session.close()
+            await s2.close()
+
+    status, t0, log = asyncio.run(scenario())
+    assert status == 200
+    new = [t for t, who in log if who == "new" and t >= t0]
+    assert len(new) == 1
+    # Not refused, and served within a few slots (FIFO: behind ~900, refused at once for max_wait).
+    assert sum(1 for t, who in log if who == "bulk" and t0 <= t < new[0]) <= 5
+
+
+async def wait_queued(p: ProxyProc, pipeline: str, n: int, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        depth = sum(
+            float(line.rpartition(" ")[2])
+            for line in await asyncio.to_thread(metric_lines, p, "politeproxy_queue_depth")
+            if f'pipeline="{pipeline}"' in line
+        )
+        if depth >= n:
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{pipeline} never had {n} requests queued")
+
+
+@pytest.fixture
+def table_upstream(certs: Certs, tmp_path: Path) -> Iterator[Upstream]:
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "part-0.parquet").write_bytes(b"x" * 10_000)
+    up = start_upstream(certs, tmp_path, files_dir=files)
+    up.control({"table_delay": 0.4})  # each columnar read holds its place 0.4 s
+    yield up
+    up.stop()
+
+
+def test_exempt_places_are_shared_between_pipelines(proxy_factory: Factory, table_upstream: Upstream) -> None:
+    p = proxy_factory(table_upstream, config(0.2, extra="[exempt]\nmax_in_flight = 2\n"))
+    ctx = ssl.create_default_context(cafile=p.env["SSL_CERT_FILE"])
+
+    def read(s: aiohttp.ClientSession, name: str, i: int) -> Any:
+        url = f"https://{D}/cc-index/table/p/{name}/{i}/part-0.parquet"
+        return s.get(url, headers={"Range": "bytes=0-99"}, proxy=f"http://{name}@127.0.0.1:{p.port}", ssl=ctx)
+
+    async def fetch(s: aiohttp.ClientSession, name: str, i: int) -> int:
+        async with read(s, name, i) as r:
+            await r.read()
+            return r.status
+
+    async def scenario() -> tuple[int, float]:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            scan = [asyncio.ensure_future(fetch(s, "scan", i)) for i in range(12)]  # a long duckdb-like scan
+            while len(arrivals(table_upstream, "/cc-index/table/p/")) < 2:
+                await asyncio.sleep(0.05)
+            t0 = time.time()
+            status = await fetch(s, "lookup", 0)
+            assert all(st == 206 for st in await asyncio.gather(*scan))
+            return status, t0
+
+    status, t0 = asyncio.run(scenario())
+    assert status == 206
+    log = [(t, path_who(path)) for t, path in table_arrivals(table_upstream)]
+    mine = [t for t, who in log if who == "lookup"]
+    # FIFO would hold it behind the scan's 10 queued reads (5 x 0.4 s); fairly it takes the next free place.
+    assert sum(1 for t, who in log if who == "scan" and t0 <= t < mine[0]) <= 1
+
+
+def table_arrivals(up: Upstream) -> list[tuple[float, str]]:
+    return sorted((a["t"], a["path"]) for a in up.log() if a["path"].startswith("/cc-index/table/p/"))
+
+
+def path_who(path: str) -> str:
+    return path.split("/")[4]
+
+
+def test_the_pipeline_label_is_bounded_and_the_access_line_names_it(
+    proxy_factory: Factory, upstream: Upstream
+) -> None:
+    p = proxy_factory(upstream, config(0.0, extra="[pipelines.late]\nweight = 1\n"))
+    s = requests.Session()
+    for i in range(60):
+        r = s.get(f"http://{D}/p/n{i}/x", proxies={"http": f"http://n{i}:@127.0.0.1:{p.port}"}, timeout=30)
+        assert r.status_code == 200
+    r = s.get(f"http://{D}/p/late/x", proxies={"http": f"http://late:@127.0.0.1:{p.port}"}, timeout=30)
+    assert r.status_code == 200
+    names: set[str] = set()
+    for metric in (
+        "politeproxy_requests_total",
+        "politeproxy_grants_total",
+        "politeproxy_wait_seconds_count",
+    ):
+        found = {
+            m.group(1) for line in metric_lines(p, metric) if (m := re.search(r'pipeline="([^"]*)"', line))
+        }
+        assert "late" in found and "other" in found and "n0" in found and "n59" not in found, (metric, found)
+        names |= found
+    assert len(names) <= 50 + 3  # the first 50 names, the configured one, default, other
+    wait_for(lambda: "pipeline=n3 " in p.log() or "pipeline=n3\n" in p.log(), 10, "access line")
+    # The name is the proxy's, never the upstream's: Proxy-Authorization is hop-by-hop.
+    assert all("authorization" not in str(a).lower() for a in upstream.log())
+
+
+def test_with_users_the_user_name_is_credential_and_pipeline(
+    proxy_factory: Factory, upstream: Upstream
+) -> None:
+    p = proxy_factory(upstream, config(0.0, extra='[auth.users]\nurls = "s3cret"\n'))
+    r = requests.get(
+        f"http://{D}/p/urls/x", proxies={"http": f"http://urls:s3cret@127.0.0.1:{p.port}"}, timeout=30
+    )
+    assert r.status_code == 200
+    bad = requests.get(
+        f"http://{D}/p/urls/y", proxies={"http": f"http://urls:nope@127.0.0.1:{p.port}"}, timeout=30
+    )
+    assert bad.status_code == 407
+    assert any('pipeline="urls"' in line for line in metric_lines(p, "politeproxy_grants_total"))
+
+
+def test_env_pipeline_names_the_pipeline(proxy_factory: Factory, upstream: Upstream, tmp_path: Path) -> None:
+    p = proxy_factory(upstream, config(0.0))
+    out = subprocess.run(
+        [
+            *POLITEPROXY,
+            "env",
+            "--data-dir",
+            str(p.data_dir),
+            "--listen",
+            f"127.0.0.1:{p.port}",
+            "--pipeline",
+            "urls",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
+    assert f"export HTTPS_PROXY=http://urls:@127.0.0.1:{p.port}" in out
+    assert "SET http_proxy_username = 'urls'" in out
+    env = {**p.env}
+    for line in out.splitlines():
+        if line.startswith("export "):
+            k, _, v = line[len("export ") :].partition("=")
+            env[k] = v
+    curl = subprocess.run(
+        ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", f"https://{D}/p/urls/curl"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert curl.stdout == "200", curl.stderr
+    assert any('pipeline="urls"' in line for line in metric_lines(p, "politeproxy_grants_total"))
+    bad = subprocess.run(
+        [*POLITEPROXY, "env", "--data-dir", str(tmp_path / "d"), "--pipeline", "a b"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert bad.returncode == 2 and "--pipeline" in bad.stderr
