@@ -243,6 +243,12 @@ SCHEMA: dict[str, Any] = {
         "backoff_base": (_dur, d.BACKOFF_BASE),
         "backoff_cap": (_dur, d.BACKOFF_CAP),
         "backoff_jitter": (_float(0.0, 1.0), d.BACKOFF_JITTER),
+        "block_codes": (_list(_status), list(d.BLOCK_CODES)),
+        "block_hold": (_dur, d.BLOCK_HOLD),
+        "block_hold_cap": (_dur, d.BLOCK_HOLD_CAP),
+        "adaptive": (_bool, d.ADAPTIVE),
+        "adaptive_floor": (_dur, d.ADAPTIVE_FLOOR),
+        "adaptive_recovery": (_dur, d.ADAPTIVE_RECOVERY),
     },
     "robots": {
         "enabled": (_bool, d.ROBOTS_ENABLED),
@@ -252,6 +258,8 @@ SCHEMA: dict[str, Any] = {
     "exempt": {
         "max_in_flight": (_int(1, 10_000), d.EXEMPT_MAX_IN_FLIGHT),
         "respect_backoff": (_bool, d.EXEMPT_RESPECT_BACKOFF),
+        "rate": (_dur, d.EXEMPT_RATE),
+        "burst": (_int(*d.EXEMPT_BURST_BOUNDS), d.EXEMPT_BURST),
         "rules": (_rules, None),
     },
     "hosts": (_hosts, None),
@@ -320,11 +328,27 @@ class Config:
             retries=p["retries"],
             max_queue=p["max_queue"],
             throttle_codes=frozenset(p["throttle_codes"]),
-            backoff=BackoffPolicy(base=p["backoff_base"], cap=p["backoff_cap"], jitter=p["backoff_jitter"]),
+            block_codes=frozenset(p["block_codes"]),
+            backoff=self.backoff(),
             host_intervals=self.host_intervals(),
             pipelines=self.pipelines(),
             exempt_max_in_flight=self.raw["exempt"]["max_in_flight"],
             exempt_respect_backoff=self.raw["exempt"]["respect_backoff"],
+            exempt_rate=self.raw["exempt"]["rate"],
+            exempt_burst=self.raw["exempt"]["burst"],
+        )
+
+    def backoff(self) -> BackoffPolicy:
+        p = self.raw["pacing"]
+        return BackoffPolicy(
+            base=p["backoff_base"],
+            cap=p["backoff_cap"],
+            jitter=p["backoff_jitter"],
+            block_hold=p["block_hold"],
+            block_hold_cap=max(p["block_hold"], p["block_hold_cap"]),
+            adaptive=p["adaptive"],
+            adaptive_floor=p["adaptive_floor"],
+            adaptive_recovery=p["adaptive_recovery"],
         )
 
 

@@ -130,6 +130,7 @@ class Metrics(PacerEvents, ProxyEvents):
         self.started = clock()
         self.registry = CollectorRegistry()
         self._host_metrics(self.registry, self.host_label)
+        self._interval_metric(self.registry, self.host_label)
         self._process_metrics(self.registry)
         self.rate = RateWindow()
         self.host_rates: dict[str, RateWindow] = {}  # by host label: bounded like the label
@@ -200,6 +201,21 @@ class Metrics(PacerEvents, ProxyEvents):
         self.exempt_in_flight = _HostLabelled(
             Gauge("politeproxy_exempt_in_flight", "Exempt reads in flight", ["host"], registry=r), lab
         )
+
+    def _interval_metric(self, r: CollectorRegistry, lab: HostLabels) -> None:
+        # issue 12: the adaptive (AIMD) interval every proxy on the store applies to the host now
+        self.host_interval = _HostLabelled(
+            Gauge(
+                "politeproxy_host_interval_seconds",
+                "The host's effective interval (raised by throttles, stepping back to the configured one)",
+                ["host"],
+                registry=r,
+            ),
+            lab,
+        )
+
+    def set_host_interval(self, host: str, seconds: float) -> None:
+        self.host_interval.labels(host).set(seconds)
 
     def _process_metrics(self, r: CollectorRegistry) -> None:
         self.configured_rate = Gauge(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
+from politeproxy.policy.backoff import DEFAULT_BLOCK_CODES, DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import PipelineRule
 from politeproxy.policy.hosts import host_matches
@@ -30,6 +30,10 @@ class PacingSettings:
     max_queue: int = DEFAULT_MAX_QUEUE
     # [pipelines.NAME] weight / max_queued; a pipeline not listed has weight 1 and no cap of its own
     pipelines: tuple[PipelineRule, ...] = ()
+    # issue 12: codes that block (hold, then one probe); the GCRA ceiling of exempt reads (0 = off)
+    block_codes: frozenset[int] = DEFAULT_BLOCK_CODES
+    exempt_rate: float = 0.02
+    exempt_burst: int = 100
 
     def interval_for(self, host: str) -> float:
         for pattern, interval in self.host_intervals:

@@ -23,11 +23,12 @@ from politeproxy.pacing.base import (
 )
 from politeproxy.pacing.dispatcher import Dispatcher, RepeatLog
 from politeproxy.pacing.exempt import ExemptPlaces
+from politeproxy.pacing.rest import RestNotes, exempt_slot
 from politeproxy.pacing.state import HINT_CAP, QueueState, Waiter
-from politeproxy.policy.backoff import Delay, parse_retry_after, throttle_delay
+from politeproxy.policy.backoff import Delay, Kind, answer_delay, parse_retry_after
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineNames, PipelineRule
-from politeproxy.policy.slots import Outcome
+from politeproxy.policy.slots import HostState, Outcome
 from politeproxy.stores.base import HostView, Store, StoreError
 
 __all__ = [
@@ -108,6 +109,7 @@ class Pacer:
         self._errors = RepeatLog(log, monotonic)
         self._task: asyncio.Task[None] | None = None
         self._feedback_tasks: set[asyncio.Task[Delay | None]] = set()
+        self.rest = RestNotes(HINT_CAP)  # what rests each host, for the body of our own refusals
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -263,13 +265,15 @@ class Pacer:
         now = self.monotonic()
         arrived = now if arrived is None else arrived
         deadline = arrived + self.settings.max_wait
-        if self.settings.exempt_respect_backoff:
-            backoff_in = await self._backoff_in(host, now)
-            if backoff_in > 0:
-                if now + backoff_in > deadline:
-                    self.report.rejected(host, "max_wait", pipeline)
-                    raise WaitTooLong(backoff_in, f"{host} is backing off for {backoff_in:.1f}s")
-                await asyncio.sleep(backoff_in)
+        try:
+            await exempt_slot(
+                self.store, self.settings, host, deadline, self.monotonic,
+                lambda: self.state.ready_at(host), lambda e: self._errors.error("taking an exempt slot", e),
+            )  # fmt: skip
+        except WaitTooLong as e:
+            self.report.rejected(host, "max_wait", pipeline)
+            e.why += self.rest.note(host)
+            raise
         if self.places.in_flight(host) >= self.settings.exempt_max_in_flight:
             self._refuse_if_full(host, pipeline)
         try:
@@ -321,14 +325,22 @@ class Pacer:
     # -- answers ------------------------------------------------------------------------------------
 
     def is_throttle(self, status: int | None) -> bool:
-        return status is None or status in self.settings.throttle_codes
+        return self.answer_kind(status) is not None
+
+    def answer_kind(self, status: int | None) -> Kind | None:
+        """What an answer says (issue 12): a block (403), a throttle, a failure (no answer), or None."""
+        if status is None:
+            return Kind.FAILURE
+        if status in self.settings.block_codes:
+            return Kind.BLOCK
+        return Kind.THROTTLE if status in self.settings.throttle_codes else None
 
     async def record(self, host: str, status: int | None, retry_after: float | None) -> Delay | None:
         """Feed an upstream answer back; ``status`` None means the connection failed or timed out.
 
         Never raises on a store error: the local hint still holds the host back for the delay."""
-        if self.is_throttle(status):
-            return await self._throttled(host, status, retry_after)
+        if (kind := self.answer_kind(status)) is not None:
+            return await self._throttled(host, status, retry_after, kind)
         # A success resets the count even when the throttles were recorded by another proxy sharing the
         # store, or by this one before a restart; checking at most once a second keeps the store quiet.
         now = self.monotonic()
@@ -342,13 +354,17 @@ class Pacer:
                 self._checked.pop(host, None)
         return None
 
-    async def _throttled(self, host: str, status: int | None, retry_after: float | None) -> Delay:
+    async def _throttled(
+        self, host: str, status: int | None, retry_after: float | None, kind: Kind = Kind.THROTTLE
+    ) -> Delay:
         s = self.settings
+        base = max(s.gap, s.interval_for(host))  # the rate the adaptive interval is raised from
         try:
-            delay = await self.store.throttled(host, retry_after, s.backoff)
+            delay = await self.store.throttled(host, retry_after, s.backoff, kind, base)
         except Exception as e:  # noqa: BLE001 - the throttle still applies here, from the local hint
             self._errors.error("recording a throttle", e)
-            delay = throttle_delay(0, retry_after, s.backoff, 0.5)
+            delay = answer_delay(HostState(), kind, retry_after, s.backoff, 0.5)
+        self.rest.remember(host, Kind.BLOCK if delay.block else kind, delay.seconds)
         now = self.monotonic()
         self.state.hold(host, now + delay.seconds, now)
         self._checked.pop(host, None)  # the next success must reset the count in the store
@@ -357,6 +373,10 @@ class Pacer:
             log.warning("%s: Retry-After %.0fs cut to the %.0fs cap", host, delay.capped_from, delay.seconds)
         self.dispatcher.wake.set()
         return delay
+
+    def state_note(self, host: str) -> str:
+        """"; <host> is blocked until <time>" (or backing off), when this proxy knows the host rests."""
+        return self.rest.note(host)
 
     def _mark_checked(self, host: str, now: float) -> None:
         self._checked.pop(host, None)  # re-inserted last: the dict's order is the order of checks

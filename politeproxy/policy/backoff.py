@@ -8,14 +8,15 @@ from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from enum import IntEnum
 
+from politeproxy.policy import settings as d
 from politeproxy.policy.slots import HostState, adaptive_interval
 
 # Why these: 429 and 503 are the standard "slow down", short-lived (S3's SlowDown reaches clients as 503
 # or wrapped in a 500): exponential backoff is right. A 403 from CloudFront on data.commoncrawl.org is a
 # rate-rule block (Common Crawl's downloader calls it unrecoverable; a WAF window runs 1 to 10 minutes and
 # every request sent in it prolongs it): a long hold, then one probe. A 404 or 416 is an ordinary answer.
-DEFAULT_THROTTLE_CODES: frozenset[int] = frozenset({429, 500, 503})
-DEFAULT_BLOCK_CODES: frozenset[int] = frozenset({403})
+DEFAULT_THROTTLE_CODES: frozenset[int] = frozenset(d.THROTTLE_CODES)
+DEFAULT_BLOCK_CODES: frozenset[int] = frozenset(d.BLOCK_CODES)
 FAIL_BLOCK = 3  # connection failures in a row from one host count as a block (pywb drops connections)
 
 
@@ -29,15 +30,15 @@ class Kind(IntEnum):
 
 @dataclass(frozen=True)
 class BackoffPolicy:
-    base: float = 1.0
-    factor: float = 2.0
-    cap: float = 300.0
-    jitter: float = 0.2  # a delay grows by up to this fraction, never beyond the cap
-    block_hold: float = 120.0  # the first hold after a block, doubled per consecutive block ...
-    block_hold_cap: float = 1800.0  # ... up to this
-    adaptive: bool = True  # a throttle or block raises the host's interval (AIMD)
-    adaptive_floor: float = 1.0  # the raised interval is at least this
-    adaptive_recovery: float = 60.0  # from the end of the backoff, back to the configured interval in this
+    base: float = d.BACKOFF_BASE
+    factor: float = d.BACKOFF_FACTOR
+    cap: float = d.BACKOFF_CAP
+    jitter: float = d.BACKOFF_JITTER  # a delay grows by up to this fraction, never beyond the cap
+    block_hold: float = d.BLOCK_HOLD  # the first hold after a block, doubled per consecutive block ...
+    block_hold_cap: float = d.BLOCK_HOLD_CAP  # ... up to this
+    adaptive: bool = d.ADAPTIVE  # a throttle or block raises the host's interval (AIMD)
+    adaptive_floor: float = d.ADAPTIVE_FLOOR  # the raised interval is at least this
+    adaptive_recovery: float = d.ADAPTIVE_RECOVERY  # from the end of the backoff, back to the configured one
 
 
 # The longest Retry-After taken at its word; a longer one (or a date years ahead) is cut to this. The

@@ -4,6 +4,8 @@ The rules, as a table the forwarder follows:
 
 - only GET and HEAD without a body are replayed (a POST may have had an effect upstream);
 - only after a throttle (``delay`` is the backoff the pacer applied; None: the answer was no throttle);
+- never after a block (``blocked``: a 403, or the third connection failure in a row): every request sent
+  during a CloudFront rate-rule window prolongs it, so the block goes back to the client at once;
 - never more than ``retries_left`` times;
 - always after the delay, whatever the request's class: an exempt read that skips the schedule still
   waits out the host's Retry-After before trying again (never "at once"), and never sooner than
@@ -39,10 +41,13 @@ def decide_retry(
     elapsed: float,
     delay: float | None,
     max_wait: float,
+    blocked: bool = False,
 ) -> RetryDecision:
     """Retry or not, and after how long. Never raises; any non-finite or negative input means no retry."""
     if method.upper() not in REPLAYABLE or has_body:
         return RetryDecision(False, why="not replayable")
+    if blocked:
+        return RetryDecision(False, why="a block is never retried")
     if delay is None:
         return RetryDecision(False, why="not a throttle")
     if retries_left <= 0:

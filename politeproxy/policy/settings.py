@@ -34,6 +34,11 @@ DURATION_BOUNDS: dict[str, tuple[float, float]] = {
     "pacing.max_wait": (0.0, 3600.0),
     "pacing.backoff_base": (0.0, 3600.0),
     "pacing.backoff_cap": (0.0, DAY),
+    "pacing.block_hold": (0.0, DAY),
+    "pacing.block_hold_cap": (0.0, DAY),
+    "pacing.adaptive_floor": (0.0, 3600.0),
+    "pacing.adaptive_recovery": (0.0, DAY),
+    "exempt.rate": (0.0, 60.0),
     "robots.ttl": (0.0, 30 * DAY),
     "robots.max_crawl_delay": (0.0, 3600.0),
     "hosts.*.interval": (0.0, 3600.0),
@@ -84,12 +89,26 @@ BACKOFF_BASE = 1.0
 BACKOFF_FACTOR = 2.0
 BACKOFF_CAP = 300.0
 BACKOFF_JITTER = 0.2
+# Per-code policies (issue 12): 429/500/503 back off exponentially; a 403 (CloudFront's rate rule) holds the
+# host for BLOCK_HOLD, doubling per consecutive block up to BLOCK_HOLD_CAP, then one probe goes alone.
+THROTTLE_CODES = (429, 500, 503)
+BLOCK_CODES = (403,)
+BLOCK_HOLD = 120.0
+BLOCK_HOLD_CAP = 1800.0
+# The adaptive host interval: at least doubled by a throttle (never below the floor), back to the
+# configured one in 4 steps over ADAPTIVE_RECOVERY from the end of the backoff.
+ADAPTIVE = True
+ADAPTIVE_FLOOR = 1.0
+ADAPTIVE_RECOVERY = 60.0
 # [hosts]: index.commoncrawl.org is one fragile pywb server; cdx_toolkit paces it at 1 s
 INDEX_HOST_INTERVAL = 1.0
 HOST_INTERVALS: tuple[tuple[str, float], ...] = (("index.commoncrawl.org", INDEX_HOST_INTERVAL),)
 # [exempt]
 EXEMPT_MAX_IN_FLIGHT = 16
 EXEMPT_RESPECT_BACKOFF = True
+EXEMPT_RATE = 0.02  # the GCRA ceiling of exempt reads per host: 50/s, shared by every proxy on the store
+EXEMPT_BURST = 100
+EXEMPT_BURST_BOUNDS = (1, 100_000)
 # [pipelines.NAME]: a pipeline's weight in the fair queue, and its own cap on requests waiting (0 = none)
 PIPELINE_WEIGHT = 1.0
 PIPELINE_WEIGHT_BOUNDS = (0.01, 1000.0)

@@ -116,16 +116,17 @@ def claim(
 
 
 def exempt_claim(
-    now: float, host: HostState, rate: float, burst: int, deadline: float | None = None
+    now: float, host: HostState, rate: float, burst: int, deadline: float | None = None, hold: bool = True
 ) -> tuple[Claim, HostState]:
     """A GCRA slot for an exempt read (as redis-cell): ``burst`` reads at once, then one per ``rate``
-    seconds (0 = no ceiling). The host's backoff, block and probe hold exempt reads as they hold paced ones.
-    The slot is reserved (the theoretical arrival time moves) only when it is granted."""
-    if host.backoff_until > now:
+    seconds (0 = no ceiling). The host's backoff, block and probe hold exempt reads as they hold paced ones
+    (``hold`` false: exempt.respect_backoff = false, the ceiling only). The slot is reserved (the
+    theoretical arrival time moves) only when it is granted."""
+    if hold and host.backoff_until > now:
         ready = host.backoff_until
         outcome = Outcome.TOO_LATE if deadline is not None and ready > deadline else Outcome.HOST_NOT_READY
         return Claim(outcome, ready - now, ready), host
-    if (poll := _probe_wait(host, now)) is not None:
+    if hold and (poll := _probe_wait(host, now)) is not None:
         return Claim(Outcome.HOST_NOT_READY, poll, now + poll), host
     slot, new = now, host
     if rate > 0:
@@ -134,7 +135,7 @@ def exempt_claim(
         new = replace(host, tat=tat + rate)
     if deadline is not None and slot > deadline:
         return Claim(Outcome.TOO_LATE, slot - now, slot), host
-    if host.blocks > 0:
+    if hold and host.blocks > 0:
         new = replace(new, probe_until=slot + PROBE_LEASE)
     return Claim(Outcome.GRANTED, slot - now, slot), new
 

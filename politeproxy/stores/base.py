@@ -72,7 +72,9 @@ class Store(ABC):
         ``not_before``: the slot is at least this many seconds from now (the failover store's grace).
         """
 
-    async def exempt_claim(self, host: str, rate: float, burst: int, max_wait: float | None) -> Claim:
+    async def exempt_claim(
+        self, host: str, rate: float, burst: int, max_wait: float | None, hold: bool = True
+    ) -> Claim:
         """Atomically take a GCRA slot for an exempt read (``rate`` seconds apart after a ``burst``; 0 = no
         ceiling), or nothing. A backoff, a block or a probe out holds it (HOST_NOT_READY).
 
@@ -80,7 +82,7 @@ class Store(ABC):
         host's backoff."""
         view = await self.host_view(host)
         wait = max(view.backoff_in, view.probe_in if view.blocks else 0.0)
-        if wait > 0:
+        if hold and wait > 0:
             return Claim(Outcome.HOST_NOT_READY, wait, time.time() + wait)
         return Claim(Outcome.GRANTED, 0.0, time.time())
 

@@ -295,10 +295,12 @@ class FileStore(Store):
                 self._write_host(host, new_st)
             return c
 
-    async def exempt_claim(self, host: str, rate: float, burst: int, max_wait: float | None) -> Claim:
+    async def exempt_claim(
+        self, host: str, rate: float, burst: int, max_wait: float | None, hold: bool = True
+    ) -> Claim:
         async with self._held():
             st = self._read_host(host)
-            c, new = self.sm.exempt_claim(st, rate, burst, max_wait)
+            c, new = self.sm.exempt_claim(st, rate, burst, max_wait, hold)
             if c.granted and new != st:
                 self._write_host(host, new)
             return c

@@ -74,12 +74,12 @@ class StateMachine:
         return c, new_next, new_host
 
     def exempt_claim(
-        self, host: HostState, rate: float, burst: int, max_wait: float | None
+        self, host: HostState, rate: float, burst: int, max_wait: float | None, hold: bool = True
     ) -> tuple[Claim, HostState]:
         now = self.clock()
         host = self.check_host(host, now, replace(LOOSE, backoff=self.max_backoff))
         deadline = None if max_wait is None else now + duration(max_wait)
-        return slots.exempt_claim(now, host, duration(rate), max(1, burst), deadline)
+        return slots.exempt_claim(now, host, duration(rate), max(1, burst), deadline, hold)
 
     def throttled(
         self,
@@ -160,8 +160,10 @@ class MemoryStore(Store):
             self.count += 1
         return c
 
-    async def exempt_claim(self, host: str, rate: float, burst: int, max_wait: float | None) -> Claim:
-        c, new = self.sm.exempt_claim(self.hosts.get(host, HostState()), rate, burst, max_wait)
+    async def exempt_claim(
+        self, host: str, rate: float, burst: int, max_wait: float | None, hold: bool = True
+    ) -> Claim:
+        c, new = self.sm.exempt_claim(self.hosts.get(host, HostState()), rate, burst, max_wait, hold)
         if c.granted:
             self.hosts[host] = new
         return c

@@ -245,7 +245,8 @@ return {delay_us, corrupt, b}
 """
 )
 
-# KEYS: host. ARGV: rate_us (0 = no ceiling), burst, max_wait_us ('' = none), key_ttl_ms, max_backoff_us.
+# KEYS: host. ARGV: rate_us (0 = no ceiling), burst, max_wait_us ('' = none), key_ttl_ms, max_backoff_us,
+# hold ('1': the backoff, block and probe hold the read; '0': exempt.respect_backoff = false).
 # slots.exempt_claim: a GCRA slot, held by a backoff, a block or a probe out. Returns {outcome, wait_us,
 # corrupt (2 host)}.
 EXEMPT = (
@@ -262,11 +263,12 @@ if not ok then
 end
 local deadline = nil
 if ARGV[3] ~= '' then deadline = now + tonumber(ARGV[3]) end
-if h[2] > now then
+local hold = ARGV[6] == '1'
+if hold and h[2] > now then
   if deadline ~= nil and h[2] > deadline then return {2, h[2] - now, corrupt} end
   return {1, h[2] - now, corrupt}
 end
-if h[6] > 0 and h[8] > now then return {1, math.min(h[8] - now, PROBE_POLL), corrupt} end
+if hold and h[6] > 0 and h[8] > now then return {1, math.min(h[8] - now, PROBE_POLL), corrupt} end
 local rate, burst = tonumber(ARGV[1]), math.max(1, tonumber(ARGV[2]))
 local slot = now
 local tat = h[12]
@@ -277,8 +279,9 @@ if rate > 0 then
 end
 if deadline ~= nil and slot > deadline then return {2, slot - now, corrupt} end
 if rate > 0 then redis.call('HSET', KEYS[1], 'tat', fmt(tat)) end
-if h[6] > 0 then redis.call('HSET', KEYS[1], 'probe_until', fmt(slot + PROBE_LEASE)) end
-if rate > 0 or h[6] > 0 then keep(KEYS[1], now, ttl_ms, host_furthest(KEYS[1])) end
+local probe = hold and h[6] > 0
+if probe then redis.call('HSET', KEYS[1], 'probe_until', fmt(slot + PROBE_LEASE)) end
+if rate > 0 or probe then keep(KEYS[1], now, ttl_ms, host_furthest(KEYS[1])) end
 return {0, slot - now, corrupt}
 """
 )

@@ -137,9 +137,12 @@ class RedisStore(Store):
     ) -> Claim:
         return (await self.claim_with_server_time(host, gap, interval, max_wait, not_before))[0]
 
-    async def exempt_claim(self, host: str, rate: float, burst: int, max_wait: float | None) -> Claim:
+    async def exempt_claim(
+        self, host: str, rate: float, burst: int, max_wait: float | None, hold: bool = True
+    ) -> Claim:
         wait_arg = "" if max_wait is None else round(duration(max_wait) * US)
         args = [_us(duration(rate)), max(1, int(burst)), wait_arg, self.key_ttl_ms, _us(self.max_backoff)]
+        args.append("1" if hold else "0")
         code, wait_us, corrupt = await self._script("exempt_claim", self._exempt, [self.host_key(host)], args)
         self._corrupt(int(corrupt), host)
         wait = int(wait_us) / US

@@ -253,7 +253,9 @@ def test_upstream_failure_shapes_give_one_line_and_never_a_query_string(
         proxy_factory,
         upstream,
         certs,
-        '[pacing]\nretries = 0\nbackoff_base = "0.1s"\nbackoff_cap = "0.5s"\n',
+        # three failures in a row are a block (issue 12): held briefly here, so the next shapes still go
+        '[pacing]\nretries = 0\nbackoff_base = "0.1s"\nbackoff_cap = "0.5s"\nblock_hold = "0.2s"\n'
+        'block_hold_cap = "0.2s"\n',
         up_settings={"read_timeout": '"1s"'},
     )
     sig = "X-Amz-Signature=SECRETSIGNATURE&X-Amz-Credential=AKIDSECRET"

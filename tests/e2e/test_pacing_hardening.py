@@ -51,9 +51,9 @@ class SlowStore(MemoryStore):
         super().__init__(rand=lambda: 0.0)
         self.hold = hold
 
-    async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy):  # type: ignore[no-untyped-def]
+    async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy, *rest):  # type: ignore[no-untyped-def]
         await asyncio.sleep(self.hold)
-        return await super().throttled(host, retry_after, policy)
+        return await super().throttled(host, retry_after, policy, *rest)
 
 
 class BrokenStore(MemoryStore):

@@ -214,12 +214,15 @@ async def test_keys_use_the_prefix_and_carry_ttls(shared_redis: RedisServer, raw
     s = RedisStore(shared_redis.url, prefix=p, key_ttl=60.0)
     try:
         await s.claim(HOST, 0.01, 1.0, None)
-        await s.throttled(OTHER, 5.0, BackoffPolicy())
+        await s.throttled(OTHER, 5.0, BackoffPolicy(adaptive=False))
         assert sorted(await raw.keys(f"{p}*")) == sorted(
             [f"{p}global", f"{p}host:{HOST}", f"{p}host:{OTHER}"]
         )
         for key in await raw.keys(f"{p}*"):
             assert 55_000 < await raw.pttl(key) <= 66_000, key
+        # The adaptive interval steps back for adaptive_recovery after the backoff: the key lives that long.
+        await s.throttled(OTHER, 5.0, BackoffPolicy(adaptive_recovery=600.0))
+        assert await raw.pttl(f"{p}host:{OTHER}") > 600_000
         # State still in force outlives key_ttl: a long interval keeps its host key alive that long.
         await s.claim("commoncrawl.org", 0.0, 600.0, None)
         assert await raw.pttl(f"{p}host:commoncrawl.org") > 600_000

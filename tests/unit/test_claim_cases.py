@@ -56,7 +56,7 @@ class Case:
         str, float
     ]  # next (global), next_allowed, backoff_until, robots_expires (relative), throttles, crawl_delay
     # ("claim", gap, interval, max_wait[, not_before]) | ("throttle", retry_after, rand[, kind, base])
-    # | ("success",) | ("exempt", rate, burst, max_wait)
+    # | ("success",) | ("exempt", rate, burst, max_wait[, hold])
     event: tuple[Any, ...]
     expect: dict[str, Any] = field(default_factory=dict)  # outcome, wait, delay, and any state key after
 
@@ -435,6 +435,12 @@ CASES = [
         {"outcome": Outcome.GRANTED, "wait": 0.0, "tat": 0.02},
     ),
     Case(
+        "exempt_not_holding_the_backoff",
+        {"backoff_until": 3.0, "blocks": 1, "tat": 2.0},
+        ("exempt", 0.02, 100, None, False),
+        {"outcome": Outcome.GRANTED, "wait": 0.02, "tat": 2.02, "probe_until": ABSENT, "blocks": 1},
+    ),
+    Case(
         "exempt_burst_one",
         {"tat": 0.5},
         ("exempt", 1.0, 1, None),
@@ -473,7 +479,7 @@ async def run_event(store: Store, event: tuple[Any, ...]) -> dict[str, Any]:
         assert math.isfinite(d.seconds)
         return {"delay": d.seconds}
     if event[0] == "exempt":
-        c = await store.exempt_claim(H, event[1], event[2], event[3])
+        c = await store.exempt_claim(H, event[1], event[2], event[3], *event[4:])
         assert math.isfinite(c.wait)
         return {"outcome": c.outcome, "wait": c.wait}
     await store.succeeded(H)

@@ -55,6 +55,13 @@ def test_retry_table(
 times = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True))
 
 
+@pytest.mark.parametrize("delay", [0.0, 1.0, 5.0, 120.0, None])
+def test_a_block_is_never_retried(delay: float | None) -> None:
+    """A block (403, or the third connection failure in a row) goes back to the client, whatever else."""
+    d = decide_retry("GET", False, 2, 0.0, delay, 1e6, blocked=True)
+    assert not d.retry and d.after == 0.0
+
+
 @given(
     st.text(max_size=8),
     st.booleans(),
@@ -62,13 +69,16 @@ times = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True))
     st.floats(allow_nan=True, allow_infinity=True),
     times,
     st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
 )
 def test_retry_decision_is_total_and_bounded(
-    method: str, body: bool, left: int, elapsed: float, delay: float | None, mw: float
+    method: str, body: bool, left: int, elapsed: float, delay: float | None, mw: float, blocked: bool
 ) -> None:
     """For any input the decision never raises; a retry waits a finite time, at least the delay and
-    MIN_RETRY_GAP, and the wait ends before max_wait (counted from the request's arrival)."""
-    d = decide_retry(method, body, left, elapsed, delay, mw)
+    MIN_RETRY_GAP, and the wait ends before max_wait (counted from the request's arrival); a block is
+    never retried."""
+    d = decide_retry(method, body, left, elapsed, delay, mw, blocked)
+    assert not (blocked and d.retry)
     assert math.isfinite(d.after) and d.after >= 0
     if d.retry:
         assert delay is not None and d.after >= delay and d.after >= MIN_RETRY_GAP

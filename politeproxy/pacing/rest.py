@@ -1,0 +1,72 @@
+"""Issue 12 in the pacer: the exempt ceiling's wait, and what the proxy tells a client about a resting host.
+
+Kept apart from pacer.py so the facade stays small: ``exempt_slot`` waits for a GCRA slot (shared through
+the store) and out the host's backoff, block or probe; ``RestNotes`` remembers, per host and bounded, what
+rests it and until when, for the body of the proxy's own refusals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from politeproxy.pacing.base import PacingSettings, WaitTooLong
+from politeproxy.policy.backoff import Kind
+from politeproxy.policy.slots import Claim, Outcome
+from politeproxy.stores.base import Store
+
+
+class RestNotes:
+    """host -> (block or backoff, until as wall-clock time); at most ``cap`` hosts, the oldest dropped."""
+
+    def __init__(self, cap: int, clock: Callable[[], float] = time.time) -> None:
+        self.cap = cap
+        self.clock = clock
+        self._hosts: dict[str, tuple[Kind, float]] = {}
+
+    def remember(self, host: str, kind: Kind, seconds: float) -> None:
+        self._hosts.pop(host, None)
+        self._hosts[host] = (kind, self.clock() + seconds)
+        while len(self._hosts) > self.cap:
+            del self._hosts[next(iter(self._hosts))]
+
+    def note(self, host: str) -> str:
+        """ "; <host> is blocked until <UTC time>" (or "backing off until"), or "" when it does not rest."""
+        kind, until = self._hosts.get(host, (Kind.THROTTLE, 0.0))
+        if until <= self.clock():
+            return ""
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
+        return f"; {host} is {'blocked' if kind is Kind.BLOCK else 'backing off'} until {when}"
+
+
+async def exempt_slot(
+    store: Store,
+    s: PacingSettings,
+    host: str,
+    deadline: float,
+    monotonic: Callable[[], float],
+    local_ready: Callable[[], float],
+    on_error: Callable[[BaseException], None],
+) -> float:
+    """Wait for the host's exempt slot; return 0, or raise WaitTooLong (with the wait) when it would come
+    after ``deadline`` (monotonic). ``exempt.respect_backoff = false``: the ceiling only (and with
+    ``exempt.rate = 0`` no store call at all).
+    A store that cannot answer is reported to ``on_error``; the local hint (``local_ready``) then holds."""
+    hold = s.exempt_respect_backoff
+    if not hold and s.exempt_rate <= 0:
+        return 0.0
+    while True:
+        now = monotonic()
+        try:
+            c = await store.exempt_claim(host, s.exempt_rate, s.exempt_burst, max(0.0, deadline - now), hold)
+        except Exception as e:  # noqa: BLE001 - a store fault must not turn an exempt read into a 500
+            on_error(e)
+            wait = max(0.0, local_ready() - now) if hold else 0.0
+            c = Claim(Outcome.HOST_NOT_READY if wait > 0 else Outcome.GRANTED, wait, 0.0)
+        if c.outcome is Outcome.TOO_LATE or now + c.wait > deadline:
+            raise WaitTooLong(c.wait, f"{host} would wait {c.wait:.1f}s for an exempt read")
+        if c.wait > 0:
+            await asyncio.sleep(c.wait)
+        if c.granted:
+            return 0.0
