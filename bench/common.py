@@ -18,23 +18,21 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: find tests/
+
+# The fake upstream, its certificates and the small process helpers are the tests' own (one copy).
+from tests import conftest  # noqa: E402
+from tests.conftest import PY, ROOT, Certs, free_port, resolve_table, wait_for  # noqa: E402
+
 CACHE = Path(os.environ.get("POLITEPROXY_BENCH_CACHE") or Path.home() / ".cache" / "politeproxy-bench")
 MITM_VENV = CACHE / "mitm-venv"
 MITM_SPEC = os.environ.get("POLITEPROXY_BENCH_MITMPROXY", "mitmproxy")
-CC_HOSTS = (
-    "data.commoncrawl.org",
-    "index.commoncrawl.org",
-    "commoncrawl.org",
-    "commoncrawl.s3.amazonaws.com",
-)
 DATA_HOST = "data.commoncrawl.org"
 
 
@@ -42,22 +40,8 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
 def port_open(port: int) -> bool:
+    """Something accepts TCP connections on 127.0.0.1:port (mitmdump has no health endpoint)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.2):
             return True
@@ -100,66 +84,38 @@ def stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
 # -- certificates and the fake upstream -----------------------------------------------------------------
 
 
-@dataclass
-class Certs:
-    ca_file: Path
-    server_pem: Path
+class _Dir:
+    """Stands in for pytest's tmp_path_factory: the certs fixture writes into ``d``."""
+
+    def __init__(self, d: Path) -> None:
+        self.d = d
+
+    def mktemp(self, _name: str) -> Path:
+        return self.d
 
 
 def make_certs(d: Path) -> Certs:
-    import trustme
-
-    ca = trustme.CA()
-    leaf = ca.issue_cert(*CC_HOSTS, "localhost", "127.0.0.1")
-    ca.cert_pem.write_to_path(str(d / "upstream-ca.pem"))
-    leaf.private_key_and_cert_chain_pem.write_to_path(str(d / "server.pem"))
-    return Certs(d / "upstream-ca.pem", d / "server.pem")
+    """The tests' upstream CA and leaf (tests/conftest.py's ``certs`` fixture, called as a function)."""
+    return conftest.certs.__wrapped__(_Dir(d))  # type: ignore[attr-defined,no-any-return]
 
 
 @dataclass
-class Upstream:
-    proc: subprocess.Popen[bytes]
-    port: int
-    plain_port: int
-    certs: Certs
+class Upstream(conftest.Upstream):
+    """The tests' fake upstream, with the certificates a client of it must trust."""
 
-    def _url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.plain_port}{path}"
+    certs: Certs | None = None
 
-    def log(self) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(self._url("/__log"), timeout=30) as r:
-            return [json.loads(line) for line in r.read().decode().splitlines() if line]
-
-    def reset(self) -> None:
-        req = urllib.request.Request(
-            self._url("/__control"),
-            data=json.dumps({"reset": True}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            r.read()
+    @property
+    def ca_file(self) -> Path:
+        assert self.certs is not None
+        return self.certs.ca_file
 
 
 def start_upstream(bench: Bench, certs: Certs, files_dir: Path | None = None) -> Upstream:
-    port_file = bench.tmp / f"upstream-port-{time.monotonic_ns()}"
-    cmd = [
-        PY,
-        "-m",
-        "tests.support.fakeupstream",
-        "--cert",
-        str(certs.server_pem),
-        "--port-file",
-        str(port_file),
-    ]
-    cmd += ["--plain-port", "0"]
-    if files_dir:
-        cmd += ["--files-dir", str(files_dir)]
-    proc = bench.spawn(cmd, "upstream.log")
-    wait_for(lambda: port_file.exists() or proc.poll() is not None, what="fake upstream")
-    if proc.poll() is not None:
-        raise RuntimeError(f"fake upstream exited: {(bench.tmp / 'upstream.log').read_text()}")
-    tls, plain = map(int, port_file.read_text().split())
-    return Upstream(proc, tls, plain, certs)
+    """tests/conftest.py's fake upstream, stopped when the bench ends."""
+    up = conftest.start_upstream(certs, bench.tmp, files_dir)
+    bench.callback(up.stop)
+    return Upstream(up.proc, up.port, up.plain_port, certs)
 
 
 # -- politeproxy ------------------------------------------------------------------------------------------
@@ -189,16 +145,9 @@ class Proxy:
 
 
 def politeproxy_config(up: Upstream, extra_toml: str = "") -> str:
-    lines = [f'"{h}:443" = "127.0.0.1:{up.port}"' for h in CC_HOSTS]
-    lines += [f'"{h}:80" = "127.0.0.1:{up.plain_port}"' for h in CC_HOSTS]
     head = "[robots]\nenabled = false\n"
-    return (
-        head
-        + extra_toml
-        + f'\n[upstream]\nca_file = "{up.certs.ca_file}"\n[upstream.resolve]\n'
-        + "\n".join(lines)
-        + "\n"
-    )
+    upstream = f'[upstream]\nca_file = "{up.ca_file}"\n[upstream.resolve]\n{resolve_table(up)}\n'
+    return f"{head}{extra_toml}\n{upstream}"
 
 
 def start_politeproxy(
@@ -277,7 +226,7 @@ def start_mitmdump(bench: Bench, up: Upstream, exe: Path) -> Proxy:
     addon.write_text(_REDIRECT_ADDON)
     port = free_port()
     cmd = [str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port)]
-    cmd += ["--set", f"confdir={confdir}", "--set", f"ssl_verify_upstream_trusted_ca={up.certs.ca_file}"]
+    cmd += ["--set", f"confdir={confdir}", "--set", f"ssl_verify_upstream_trusted_ca={up.ca_file}"]
     cmd += ["--set", "stream_large_bodies=1m", "-s", str(addon)]
     env = {**os.environ, "BENCH_UPSTREAM_PORT": str(up.port)}
     proc = bench.spawn(cmd, f"mitmdump-{port}.log", env=env)

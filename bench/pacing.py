@@ -22,8 +22,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -41,18 +39,17 @@ from bench.common import (  # noqa: E402
     bucket_diff,
     bucket_quantile,
     fmt,
-    free_port,
     hist_buckets,
     log,
     machine_note,
     make_certs,
     percentile,
-    port_open,
     start_politeproxy,
     start_upstream,
     table,
-    wait_for,
 )
+from tests.support.measure import achieved_rate  # noqa: E402
+from tests.support.redis_server import RedisServer, find_redis_server  # noqa: E402
 
 LATENESS = "politeproxy_grant_lateness_seconds"
 SECONDS = {5: 4.0, 50: 2.5, 500: 2.0}  # measured span per rate: 21, 126 and 1001 requests
@@ -149,7 +146,7 @@ def run_config(
         for k, v in bucket_diff(hist_buckets(px.metrics(), LATENESS), b).items():
             hist[k] = hist.get(k, 0.0) + v
     arrivals = sorted(e["t"] for e in up.log() if e["path"].startswith("/size/100"))
-    achieved = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else float("nan")
+    achieved = achieved_rate(arrivals)
     late = [t - (arrivals[0] + i * gap) for i, t in enumerate(arrivals)]
     fitted = 1.0 / slope(arrivals) if len(arrivals) > 2 else float("nan")
     bad = sum(v for k, v in statuses.items() if k != "200") + abs(n - len(arrivals))
@@ -182,34 +179,23 @@ def slope(ts: list[float]) -> float:
 
 
 def find_redis() -> str | None:
-    for c in (os.environ.get("REDIS_SERVER"), shutil.which("redis-server"), "/usr/bin/redis-server"):
-        if c and os.access(c, os.X_OK):
-            return c
-    return None
+    """tests/support's redis-server lookup; None (not a skip) when there is none."""
+    import pytest
+
+    try:
+        return find_redis_server()
+    except (pytest.skip.Exception, pytest.fail.Exception):
+        return None
 
 
 def start_redis(bench: Bench, exe: str) -> str:
-    port = free_port()
-    d = bench.tmp / f"redis-{port}"
+    """tests/support's throwaway redis-server, stopped when the bench ends."""
+    d = bench.tmp / f"redis-{time.monotonic_ns()}"
     d.mkdir()
-    cmd = [
-        exe,
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        "no",
-        "--dir",
-        str(d),
-    ]
-    proc = bench.spawn(cmd, f"redis-{port}.log")
-    wait_for(lambda: proc.poll() is not None or port_open(port), 15, "redis-server")
-    if proc.poll() is not None:
-        raise RuntimeError("redis-server exited")
-    return f"redis://127.0.0.1:{port}/0"
+    server = RedisServer(exe, d)
+    server.start()
+    bench.callback(server.stop)
+    return server.url
 
 
 async def claim_latency(store: object, n: int) -> tuple[float, float]:

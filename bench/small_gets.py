@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> str:
                 url = f"https://{host}{path}"
                 if loadgen == "hey":
                     return run_hey(url, px.url if px else None, c, duration, headers)
-                cafile = str(px.ca_file if px else up.certs.ca_file)
+                cafile = str(px.ca_file if px else up.ca_file)
                 return run_python(url, px.url if px else None, cafile, c, duration, headers)
 
             for name, px in targets:  # warm-up: leaves cached, upstream pools filled
