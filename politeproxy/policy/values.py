@@ -1,0 +1,123 @@
+"""The typed checks of config values (policy core, no I/O): each converter takes a raw TOML value and the
+key it came from, and returns the value or raises a ConfigError that names the key. ``config.SCHEMA``
+pairs them with the defaults of policy/settings.py.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable
+from typing import Any
+
+from politeproxy.policy.hosts import normalize_host, validate_pattern
+from politeproxy.policy.settings import ConfigError, check_number, parse_duration
+
+
+def parse_hostport(value: str, key: str, default_port: int | None = None) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        if default_port is None:
+            raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+        host, port = value, str(default_port)
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {value!r}")
+    return host, int(port)
+
+
+def _str(v: Any, key: str) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{key}: expected a string, got {type(v).__name__} {v!r}")
+    return v
+
+
+def _bool(v: Any, key: str) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}: expected true or false, got {v!r}")
+    return v
+
+
+def _int(lo: int, hi: int) -> Callable[[Any, str], int]:
+    def conv(v: Any, key: str) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{key}: expected an integer from {lo} to {hi}, got {v!r}")
+        check_number(v, key, lo, hi)
+        return v
+
+    return conv
+
+
+def _float(lo: float, hi: float) -> Callable[[Any, str], float]:
+    def conv(v: Any, key: str) -> float:
+        return check_number(v, key, lo, hi)
+
+    return conv
+
+
+def _dur(v: Any, key: str) -> float:
+    return parse_duration(v, key)
+
+
+def _choice(*choices: str) -> Callable[[Any, str], str]:
+    def conv(v: Any, key: str) -> str:
+        if v not in choices:
+            raise ConfigError(f"{key}: expected one of {', '.join(map(repr, choices))}, got {v!r}")
+        return str(v)
+
+    return conv
+
+
+def _list(item: Callable[[Any, str], Any]) -> Callable[[Any, str], list[Any]]:
+    def conv(v: Any, key: str) -> list[Any]:
+        if not isinstance(v, list):
+            raise ConfigError(f"{key}: expected a list, got {type(v).__name__} {v!r}")
+        return [item(x, f"{key}[{i}]") for i, x in enumerate(v)]
+
+    return conv
+
+
+def _table_of(item: Callable[[Any, str], Any]) -> Callable[[Any, str], dict[str, Any]]:
+    def conv(v: Any, key: str) -> dict[str, Any]:
+        if not isinstance(v, dict):
+            raise ConfigError(f"{key}: expected a table, got {type(v).__name__} {v!r}")
+        return {str(k): item(x, f"{key}.{k}") for k, x in v.items()}
+
+    return conv
+
+
+def _cidr(v: Any, key: str) -> str:
+    s = _str(v, key)
+    try:
+        ipaddress.ip_network(s, strict=False)
+    except ValueError:
+        raise ConfigError(f'{key}: expected a CIDR such as "10.0.0.0/8", got {v!r}') from None
+    return s
+
+
+def _pattern(v: Any, key: str) -> str:
+    s = _str(v, key)
+    err = validate_pattern(s)
+    if err:
+        raise ConfigError(f"{key}: {err}")
+    return normalize_host(s)
+
+
+def _hostport(v: Any, key: str) -> str:
+    s = _str(v, key)
+    parse_hostport(s, key)
+    return s
+
+
+def _optional_hostport(v: Any, key: str) -> str:
+    s = _str(v, key)
+    if s:
+        parse_hostport(s, key)
+    return s
+
+
+def _status(v: Any, key: str) -> int:
+    return _int(100, 599)(v, key)
+
+
+def _method(v: Any, key: str) -> str:
+    return _str(v, key).upper()
