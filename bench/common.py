@@ -12,13 +12,12 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,54 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: find tests/
 
 # The fake upstream, its certificates and the small process helpers are the tests' own (one copy).
+from bench.stats import (  # noqa: E402 - re-exported: the scripts import them from here
+    bucket_diff as bucket_diff,
+)
+from bench.stats import (
+    bucket_quantile as bucket_quantile,
+)
+from bench.stats import (
+    cpu_busy as cpu_busy,
+)
+from bench.stats import (
+    fmt as fmt,
+)
+from bench.stats import (
+    hist_buckets as hist_buckets,
+)
+from bench.stats import (
+    histogram_quantile as histogram_quantile,
+)
+from bench.stats import (
+    hwm_mib as hwm_mib,
+)
+from bench.stats import (
+    log as log,
+)
+from bench.stats import (
+    machine_note as machine_note,
+)
+from bench.stats import (
+    median as median,
+)
+from bench.stats import (
+    percentile as percentile,
+)
+from bench.stats import (
+    ratio as ratio,
+)
+from bench.stats import (
+    reset_hwm as reset_hwm,
+)
+from bench.stats import (
+    rss_mib as rss_mib,
+)
+from bench.stats import (
+    table as table,
+)
+from bench.stats import (
+    wait_quiet as wait_quiet,
+)
 from tests import conftest  # noqa: E402
 from tests.conftest import PY, ROOT, Certs, free_port, resolve_table, wait_for  # noqa: E402
 
@@ -34,10 +81,6 @@ CACHE = Path(os.environ.get("POLITEPROXY_BENCH_CACHE") or Path.home() / ".cache"
 MITM_VENV = CACHE / "mitm-venv"
 MITM_SPEC = os.environ.get("POLITEPROXY_BENCH_MITMPROXY", "mitmproxy")
 DATA_HOST = "data.commoncrawl.org"
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def port_open(port: int) -> bool:
@@ -246,7 +289,7 @@ def maybe_mitmdump(bench: Bench, up: Upstream, enabled: bool) -> Proxy | None:
     return start_mitmdump(bench, up, exe)
 
 
-# -- memory --------------------------------------------------------------------------------
+# -- comparing paths -------------------------------------------------------------------------
 
 
 PACING_OFF = '[schedule]\nglobal_rate = "0"\n'
@@ -275,146 +318,3 @@ def compared_paths(
     if mitmproxy:
         paths.append(("mitmproxy", mitmproxy))
     return paths
-
-
-def _status_kib(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def rss_mib(pid: int) -> float:
-    return _status_kib(pid, "VmRSS") / 1024
-
-
-def hwm_mib(pid: int) -> float:
-    """Peak resident set size (VmHWM) since start or the last ``reset_hwm``."""
-    return _status_kib(pid, "VmHWM") / 1024
-
-
-def reset_hwm(pid: int) -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs)."""
-    try:
-        with open(f"/proc/{pid}/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-# -- statistics and tables ----------------------------------------------------------------------
-
-
-def percentile(xs: Sequence[float], p: float) -> float:
-    """Linear-interpolated percentile, ``p`` in 0..100."""
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    k = (len(s) - 1) * p / 100
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def median(xs: Iterable[float]) -> float:
-    v = [x for x in xs if x == x]
-    return statistics.median(v) if v else float("nan")
-
-
-def ratio(a: float, b: float) -> str:
-    if b == 0 or a != a or b != b:
-        return "–"
-    return f"{a / b:.2f}x"
-
-
-def fmt(x: float, digits: int = 1) -> str:
-    if x != x:
-        return "–"
-    return f"{x:,.{digits}f}"
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
-
-
-def hist_buckets(metrics_text: str, name: str) -> dict[float, float]:
-    """Cumulative bucket counts of a Prometheus histogram, summed over its label sets."""
-    buckets: dict[float, float] = {}
-    for line in metrics_text.splitlines():
-        if line.startswith(name + "_bucket{"):
-            labels, _, value = line.rpartition(" ")
-            le = labels.split('le="', 1)[1].split('"', 1)[0]
-            bound = float("inf") if le == "+Inf" else float(le)
-            buckets[bound] = buckets.get(bound, 0.0) + float(value)
-    return buckets
-
-
-def bucket_diff(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
-    return {b: c - before.get(b, 0.0) for b, c in after.items()}
-
-
-def bucket_quantile(buckets: dict[float, float], q: float) -> float:
-    """Prometheus-style quantile: linear within the bucket that holds the rank."""
-    if not buckets:
-        return float("nan")
-    bounds = sorted(buckets)
-    total = buckets[bounds[-1]]
-    if total <= 0:
-        return float("nan")
-    rank = q * total
-    prev_bound, prev_count = 0.0, 0.0
-    for b in bounds:
-        c = buckets[b]
-        if c >= rank:
-            if b == float("inf"):
-                return prev_bound
-            return prev_bound + (b - prev_bound) * (rank - prev_count) / max(c - prev_count, 1e-12)
-        prev_bound, prev_count = b, c
-    return bounds[-1]
-
-
-def histogram_quantile(metrics_text: str, name: str, q: float) -> float:
-    return bucket_quantile(hist_buckets(metrics_text, name), q)
-
-
-def _cpu_times() -> tuple[int, int]:
-    with open("/proc/stat") as f:
-        vals = [int(x) for x in f.readline().split()[1:]]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-    return sum(vals), idle
-
-
-def cpu_busy(interval: float = 1.0) -> float:
-    """Fraction of all cores busy over ``interval`` seconds (0..1), from /proc/stat."""
-    t0, i0 = _cpu_times()
-    time.sleep(interval)
-    t1, i1 = _cpu_times()
-    return 1.0 - (i1 - i0) / max(1, t1 - t0)
-
-
-def wait_quiet(threshold: float = 0.15, max_wait: float = 60.0) -> float:
-    """Wait (bounded) until the machine is nearly idle, so other work does not skew a figure.
-
-    Returns the busy fraction last seen; a benchmark sharing the machine says so in its report.
-    """
-    deadline = time.monotonic() + max_wait
-    busy = cpu_busy()
-    while busy > threshold and time.monotonic() < deadline:
-        log(f"machine {busy:.0%} busy before the run; waiting for it to settle")
-        busy = cpu_busy(2.0)
-    return busy
-
-
-def machine_note() -> str:
-    cpu = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores ({cpu}), Python {sys.version.split()[0]}, {os.uname().sysname}"

@@ -1,0 +1,161 @@
+"""Benchmark statistics and machine facts: percentiles, tables, Prometheus histograms, RSS, CPU load."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+
+def _status_kib(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def rss_mib(pid: int) -> float:
+    return _status_kib(pid, "VmRSS") / 1024
+
+
+def hwm_mib(pid: int) -> float:
+    """Peak resident set size (VmHWM) since start or the last ``reset_hwm``."""
+    return _status_kib(pid, "VmHWM") / 1024
+
+
+def reset_hwm(pid: int) -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+# -- statistics and tables ----------------------------------------------------------------------
+
+
+def percentile(xs: Sequence[float], p: float) -> float:
+    """Linear-interpolated percentile, ``p`` in 0..100."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = (len(s) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(xs: Iterable[float]) -> float:
+    v = [x for x in xs if x == x]
+    return statistics.median(v) if v else float("nan")
+
+
+def ratio(a: float, b: float) -> str:
+    if b == 0 or a != a or b != b:
+        return "–"
+    return f"{a / b:.2f}x"
+
+
+def fmt(x: float, digits: int = 1) -> str:
+    if x != x:
+        return "–"
+    return f"{x:,.{digits}f}"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def hist_buckets(metrics_text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of a Prometheus histogram, summed over its label sets."""
+    buckets: dict[float, float] = {}
+    for line in metrics_text.splitlines():
+        if line.startswith(name + "_bucket{"):
+            labels, _, value = line.rpartition(" ")
+            le = labels.split('le="', 1)[1].split('"', 1)[0]
+            bound = float("inf") if le == "+Inf" else float(le)
+            buckets[bound] = buckets.get(bound, 0.0) + float(value)
+    return buckets
+
+
+def bucket_diff(after: dict[float, float], before: dict[float, float]) -> dict[float, float]:
+    return {b: c - before.get(b, 0.0) for b, c in after.items()}
+
+
+def bucket_quantile(buckets: dict[float, float], q: float) -> float:
+    """Prometheus-style quantile: linear within the bucket that holds the rank."""
+    if not buckets:
+        return float("nan")
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return float("nan")
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for b in bounds:
+        c = buckets[b]
+        if c >= rank:
+            if b == float("inf"):
+                return prev_bound
+            return prev_bound + (b - prev_bound) * (rank - prev_count) / max(c - prev_count, 1e-12)
+        prev_bound, prev_count = b, c
+    return bounds[-1]
+
+
+def histogram_quantile(metrics_text: str, name: str, q: float) -> float:
+    return bucket_quantile(hist_buckets(metrics_text, name), q)
+
+
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return sum(vals), idle
+
+
+def cpu_busy(interval: float = 1.0) -> float:
+    """Fraction of all cores busy over ``interval`` seconds (0..1), from /proc/stat."""
+    t0, i0 = _cpu_times()
+    time.sleep(interval)
+    t1, i1 = _cpu_times()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_quiet(threshold: float = 0.15, max_wait: float = 60.0) -> float:
+    """Wait (bounded) until the machine is nearly idle, so other work does not skew a figure.
+
+    Returns the busy fraction last seen; a benchmark sharing the machine says so in its report.
+    """
+    deadline = time.monotonic() + max_wait
+    busy = cpu_busy()
+    while busy > threshold and time.monotonic() < deadline:
+        log(f"machine {busy:.0%} busy before the run; waiting for it to settle")
+        busy = cpu_busy(2.0)
+    return busy
+
+
+def machine_note() -> str:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores ({cpu}), Python {sys.version.split()[0]}, {os.uname().sysname}"
