@@ -32,6 +32,7 @@ from politeproxy.proxy.responses import (
     BadRequestOneLine,
     BoundedServer,
     RepeatLog,
+    ServerOptions,
     error_response,
     plain_response,
 )
@@ -55,9 +56,9 @@ class Timeouts:
     max_connections: int = defaults.MAX_CLIENT_CONNECTIONS  # client connections open at once (tunnels too)
 
 
-def _server_kwargs(timeouts: Timeouts) -> dict[str, Any]:
+def _server_kwargs(timeouts: Timeouts) -> ServerOptions:
     """aiohttp's server settings for every connection it serves (plain and inside tunnels)."""
-    return dict(
+    return ServerOptions(
         handler_cancellation=True,  # a client that leaves frees its place in line
         keepalive_timeout=timeouts.idle,
         max_line_size=timeouts.max_header_size,

@@ -3,11 +3,12 @@ a head over max_header_size (aiohttp's server bounded here), and the rate-limite
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -106,6 +107,24 @@ def head_size(request: web.BaseRequest) -> int:
 Report = Callable[[str, Refusal], None]  # log and count a refusal of this client
 
 
+class ServerOptions(TypedDict, total=False):
+    """The aiohttp server settings the listener passes (listener._server_kwargs)."""
+
+    handler_cancellation: bool
+    keepalive_timeout: float
+    max_line_size: int
+    max_field_size: int
+    auto_decompress: bool
+    access_log: None
+    read_bufsize: int
+    lingering_time: float
+    logger: logging.Logger
+
+
+class HandlerOptions(ServerOptions, total=False):
+    loop: asyncio.AbstractEventLoop
+
+
 class BoundedHandler(RequestHandler):
     """aiohttp bounds each header line, not a head: count the bytes of the head being read.
 
@@ -116,7 +135,9 @@ class BoundedHandler(RequestHandler):
     (Uses aiohttp's internal ``_request_count`` and ``_messages``; tests/test_front_limits.py pins it.)
     """
 
-    def __init__(self, manager: web.Server, *, head_limit: int, report: Report, **kw: Any) -> None:
+    def __init__(
+        self, manager: web.Server, *, head_limit: int, report: Report, **kw: Unpack[HandlerOptions]
+    ) -> None:
         super().__init__(manager, **kw)
         self._head_limit = head_limit
         self._head_bytes = 0
@@ -155,7 +176,7 @@ class BoundedServer(web.Server):
         on_lost: Callable[[RequestHandler], None],
         head_limit: int,
         report: Report,
-        **kwargs: Any,
+        **kwargs: Unpack[ServerOptions],
     ) -> None:
         super().__init__(self._bounded, **kwargs)
         self._inner = handler
