@@ -345,7 +345,7 @@ class Pacer:
         # store, or by this one before a restart; checking at most once a second keeps the store quiet.
         now = self.monotonic()
         last = self._checked.get(host)
-        if last is None or now - last >= SUCCESS_RECHECK:
+        if last is None or now - last >= SUCCESS_RECHECK or self.store.probing(host):
             self._mark_checked(host, now)
             try:
                 await self.store.succeeded(host)

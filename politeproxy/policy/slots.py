@@ -45,6 +45,7 @@ class Claim:
     outcome: Outcome
     wait: float  # seconds from now until the slot (granted) or until the host/slot would be ready
     at: float  # the slot, or the earliest time the request could go
+    probe: bool = False  # granted as the probe after a block: its answer must reach the store at once
 
     @property
     def granted(self) -> bool:
@@ -112,7 +113,7 @@ def claim(
     new_host = replace(host, next_allowed=slot + step) if step > 0 else host
     if host.blocks > 0:  # the hold is over: this grant is the probe, and goes alone
         new_host = replace(new_host, probe_until=slot + PROBE_LEASE)
-    return Claim(Outcome.GRANTED, slot - now, slot), new_next, new_host
+    return Claim(Outcome.GRANTED, slot - now, slot, host.blocks > 0), new_next, new_host
 
 
 def exempt_claim(
@@ -135,9 +136,10 @@ def exempt_claim(
         new = replace(host, tat=tat + rate)
     if deadline is not None and slot > deadline:
         return Claim(Outcome.TOO_LATE, slot - now, slot), host
-    if hold and host.blocks > 0:
+    probe = hold and host.blocks > 0
+    if probe:
         new = replace(new, probe_until=slot + PROBE_LEASE)
-    return Claim(Outcome.GRANTED, slot - now, slot), new
+    return Claim(Outcome.GRANTED, slot - now, slot, probe), new
 
 
 # -- sanity bounds for records read back from a store ------------------------------------------------------

@@ -58,8 +58,31 @@ class WarnOnce:
         self.seen.add(kind)
 
 
+PROBES_KEPT = 1024  # hosts whose probe this process sent and has not heard back about, at most
+
+
 class Store(ABC):
     name: str = "abstract"
+    _probes: dict[str, None] | None = None  # the hosts whose probe this store object granted
+
+    def note_probe(self, host: str, c: Claim) -> None:
+        """Remember a probe granted here (bounded, the oldest forgotten) until its answer is recorded."""
+        if not c.probe:
+            return
+        if self._probes is None:
+            self._probes = {}
+        self._probes[host] = None
+        while len(self._probes) > PROBES_KEPT:
+            del self._probes[next(iter(self._probes))]
+
+    def probing(self, host: str) -> bool:
+        """Did this process send the host's probe, still unanswered? Its success must reach the store at
+        once (the pacer otherwise writes a success at most once a second): every proxy waits for it."""
+        return bool(self._probes) and host in self._probes  # type: ignore[operator]
+
+    def probe_answered(self, host: str) -> None:
+        if self._probes:
+            self._probes.pop(host, None)
 
     @abstractmethod
     async def claim(

@@ -240,6 +240,9 @@ class FailoverStore(Store):
     async def succeeded(self, host: str) -> None:
         await self._run(lambda s: s.succeeded(host))
 
+    def probing(self, host: str) -> bool:
+        return self.primary.probing(host) or self.fallback.probing(host)
+
     async def host_view(self, host: str) -> HostView:
         return await self._run(lambda s: s.host_view(host))
 

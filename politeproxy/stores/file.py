@@ -293,6 +293,7 @@ class FileStore(Store):
                 self._write_global(new_next, count)
             if new_st != st:  # granted with a step, or a corrupt record replaced by its sane form
                 self._write_host(host, new_st)
+            self.note_probe(host, c)
             return c
 
     async def exempt_claim(
@@ -303,6 +304,7 @@ class FileStore(Store):
             c, new = self.sm.exempt_claim(st, rate, burst, max_wait, hold)
             if c.granted and new != st:
                 self._write_host(host, new)
+            self.note_probe(host, c)
             return c
 
     async def throttled(
@@ -313,6 +315,7 @@ class FileStore(Store):
         kind: Kind = Kind.THROTTLE,
         base: float = 0.0,
     ) -> Delay:
+        self.probe_answered(host)
         async with self._held():
             delay, st = self.sm.throttled(self._read_host(host), retry_after, policy, kind, base)
             self._write_host(host, st)
@@ -326,6 +329,7 @@ class FileStore(Store):
                 self._write_host(host, new)
 
     async def succeeded(self, host: str) -> None:
+        self.probe_answered(host)
         async with self._held():
             st = self._read_host(host)
             new = self.sm.succeeded(st)

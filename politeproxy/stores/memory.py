@@ -158,6 +158,7 @@ class MemoryStore(Store):
         )
         if c.granted:
             self.count += 1
+            self.note_probe(host, c)
         return c
 
     async def exempt_claim(
@@ -166,6 +167,7 @@ class MemoryStore(Store):
         c, new = self.sm.exempt_claim(self.hosts.get(host, HostState()), rate, burst, max_wait, hold)
         if c.granted:
             self.hosts[host] = new
+            self.note_probe(host, c)
         return c
 
     async def throttled(
@@ -176,6 +178,7 @@ class MemoryStore(Store):
         kind: Kind = Kind.THROTTLE,
         base: float = 0.0,
     ) -> Delay:
+        self.probe_answered(host)
         old = self.hosts.get(host, HostState())
         delay, self.hosts[host] = self.sm.throttled(old, retry_after, policy, kind, base)
         return delay
@@ -184,6 +187,7 @@ class MemoryStore(Store):
         self.hosts[host] = self.sm.held(self.hosts.get(host, HostState()), seconds)
 
     async def succeeded(self, host: str) -> None:
+        self.probe_answered(host)
         if host in self.hosts:
             self.hosts[host] = self.sm.succeeded(self.hosts[host])
 

@@ -126,7 +126,8 @@ end
 
 # KEYS: global, host. ARGV: gap_us, interval_us, max_wait_us ('' = none), key_ttl_ms, max_backoff_us,
 # not_before_us (the slot is no earlier than now + this), last_next_us (the next this proxy wrote last).
-# Returns {outcome (0 granted, 1 host not ready, 2 too late), wait_us, at_us, corrupt (1 global, 2 host)}.
+# Returns {outcome (0 granted, 1 host not ready, 2 too late), wait_us, at_us, corrupt (1 global, 2 host)
+# [, probe (1: granted as the probe after a block)]}.
 CLAIM = (
     PRELUDE
     + """
@@ -184,7 +185,9 @@ local step = math.max(interval, h[4], raised)
 if step > 0 then redis.call('HSET', KEYS[2], 'next_allowed', fmt(slot + step)) end
 if h[6] > 0 then redis.call('HSET', KEYS[2], 'probe_until', fmt(slot + PROBE_LEASE)) end  -- the probe
 if step > 0 or h[6] > 0 then keep(KEYS[2], now, ttl_ms, host_furthest(KEYS[2])) end
-return {0, slot - now, slot, corrupt}
+local probe = 0
+if h[6] > 0 then probe = 1 end
+return {0, slot - now, slot, corrupt, probe}
 """
 )
 
@@ -247,6 +250,7 @@ return {delay_us, corrupt, b}
 
 # KEYS: host. ARGV: rate_us (0 = no ceiling), burst, max_wait_us ('' = none), key_ttl_ms, max_backoff_us,
 # hold ('1': the backoff, block and probe hold the read; '0': exempt.respect_backoff = false).
+# Returns {outcome, wait_us, corrupt (2 host)[, probe]}.
 # slots.exempt_claim: a GCRA slot, held by a backoff, a block or a probe out. Returns {outcome, wait_us,
 # corrupt (2 host)}.
 EXEMPT = (
@@ -282,7 +286,8 @@ if rate > 0 then redis.call('HSET', KEYS[1], 'tat', fmt(tat)) end
 local probe = hold and h[6] > 0
 if probe then redis.call('HSET', KEYS[1], 'probe_until', fmt(slot + PROBE_LEASE)) end
 if rate > 0 or probe then keep(KEYS[1], now, ttl_ms, host_furthest(KEYS[1])) end
-return {0, slot - now, corrupt}
+if probe then return {0, slot - now, corrupt, 1} end
+return {0, slot - now, corrupt, 0}
 """
 )
 

@@ -122,7 +122,7 @@ class RedisStore(Store):
         gap_us = _us(duration(gap))
         args = [gap_us, _us(duration(interval)), wait_arg, self.key_ttl_ms, _us(self.max_backoff)]
         args += [_us(duration(not_before)), self._last_next_us]
-        code, wait_us, at_us, corrupt = await self._script(
+        code, wait_us, at_us, corrupt, *probe = await self._script(
             "claim", self._claim, [self.global_key, self.host_key(host)], args
         )
         self._corrupt(int(corrupt), host)
@@ -130,7 +130,9 @@ class RedisStore(Store):
             self._last_next_us = int(at_us) + gap_us
         wait = int(wait_us) / US
         # The slot is in the server's clock; ``at`` is re-based on the local one so local code can use it.
-        return Claim(_OUTCOMES[int(code)], wait, time.time() + wait), int(at_us) / US
+        c = Claim(_OUTCOMES[int(code)], wait, time.time() + wait, bool(probe and int(probe[0])))
+        self.note_probe(host, c)
+        return c, int(at_us) / US
 
     async def claim(
         self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
@@ -143,10 +145,14 @@ class RedisStore(Store):
         wait_arg = "" if max_wait is None else round(duration(max_wait) * US)
         args = [_us(duration(rate)), max(1, int(burst)), wait_arg, self.key_ttl_ms, _us(self.max_backoff)]
         args.append("1" if hold else "0")
-        code, wait_us, corrupt = await self._script("exempt_claim", self._exempt, [self.host_key(host)], args)
+        code, wait_us, corrupt, *probe = await self._script(
+            "exempt_claim", self._exempt, [self.host_key(host)], args
+        )
         self._corrupt(int(corrupt), host)
         wait = int(wait_us) / US
-        return Claim(_OUTCOMES[int(code)], wait, time.time() + wait)
+        c = Claim(_OUTCOMES[int(code)], wait, time.time() + wait, bool(probe and int(probe[0])))
+        self.note_probe(host, c)
+        return c
 
     async def throttled(
         self,
@@ -158,6 +164,7 @@ class RedisStore(Store):
     ) -> Delay:
         # One script: counting the throttle and applying its backoff cannot be separated by a cancellation
         # or a crash. The arithmetic is backoff.answer_delay's, in Lua; tests/unit/test_claim_cases.py checks.
+        self.probe_answered(host)
         ra = None if retry_after is None else duration(retry_after)
         args = [
             "" if ra is None else repr(ra),
@@ -188,6 +195,7 @@ class RedisStore(Store):
         await self._script("mirror_backoff", self._hold, [self.host_key(host)], args)
 
     async def succeeded(self, host: str) -> None:
+        self.probe_answered(host)
         await self._script("succeeded", self._succeeded, [self.host_key(host)], [])
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:

@@ -63,7 +63,12 @@ class Case:
 
 CASES = [
     # -- claims: the slot arithmetic
-    Case("fresh", {}, ("claim", 1.0, 0.0, None), {"outcome": Outcome.GRANTED, "wait": 0.0, "next": 1.0}),
+    Case(
+        "fresh",
+        {},
+        ("claim", 1.0, 0.0, None),
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "next": 1.0, "probe": False},
+    ),
     Case(
         "queued",
         {"next": 0.5},
@@ -283,13 +288,13 @@ CASES = [
         "probe_granted",
         {"blocks": 1},
         ("claim", 1.0, 0.0, None),
-        {"outcome": Outcome.GRANTED, "wait": 0.0, "probe_until": 30.0, "next": 1.0},
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "probe_until": 30.0, "next": 1.0, "probe": True},
     ),
     Case(
         "probe_out_waits",
         {"blocks": 1, "probe_until": 5.0},
         ("claim", 1.0, 0.0, None),
-        {"outcome": Outcome.HOST_NOT_READY, "wait": 0.25, "next": ABSENT},
+        {"outcome": Outcome.HOST_NOT_READY, "wait": 0.25, "next": ABSENT, "probe": False},
     ),
     Case(
         "probe_lease_expired",
@@ -420,7 +425,7 @@ CASES = [
         "exempt_is_the_probe",
         {"blocks": 1},
         ("exempt", 0.0, 100, None),
-        {"outcome": Outcome.GRANTED, "wait": 0.0, "probe_until": 30.0},
+        {"outcome": Outcome.GRANTED, "wait": 0.0, "probe_until": 30.0, "probe": True},
     ),
     Case(
         "exempt_ceiling_off",
@@ -473,7 +478,7 @@ async def run_event(store: Store, event: tuple[Any, ...]) -> dict[str, Any]:
     if event[0] == "claim":
         c = await store.claim(H, event[1], event[2], event[3], *event[4:])
         assert math.isfinite(c.wait)
-        return {"outcome": c.outcome, "wait": c.wait}
+        return {"outcome": c.outcome, "wait": c.wait, "probe": c.probe}
     if event[0] == "throttle":
         d = await store.throttled(H, event[1], POLICY, *event[3:])
         assert math.isfinite(d.seconds)
@@ -481,7 +486,7 @@ async def run_event(store: Store, event: tuple[Any, ...]) -> dict[str, Any]:
     if event[0] == "exempt":
         c = await store.exempt_claim(H, event[1], event[2], event[3], *event[4:])
         assert math.isfinite(c.wait)
-        return {"outcome": c.outcome, "wait": c.wait}
+        return {"outcome": c.outcome, "wait": c.wait, "probe": c.probe}
     await store.succeeded(H)
     return {}
 
@@ -489,7 +494,7 @@ async def run_event(store: Store, event: tuple[Any, ...]) -> dict[str, Any]:
 def check(case: Case, got: dict[str, Any], tolerance: float) -> None:
     for key, want in case.expect.items():
         assert key in got, f"{case.name}: {key} missing"
-        if isinstance(want, Outcome) or want is ABSENT or got[key] is ABSENT:
+        if isinstance(want, Outcome | bool) or want is ABSENT or got[key] is ABSENT:
             assert got[key] is want, f"{case.name}: {key} {got[key]} != {want}"
         else:
             assert got[key] == pytest.approx(want, abs=tolerance), f"{case.name}: {key} {got[key]} != {want}"
