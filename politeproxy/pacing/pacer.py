@@ -94,7 +94,8 @@ class Pacer:
         self.dispatcher = Dispatcher(QueueState(), store, lambda: self.settings, self.events, monotonic)
         self.report = self.dispatcher.report
         self.state: QueueState[asyncio.Future[float]] = self.dispatcher.state
-        self.state.on_depth = self.events.queue_changed
+        if not self.report.pipes:  # a sink that labels pipelines gets every line's depth instead
+            self.state.on_depth = self.events.queue_changed
         self.state.on_line = self.report.line_changed
         self.places = ExemptPlaces(
             lambda: self.settings.exempt_max_in_flight, self.events.exempt_changed, lambda: self._weights

@@ -80,6 +80,7 @@ class Forwarder:
         robots: RobotsWatcher | None,
         admin: Handler,
         tunnel_target: Callable[[RequestHandler], tuple[str, int] | None],
+        tunnel_pipeline: Callable[[RequestHandler], str | None] = lambda _h: None,
     ) -> None:
         self.classifier = classifier
         self.pacer = pacer
@@ -89,6 +90,7 @@ class Forwarder:
         self.robots = robots
         self.admin = admin  # /metrics, /healthz, /ca.pem: answered by the top level (admin.py)
         self.tunnel_target = tunnel_target
+        self.tunnel_pipeline = tunnel_pipeline  # the name the tunnel's CONNECT carried
         self._pool_full_log: dict[str, tuple[float, int]] = {}  # pool -> (last line, lines held back)
 
     def hosts_paced(self, host: str) -> bool:
@@ -134,6 +136,14 @@ class Forwarder:
             return error_response(421, f"this tunnel reaches only {host}:{port}, not {hh!r}")
         return await self._forward(request, "https", host, port, path)
 
+    def _pipeline(self, request: web.BaseRequest) -> str:
+        """Who asks: the user name its tunnel's CONNECT carried, or this plain request's; else its address."""
+        if self.tunnel_target(request.protocol) is not None:  # type: ignore[arg-type]
+            return self.pacer.pipeline(self.tunnel_pipeline(request.protocol) or request.remote)  # type: ignore[arg-type]
+        return self.pacer.pipeline(
+            self.access.pipeline(request.headers.get("Proxy-Authorization"), request.remote)
+        )
+
     async def _forward(
         self, request: web.BaseRequest, scheme: str, host: str, port: int, path: str
     ) -> web.StreamResponse:
@@ -142,7 +152,8 @@ class Forwarder:
         label = host if klass is not Klass.PASSTHROUGH else "other"
         netloc = f"[{host}]" if ":" in host else host
         url = URL(f"{scheme}://{netloc}:{port}{path or '/'}", encoded=True)
-        info: dict[str, Any] = {"wait": 0.0, "status": 0, "bytes": 0}
+        # The pipeline: the proxy user name, else the client address; bounded by the pacer's names.
+        info: dict[str, Any] = {"wait": 0.0, "status": 0, "bytes": 0, "pipeline": self._pipeline(request)}
         try:
             resp = await self._exchange(request, klass, host, url, started, info)
         except asyncio.CancelledError:
@@ -153,7 +164,7 @@ class Forwarder:
         finally:
             info["duration"] = time.monotonic() - started
             self._access(request, host, klass, info)
-        self.events.answered(label, klass.value, info["status"] or None)
+        self.events.answered(label, klass.value, info["status"] or None, info["pipeline"])
         return resp
 
     def _access(self, request: web.BaseRequest, host: str, klass: Klass, info: dict[str, Any]) -> None:
@@ -168,6 +179,7 @@ class Forwarder:
                 bytes=info["bytes"],
                 duration=info["duration"],
                 note=info.get("note"),
+                pipeline=info["pipeline"],
             )
         )
 
@@ -195,7 +207,7 @@ class Forwarder:
                 if klass is Klass.PASSTHROUGH:
                     out = await self._attempt(request, None, t, info, 0)
                 else:
-                    async with self.pacer.permit(host, klass, arrived) as p:
+                    async with self.pacer.permit(host, klass, arrived, info["pipeline"]) as p:
                         info["wait"] = p.waited
                         out = await self._attempt(request, p, t, info, retries_left)
             except WaitTooLong as e:

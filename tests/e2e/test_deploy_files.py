@@ -82,6 +82,13 @@ REQUIRED_PANELS = {
     "Schedule store degraded": ["politeproxy_schedule_degraded"],
     "Proxies per active schedule store": ["politeproxy_schedule_store"],
     "Bytes rate by direction": ["politeproxy_bytes_total"],
+    # issue 11: who spent the budget
+    "Budget by pipeline": [
+        "sum by (pipeline) (rate(politeproxy_grants_total",
+        "histogram_quantile(0.5, sum by (le, pipeline)",
+        "histogram_quantile(0.99, sum by (le, pipeline)",
+        "sum by (pipeline, reason) (rate(politeproxy_rejected_total",
+    ],
 }
 
 # PromQL words that are not metric names: functions, aggregations, keywords.
