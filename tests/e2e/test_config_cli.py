@@ -145,10 +145,22 @@ def test_env_prints_every_export_line(tmp_path: Path) -> None:
     )
     for key in ENV_KEYS:
         assert key in exports, (key, r.stdout)
-    assert exports["HTTPS_PROXY"] == exports["HTTP_PROXY"] == "http://127.0.0.1:4567"
-    for key in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "AWS_CA_BUNDLE"):
-        assert exports[key] == str(d / "ca-bundle.pem")
-    assert exports["NODE_EXTRA_CA_CERTS"] == str(d / "ca.pem")
+    # Every export line, its value written out here (not read back from the output): a wrong, missing or
+    # extra line fails.
+    proxy, bundle = "http://127.0.0.1:4567", str(d / "ca-bundle.pem")
+    expected = {
+        "HTTPS_PROXY": proxy,
+        "HTTP_PROXY": proxy,
+        "https_proxy": proxy,
+        "http_proxy": proxy,
+        "NO_PROXY": "localhost,127.0.0.1,::1",
+        "SSL_CERT_FILE": bundle,
+        "REQUESTS_CA_BUNDLE": bundle,
+        "CURL_CA_BUNDLE": bundle,
+        "AWS_CA_BUNDLE": bundle,
+        "NODE_EXTRA_CA_CERTS": str(d / "ca.pem"),
+    }
+    assert exports == expected, r.stdout
     duck = [x for x in r.stdout.splitlines() if x.startswith("# duckdb:")]
     assert duck == [
         f"# duckdb: SET http_proxy = '127.0.0.1:4567'; SET ca_cert_file = '{d / 'ca-bundle.pem'}';"
@@ -159,8 +171,8 @@ def test_env_prints_every_export_line(tmp_path: Path) -> None:
     out = subprocess.run(
         [sh, "-c", 'eval "$1" && env', "sh", r.stdout], capture_output=True, text=True, check=True
     ).stdout
-    for key in ENV_KEYS:
-        assert f"{key}={exports[key]}" in out.splitlines()
+    for key, value in expected.items():
+        assert f"{key}={value}" in out.splitlines(), key
     # 0.0.0.0 is not an address a client can use: env names loopback instead.
     r = cli(tmp_path, "env", "--data-dir", str(d), "--listen", "0.0.0.0:4567")
     assert "export HTTPS_PROXY=http://127.0.0.1:4567" in r.stdout
