@@ -28,6 +28,7 @@ from bench.common import (  # noqa: E402
     ROOT,
     Bench,
     Proxy,
+    Upstream,
     add_compare_args,
     compared_paths,
     fmt,
@@ -84,7 +85,7 @@ def run_python(
     return Run(r["rps"], r["p50"], r["p99"], r["errors"])
 
 
-def main(argv: list[str] | None = None) -> str:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
     p.add_argument("--rounds", type=int, default=3)
@@ -98,9 +99,86 @@ def main(argv: list[str] | None = None) -> str:
     if a.quick:
         a.rounds, a.duration = 1, 0.5
         a.concurrency = a.concurrency or "1,4"
-    a.concurrency = a.concurrency or "1,16,64"
-    conc = [int(x) for x in a.concurrency.split(",")]
-    loadgen = a.loadgen if a.loadgen != "auto" else ("hey" if shutil.which("hey") else "python")
+    a.conc = [int(x) for x in (a.concurrency or "1,16,64").split(",")]
+    a.loadgen = a.loadgen if a.loadgen != "auto" else ("hey" if shutil.which("hey") else "python")
+    return a
+
+
+Targets = list[tuple[str, Proxy | None]]
+
+
+def _measure_mode(
+    a: argparse.Namespace, up: Upstream, targets: Targets, mode: str
+) -> dict[tuple[str, int], list[Run]]:
+    """Warm every path up, then ``a.rounds`` rounds of every (concurrency, path), rotating the order."""
+    if mode == "off":
+        path, headers = f"/size/{a.size}", []
+    else:
+        path, headers = "/cc-index/table/small.bin", [f"Range: bytes=0-{a.size - 1}"]
+
+    def measure(px: Proxy | None, c: int, duration: float) -> Run:
+        host = f"127.0.0.1:{up.port}" if px is None else DATA_HOST
+        url = f"https://{host}{path}"
+        if a.loadgen == "hey":
+            return run_hey(url, px.url if px else None, c, duration, headers)
+        cafile = str(px.ca_file if px else up.ca_file)
+        return run_python(url, px.url if px else None, cafile, c, duration, headers)
+
+    for name, px in targets:  # warm-up: leaves cached, upstream pools filled
+        for c in a.conc:
+            try:
+                measure(px, c, min(1.0, a.duration))
+            except RuntimeError as e:  # a first request may be slow (mitmproxy makes its leaf)
+                log(f"warm-up {name} c={c}: {str(e)[:80]}")
+    results: dict[tuple[str, int], list[Run]] = {}
+    for r in range(a.rounds):
+        for c in a.conc:
+            order = targets[r % len(targets) :] + targets[: r % len(targets)]
+            for name, px in order:
+                run = measure(px, c, a.duration)
+                log(f"{mode} round {r + 1} c={c} {name}: {run.rps:.0f} req/s p50 {run.p50 * 1e3:.2f} ms")
+                results.setdefault((name, c), []).append(run)
+    return results
+
+
+HEADERS = ["conc", "path", "req/s", "p50 ms", "p99 ms", "vs direct", "vs mitmproxy", "added p50 ms", "errors"]
+
+
+def _rows(conc: list[int], targets: Targets, results: dict[tuple[str, int], list[Run]]) -> list[list[object]]:
+    """Medians per (concurrency, path), with the ratios the targets are stated in."""
+    rows: list[list[object]] = []
+    for c in conc:
+        med = {
+            n: (
+                median(x.rps for x in results[(n, c)]),
+                median(x.p50 for x in results[(n, c)]),
+                median(x.p99 for x in results[(n, c)]),
+                sum(x.errors for x in results[(n, c)]),
+            )
+            for n, _ in targets
+        }
+        d = med["direct"]
+        for n, _ in targets:
+            rps, p50, p99, errs = med[n]
+            vs_mitm = ratio(rps, med["mitmproxy"][0]) if "mitmproxy" in med and n != "mitmproxy" else ""
+            rows.append(
+                [
+                    c,
+                    n,
+                    fmt(rps, 0),
+                    fmt(p50 * 1e3, 2),
+                    fmt(p99 * 1e3, 2),
+                    ratio(rps, d[0]) if n != "direct" else "",
+                    vs_mitm if n in ("politeproxy", "candidate") else "",
+                    f"+{(p50 - d[1]) * 1e3:.2f}" if n != "direct" else "",
+                    errs,
+                ]
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> str:
+    a = _args(argv)
     modes = ["off", "exempt"] if a.mode == "both" else [a.mode]
     out: list[str] = []
     with Bench() as b:
@@ -110,97 +188,14 @@ def main(argv: list[str] | None = None) -> str:
         (files / "small.bin").write_bytes(b"y" * max(a.size, 1))
         up = start_upstream(b, certs, files)
         targets = compared_paths(b, up, a.candidate, not a.no_mitm)
-
         for mode in modes:
-            if mode == "off":
-                path, headers = f"/size/{a.size}", []
-            else:
-                path, headers = "/cc-index/table/small.bin", [f"Range: bytes=0-{a.size - 1}"]
-
-            def measure(
-                name: str,
-                px: Proxy | None,
-                c: int,
-                duration: float,
-                path: str = path,
-                headers: list[str] = headers,
-            ) -> Run:
-                host = f"127.0.0.1:{up.port}" if px is None else DATA_HOST
-                url = f"https://{host}{path}"
-                if loadgen == "hey":
-                    return run_hey(url, px.url if px else None, c, duration, headers)
-                cafile = str(px.ca_file if px else up.ca_file)
-                return run_python(url, px.url if px else None, cafile, c, duration, headers)
-
-            for name, px in targets:  # warm-up: leaves cached, upstream pools filled
-                for c in conc:
-                    try:
-                        measure(name, px, c, min(1.0, a.duration))
-                    except RuntimeError as e:  # a first request may be slow (mitmproxy makes its leaf)
-                        log(f"warm-up {name} c={c}: {str(e)[:80]}")
-            results: dict[tuple[str, int], list[Run]] = {}
-            for r in range(a.rounds):
-                for c in conc:
-                    order = targets[r % len(targets) :] + targets[: r % len(targets)]
-                    for name, px in order:
-                        run = measure(name, px, c, a.duration)
-                        log(
-                            f"{mode} round {r + 1} c={c} {name}: {run.rps:.0f} req/s "
-                            f"p50 {run.p50 * 1e3:.2f} ms"
-                        )
-                        results.setdefault((name, c), []).append(run)
-            rows = []
-            for c in conc:
-                med = {
-                    n: (
-                        median(x.rps for x in results[(n, c)]),
-                        median(x.p50 for x in results[(n, c)]),
-                        median(x.p99 for x in results[(n, c)]),
-                        sum(x.errors for x in results[(n, c)]),
-                    )
-                    for n, _ in targets
-                }
-                d = med["direct"]
-                for n, _ in targets:
-                    rps, p50, p99, errs = med[n]
-                    vs_mitm = (
-                        ratio(rps, med["mitmproxy"][0]) if "mitmproxy" in med and n != "mitmproxy" else ""
-                    )
-                    rows.append(
-                        [
-                            c,
-                            n,
-                            fmt(rps, 0),
-                            fmt(p50 * 1e3, 2),
-                            fmt(p99 * 1e3, 2),
-                            ratio(rps, d[0]) if n != "direct" else "",
-                            vs_mitm if n in ("politeproxy", "candidate") else "",
-                            f"+{(p50 - d[1]) * 1e3:.2f}" if n != "direct" else "",
-                            errs,
-                        ]
-                    )
+            results = _measure_mode(a, up, targets, mode)
             title = (
                 f"Small GETs ({a.size} B, mode {mode}: "
                 + ("pacing off" if mode == "off" else "exempt Range reads")
-                + f"), {loadgen}, {a.rounds} rounds x {a.duration:g} s, medians"
+                + f"), {a.loadgen}, {a.rounds} rounds x {a.duration:g} s, medians"
             )
-            out.append(
-                f"### {title}\n\n"
-                + table(
-                    [
-                        "conc",
-                        "path",
-                        "req/s",
-                        "p50 ms",
-                        "p99 ms",
-                        "vs direct",
-                        "vs mitmproxy",
-                        "added p50 ms",
-                        "errors",
-                    ],
-                    rows,
-                )
-            )
+            out.append(f"### {title}\n\n" + table(HEADERS, _rows(a.conc, targets, results)))
     text = f"Machine: {machine_note()}\n\n" + "\n\n".join(out)
     print(text)
     return text
