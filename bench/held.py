@@ -29,6 +29,8 @@ from bench.common import (  # noqa: E402
     PY,
     ROOT,
     Bench,
+    Proxy,
+    bucket_diff,
     bucket_quantile,
     fmt,
     hist_buckets,
@@ -42,6 +44,7 @@ from bench.common import (  # noqa: E402
     start_upstream,
     table,
 )
+from tests.support.measure import achieved_rate  # noqa: E402
 
 CLIENT = r"""
 import asyncio, json, ssl, sys, time
@@ -81,7 +84,7 @@ def healthz(port: int) -> dict:
         return dict(json.loads(r.read()))
 
 
-def main(argv: list[str] | None = None) -> str:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
     p.add_argument("-n", type=int, default=10_000, help="requests held at once")
@@ -93,11 +96,53 @@ def main(argv: list[str] | None = None) -> str:
     a = p.parse_args(argv)
     if a.quick:
         a.n, a.clients = 200, 1
+    return a
+
+
+def _hold_all(a: argparse.Namespace, pp: Proxy) -> tuple[dict[str, int], int, float, float]:
+    """Run the clients; (answers by status, peak queued, RSS at the peak, seconds to the peak)."""
+    url = f"{a.scheme}://{DATA_HOST}/size/100"
+    per = [a.n // a.clients + (1 if i < a.n % a.clients else 0) for i in range(a.clients)]
+    started = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [PY, "-c", CLIENT, url, pp.url, str(pp.ca_file), str(k), str(i)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i, k in enumerate(per)
+    ]
+    peak_queued, rss_full, t_full = 0, float("nan"), float("nan")
+    while any(pr.poll() is None for pr in procs):
+        q = int(healthz(pp.port).get("queued", 0))
+        if q > peak_queued:
+            peak_queued, rss_full, t_full = q, rss_mib(pp.pid), time.monotonic() - started
+        time.sleep(0.05)
+    log(f"held: peak {peak_queued} queued after {t_full:.1f} s, RSS then {rss_full:.1f} MiB")
+    statuses: dict[str, int] = {}
+    for pr in procs:
+        out, _ = pr.communicate()
+        for k, v in json.loads(out.strip().splitlines()[-1]).items():
+            statuses[k] = statuses.get(k, 0) + v
+    return statuses, peak_queued, rss_full, t_full
+
+
+def _drained(arrivals: list[float]) -> list[float]:
+    """The arrivals after the backoff: drop what went before the longest gap (the throttled request and
+    any granted with it)."""
+    if len(arrivals) < 2:
+        return arrivals
+    cut = max(range(1, len(arrivals)), key=lambda i: arrivals[i] - arrivals[i - 1])
+    return arrivals[cut:]
+
+
+def main(argv: list[str] | None = None) -> str:
+    a = _args(argv)
     # Long enough for every client connection to be made (TLS handshakes dominate on 2 cores).
     hold = a.hold or max(3.0, a.n / 1000 * (5.5 if a.scheme == "https" else 1.5))
     with Bench() as b:
-        certs = make_certs(b.tmp)
-        up = start_upstream(b, certs)
+        up = start_upstream(b, make_certs(b.tmp))
         toml = (
             f'[schedule]\nglobal_rate = "{a.gap * 1000:g}ms"\nbackend = "{a.store}"\n'
             '[pacing]\nmax_wait = "300s"\nretries = 2\n'
@@ -106,53 +151,15 @@ def main(argv: list[str] | None = None) -> str:
         pp = start_politeproxy(b, up, toml)
         idle_rss = rss_mib(pp.pid)
         # One throttled answer puts the host in backoff for `hold` seconds: everything after it queues.
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{up.plain_port}/__control",
-            data=json.dumps(
-                {"throttle": {"host": DATA_HOST, "count": 1, "status": 503, "retry_after": f"{hold:g}"}}
-            ).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        urllib.request.urlopen(req, timeout=10).read()
+        up.control({"throttle": {"host": DATA_HOST, "count": 1, "status": 503, "retry_after": f"{hold:g}"}})
         before = hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds")
-        url = f"{a.scheme}://{DATA_HOST}/size/100"
-        per = [a.n // a.clients + (1 if i < a.n % a.clients else 0) for i in range(a.clients)]
-        started = time.monotonic()
-        procs = [
-            subprocess.Popen(
-                [PY, "-c", CLIENT, url, pp.url, str(pp.ca_file), str(k), str(i)],
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            for i, k in enumerate(per)
-        ]
-        peak_queued, rss_full, t_full = 0, float("nan"), float("nan")
-        while any(pr.poll() is None for pr in procs):
-            q = int(healthz(pp.port).get("queued", 0))
-            if q > peak_queued:
-                peak_queued, rss_full, t_full = q, rss_mib(pp.pid), time.monotonic() - started
-            time.sleep(0.05)
-        log(f"held: peak {peak_queued} queued after {t_full:.1f} s, RSS then {rss_full:.1f} MiB")
-        statuses: dict[str, int] = {}
-        for pr in procs:
-            out, _ = pr.communicate()
-            for k, v in json.loads(out.strip().splitlines()[-1]).items():
-                statuses[k] = statuses.get(k, 0) + v
+        statuses, peak_queued, rss_full, _t = _hold_all(a, pp)
         peak = hwm_mib(pp.pid)
-        lat = hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds")
-        diff = {k: v - before.get(k, 0.0) for k, v in lat.items()}
+        diff = bucket_diff(hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds"), before)
         h50, h99 = bucket_quantile(diff, 0.5), bucket_quantile(diff, 0.99)
-        arrivals = sorted(e["t"] for e in up.log() if e["path"].startswith("/size/100"))
-        # Drop what went before the backoff (the throttled request and any granted with it).
-        cut = (
-            max(range(1, len(arrivals)), key=lambda i: arrivals[i] - arrivals[i - 1])
-            if len(arrivals) > 1
-            else 0
-        )
-        drained = arrivals[cut:]
+        drained = _drained(sorted(e["t"] for e in up.log() if e["path"].startswith("/size/100")))
         late = [t - (drained[0] + i * a.gap) for i, t in enumerate(drained)]
-        achieved = (len(drained) - 1) / (drained[-1] - drained[0]) if len(drained) > 1 else float("nan")
+        achieved = achieved_rate(drained) if len(drained) > 1 else float("nan")
         rows = [
             ["requests (client processes)", f"{a.n:,} ({a.clients}, {a.scheme})"],
             ["answers", ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))],

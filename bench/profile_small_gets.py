@@ -93,7 +93,7 @@ def summarize(raw: Path, top: int) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> str:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--mode",
@@ -106,7 +106,11 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "politeproxy-profile.txt"))
-    a = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> str:
+    a = _args(argv)
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
         raise SystemExit("py-spy not found: .venv/bin/pip install py-spy")
