@@ -4,15 +4,28 @@ state hands out slots as the dispatcher would, one per ``gap``, and no loop or s
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections import Counter
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from politeproxy.pacing.base import PacingSettings, WaitTooLong
 from politeproxy.pacing.exempt import ExemptPlaces
+from politeproxy.pacing.pacer import Pacer
 from politeproxy.pacing.state import QueueState, Waiter
-from politeproxy.policy.fairness import FREE_PIPELINES, OTHER_PIPELINE, FairTags, PipelineNames
+from politeproxy.policy.access import Access, basic_credentials
+from politeproxy.policy.fairness import (
+    FREE_PIPELINES,
+    MAX_NAME,
+    OTHER_PIPELINE,
+    FairTags,
+    PipelineNames,
+    PipelineRule,
+)
+from politeproxy.stores.memory import MemoryStore
 
 D = "data.commoncrawl.org"
 I = "index.commoncrawl.org"  # noqa: E741 - a host, not a number
@@ -182,3 +195,55 @@ async def test_exempt_places_follow_weights() -> None:
         for f in fs:
             f.cancel()
     await asyncio.gather(*(f for fs in waiters.values() for f in fs), return_exceptions=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    header=st.one_of(
+        st.none(), st.text(max_size=300), st.binary(max_size=200).map(lambda b: "Basic " + b.hex())
+    )
+)
+def test_any_proxy_authorization_names_a_bounded_pipeline(header: str | None) -> None:
+    """Whatever a client sends as Proxy-Authorization, parsing it never raises, and the pipeline it names
+    is a non-empty printable name of at most 64 characters without spaces or quotes (or the address)."""
+    creds = basic_credentials(header)
+    assert creds is None or (isinstance(creds[0], str) and isinstance(creds[1], str))
+    raw = Access([], {}).pipeline(header, "10.0.0.7")
+    name = PipelineNames()(raw)
+    assert 0 < len(name) <= MAX_NAME
+    assert all(33 <= ord(c) < 127 and c not in "\"'\\" for c in name)
+
+
+def test_the_user_name_is_the_pipeline() -> None:
+    def basic(user: str, pw: str = "") -> str:
+        return "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
+
+    open_access = Access([], {})
+    assert open_access.pipeline(basic("urls"), "127.0.0.1") == "urls"
+    assert open_access.auth_ok(basic("urls", "anything")) and open_access.auth_ok(None)
+    assert open_access.pipeline(None, "127.0.0.1") == "127.0.0.1"  # no name: the client's address
+    assert open_access.pipeline(basic(""), "127.0.0.1") == "127.0.0.1"
+    locked = Access([], {"urls": "pw"})
+    assert locked.auth_ok(basic("urls", "pw")) and not locked.auth_ok(basic("urls", "no"))
+    assert locked.pipeline(basic("urls", "pw"), "127.0.0.1") == "urls"
+
+
+async def test_max_queued_refuses_at_once_beyond_the_pipelines_cap() -> None:
+    settings_ = PacingSettings(gap=10.0, max_wait=100.0, pipelines=(PipelineRule("bulk", max_queued=3),))
+    pacer = Pacer(MemoryStore(), settings_)
+    held = []
+    for _ in range(5):  # one goes at once, one holds the reserved slot, three wait in the line
+        held.append(asyncio.ensure_future(pacer.wait_paced(D, pipeline="bulk")))
+        await asyncio.sleep(0.02)
+    assert pacer.state.pipeline_depth("bulk") == 3 and not held[-1].done()
+    with pytest.raises(WaitTooLong) as e:
+        await pacer.wait_paced(D, pipeline="bulk")
+    assert e.value.reason == "max_queued" and e.value.wait >= 1.0
+    other = asyncio.ensure_future(pacer.wait_paced(D, pipeline="lookup"))  # another pipeline still queues
+    await asyncio.sleep(0.05)
+    assert not other.done()
+    assert pacer.state.pipeline_depth("lookup") == 1
+    for f in [*held, other]:
+        f.cancel()
+    await asyncio.gather(*held, other, return_exceptions=True)
+    await pacer.close()
