@@ -10,7 +10,9 @@ queue never runs dry) against one proxy, and reports:
   (so it includes forwarding jitter and any slip of the schedule), and from the proxy's
   ``politeproxy_grant_lateness_seconds`` histogram (dispatcher wake-up against the slot);
 * for ``file`` and ``redis`` also 3 proxies sharing one data dir / one redis-server, one client each;
-* claim latency p50/p99 of each store, timing ``Store.claim`` directly.
+* claim latency p50/p99 of each store, timing ``Store.claim`` directly;
+* the "503 storm" (bench/storm.py): a host serving 8 req/s behind a proxy configured for 20 req/s,
+  adaptive interval on and off (``--storm-seconds``, 0 to skip; ``--storm-only`` for just that figure).
 
 ``--store`` picks stores (default memory,file,redis; redis needs ``redis-server`` on PATH or
 ``/usr/bin/redis-server``). Each configuration runs a few seconds; the full run takes a few minutes.
@@ -48,6 +50,8 @@ from bench.common import (  # noqa: E402
     start_upstream,
     table,
 )
+from bench.storm import CAPACITY, CONFIGURED, storm  # noqa: E402
+from bench.storm import HEADERS as STORM_HEADERS  # noqa: E402
 from tests.support.measure import achieved_rate  # noqa: E402
 from tests.support.redis_server import RedisServer, find_redis_server  # noqa: E402
 
@@ -106,11 +110,9 @@ class Result:
     bad: int
 
 
-def run_config(
-    up: Upstream, proxies: list[Proxy], store: str, rate: int, clients: int, seconds: float
-) -> Result:
-    n = int(rate * seconds) + 1
-    gap = 1.0 / rate
+def _ready_clients(proxies: list[Proxy], n: int, clients: int) -> list[subprocess.Popen[str]]:
+    """``clients`` client processes sharing ``n`` requests, spread over the proxies, warmed up and
+    waiting for "go" on stdin."""
     per = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
     conc = max(2, math.ceil(16 / clients))
     procs = []
@@ -130,6 +132,15 @@ def run_config(
         line = pr.stdout.readline()
         if line.strip() != "ready":
             raise RuntimeError(f"pacing client did not start: {line!r}")
+    return procs
+
+
+def run_config(
+    up: Upstream, proxies: list[Proxy], store: str, rate: int, clients: int, seconds: float
+) -> Result:
+    n = int(rate * seconds) + 1
+    gap = 1.0 / rate
+    procs = _ready_clients(proxies, n, clients)
     up.reset()
     before = [hist_buckets(px.metrics(), LATENESS) for px in proxies]
     for pr in procs:
@@ -231,16 +242,86 @@ def claim_latencies(stores: list[str], tmp: Path, redis_url: str | None, n: int)
     return rows
 
 
-def main(argv: list[str] | None = None) -> str:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
     p.add_argument("--store", default="memory,file,redis", help="comma-separated: memory,file,redis")
     p.add_argument("--rates", default="5,50,500")
     p.add_argument("--clients", default="1,3,10")
     p.add_argument("--scale", type=float, default=1.0, help="multiply each configuration's duration")
+    p.add_argument("--storm-seconds", type=float, default=30.0, help="each 503 storm run (0: skip)")
+    p.add_argument("--storm-only", action="store_true", help="only the 503 storm figure")
     a = p.parse_args(argv)
     if a.quick:
         a.rates, a.clients, a.scale = "50", "1,2", 0.4
+    return a
+
+
+def _run_store(
+    b: Bench,
+    up: Upstream,
+    store: str,
+    rates: list[int],
+    client_counts: list[int],
+    a: argparse.Namespace,
+    redis_url: str | None,
+) -> list[Result]:
+    """Every rate for one store: one proxy with each client count, and 3 proxies sharing file/redis."""
+    results: list[Result] = []
+    for rate in rates:
+        gap_ms = 1000.0 / rate
+        toml = f'[schedule]\nglobal_rate = "{gap_ms:g}ms"\nbackend = "{store}"\n'
+        if store == "redis":
+            toml += f'redis_url = "{redis_url}"\nredis_prefix = "bench-{rate}:"\n'
+        toml += '[pacing]\nmax_wait = "120s"\n'
+        seconds = SECONDS.get(rate, 2.0) * a.scale
+        if store != "redis":
+            pp = start_politeproxy(b, up, toml)
+            for clients in client_counts:
+                results.append(run_config(up, [pp], store, rate, clients, seconds))
+            pp.proc.terminate()
+        if store in ("file", "redis"):
+            shared = b.tmp / f"shared-{store}-{rate}"
+            group = [start_politeproxy(b, up, toml, data_dir=shared) for _ in range(3)]
+            results.append(run_config(up, group, store, rate, 3, seconds))
+            for px in group:
+                px.proc.terminate()
+    return results
+
+
+ACCURACY = [
+    "store",
+    "proxies",
+    "clients",
+    "configured req/s",
+    "arrivals",
+    "achieved/configured",
+    "fitted rate/configured",
+    "lateness vs ideal p50 / p99 ms",
+    "grant lateness (histogram) p50 / p99 ms",
+    "non-200 or missing",
+]
+
+
+def _row(r: Result) -> list[object]:
+    return [
+        r.store,
+        r.proxies,
+        r.clients,
+        r.rate,
+        r.requests,
+        fmt(r.achieved, 4),
+        fmt(r.fitted, 4),
+        f"{fmt(r.late50 * 1e3, 2)} / {fmt(r.late99 * 1e3, 2)}",
+        f"{fmt(r.hist50 * 1e3, 2)} / {fmt(r.hist99 * 1e3, 2)}",
+        r.bad,
+    ]
+
+
+def main(argv: list[str] | None = None) -> str:
+    a = _args(argv)
+    if a.storm_only:
+        return storm_figure(a.storm_seconds)
     stores = [s for s in a.store.split(",") if s]
     rates = [int(x) for x in a.rates.split(",")]
     client_counts = [int(x) for x in a.clients.split(",")]
@@ -250,65 +331,34 @@ def main(argv: list[str] | None = None) -> str:
         stores.remove("redis")
     results: list[Result] = []
     with Bench() as b:
-        certs = make_certs(b.tmp)
-        up = start_upstream(b, certs)
+        up = start_upstream(b, make_certs(b.tmp))
         redis_url = start_redis(b, redis_exe) if redis_exe else None
         for store in stores:
-            for rate in rates:
-                gap_ms = 1000.0 / rate
-                toml = f'[schedule]\nglobal_rate = "{gap_ms:g}ms"\nbackend = "{store}"\n'
-                if store == "redis":
-                    toml += f'redis_url = "{redis_url}"\nredis_prefix = "bench-{rate}:"\n'
-                toml += '[pacing]\nmax_wait = "120s"\n'
-                seconds = SECONDS.get(rate, 2.0) * a.scale
-                if store != "redis":
-                    pp = start_politeproxy(b, up, toml)
-                    for clients in client_counts:
-                        results.append(run_config(up, [pp], store, rate, clients, seconds))
-                    pp.proc.terminate()
-                if store in ("file", "redis"):
-                    shared = b.tmp / f"shared-{store}-{rate}"
-                    group = [start_politeproxy(b, up, toml, data_dir=shared) for _ in range(3)]
-                    results.append(run_config(up, group, store, rate, 3, seconds))
-                    for px in group:
-                        px.proc.terminate()
+            results += _run_store(b, up, store, rates, client_counts, a, redis_url)
         claims = claim_latencies(stores, b.tmp, redis_url, 200 if a.quick else 2000)
-    rows = [
-        [
-            r.store,
-            r.proxies,
-            r.clients,
-            r.rate,
-            r.requests,
-            fmt(r.achieved, 4),
-            fmt(r.fitted, 4),
-            f"{fmt(r.late50 * 1e3, 2)} / {fmt(r.late99 * 1e3, 2)}",
-            f"{fmt(r.hist50 * 1e3, 2)} / {fmt(r.hist99 * 1e3, 2)}",
-            r.bad,
-        ]
-        for r in results
-    ]
     text = (
         f"Machine: {machine_note()}\n\n### Pacing accuracy (arrival log of the fake upstream)\n\n"
-        + table(
-            [
-                "store",
-                "proxies",
-                "clients",
-                "configured req/s",
-                "arrivals",
-                "achieved/configured",
-                "fitted rate/configured",
-                "lateness vs ideal p50 / p99 ms",
-                "grant lateness (histogram) p50 / p99 ms",
-                "non-200 or missing",
-            ],
-            rows,
-        )
+        + table(ACCURACY, [_row(r) for r in results])
         + "\n\n### Store claim latency (Store.claim called directly, sequentially)\n\n"
         + table(["store", "claims", "p50 µs", "p99 µs"], claims)
     )
+    if a.storm_seconds > 0:
+        text += "\n\n" + storm_figure(3.0 if a.quick else a.storm_seconds, quiet=True)
     print(text)
+    return text
+
+
+def storm_figure(seconds: float, quiet: bool = False) -> str:
+    """The 503 storm, adaptive interval off then on, each run ``seconds`` long (defaults otherwise)."""
+    with Bench() as b:
+        up = start_upstream(b, make_certs(b.tmp))
+        rows = [storm(b, up, adaptive, seconds).cells() for adaptive in (False, True)]
+    text = (
+        f"### 503 storm ({seconds:g} s each; the host serves {CAPACITY} req/s, the proxy is configured for "
+        f"{CONFIGURED})\n\n" + table(STORM_HEADERS, rows)
+    )
+    if not quiet:
+        print(f"Machine: {machine_note()}\n\n{text}")
     return text
 
 

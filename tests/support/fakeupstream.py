@@ -24,6 +24,8 @@ port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once lis
   /__control (POST JSON)  {"throttle": {"host": H, "count": N, "status": 503, "retry_after": "2"}}
                           or {"robots": {"host": H, "text": "..."}}, {"reset": true}
                           or {"table_delay": S}: each /cc-index/table/ file answer waits S seconds first
+                          or {"capacity": {"host": H, "per_second": N}}: H answers 503 SlowDown (no
+                          Retry-After) to a request when it already served N in the last second (a storm)
   /__inflight             JSON {"now": N, "max": M}: /cc-index/table/ file answers in flight, now and at most
                           (since the last table_delay control; not logged itself)
 """
@@ -48,6 +50,16 @@ from aiohttp import web
 
 LOG_KEY = web.AppKey("log", list)
 RAW_ROUTES = ("/status/", "/closedelim/", "/cutmid/", "/hang", "/badframing")
+
+
+def _over_capacity(per_second: int, served: list[float], now: float) -> bool:
+    """A host that served ``per_second`` requests in the last second refuses this one; else it counts it."""
+    while served and served[0] <= now - 1.0:
+        served.pop(0)
+    if len(served) >= per_second:
+        return True
+    served.append(now)
+    return False
 
 
 def _raw_query(request: web.Request, name: str) -> bytes | None:
@@ -139,6 +151,7 @@ def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
     app = web.Application()
     arrivals: list[dict[str, Any]] = []
     throttles: dict[str, dict[str, Any]] = {}
+    capacity: dict[str, tuple[int, list[float]]] = {}  # host -> (served per second at most, served times)
     robots: dict[str, str] = {}
     table = {"delay": 0.0, "now": 0, "max": 0}  # /cc-index/table/ file answers: delay, in flight now, peak
     log_file = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
@@ -156,9 +169,13 @@ def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
                 arrivals.clear()
                 throttles.clear()
                 robots.clear()
+                capacity.clear()
             if "throttle" in cmd:
                 t = cmd["throttle"]
                 throttles[t["host"]] = dict(t)
+            if "capacity" in cmd:
+                c = cmd["capacity"]
+                capacity[c["host"]] = (int(c["per_second"]), [])
             if "table_delay" in cmd:
                 table["delay"] = float(cmd["table_delay"])
                 table["max"] = table["now"]
@@ -180,6 +197,8 @@ def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
             t["count"] -= 1
             headers = {"Retry-After": str(t["retry_after"])} if t.get("retry_after") is not None else {}
             return web.Response(status=int(t.get("status", 503)), text="slow down\n", headers=headers)
+        if host in capacity and path != "/robots.txt" and _over_capacity(*capacity[host], entry["t"]):
+            return web.Response(status=503, text="SlowDown\n")
         if path == "/robots.txt":
             if host in robots:
                 return web.Response(text=robots[host])
