@@ -54,7 +54,7 @@ def test_kill_9_and_restart_under_paced_load(
     # Only A sends to data.commoncrawl.org, so the throttle there is recorded by the proxy that gets killed.
     load = Load.start(tmp_path, [a.env, b.env], [prefixes("a", DATA, CC), prefixes("b", CC)])
     try:
-        wait_arrivals(upstream, 20, t_start)
+        wait_arrivals(upstream, 10, t_start)
         t503 = throttled_arrival(upstream, DATA, throttle(upstream, DATA, f"{RETRY_AFTER:g}"))
         wait_for(lambda: throttle_recorded(a, DATA), 5, "proxy A to record the throttle")
         killed = time.time()

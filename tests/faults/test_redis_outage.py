@@ -83,7 +83,7 @@ def test_three_proxies_keep_the_budget_across_a_redis_outage(
     loads = [prefixes(f"p{i}", *h) for i, h in enumerate(hosts)]
     load = Load.start(tmp_path, [p.env for p in proxies], loads)
     try:
-        wait_arrivals(upstream, 20, t_start)
+        wait_arrivals(upstream, 10, t_start)
         t_before = throttled_arrival(upstream, DATA, throttle(upstream, DATA, f"{RA_BEFORE:g}"))
         time.sleep(SEEN)
         down = time.time()
