@@ -317,6 +317,8 @@ class Pacer:
 
     async def feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None:
         """Record an answer in a task of our own, shielded from the caller's cancellation."""
+        if self.answer_kind(status) is None and not self._success_due(host, self.monotonic()):
+            return None  # the usual success, no store write due: nothing to shield, so no task (hot path)
         ra = parse_retry_after(retry_after, time.time())
         task = asyncio.get_running_loop().create_task(self.record(host, status, ra))
         self._feedback_tasks.add(task)
@@ -344,9 +346,7 @@ class Pacer:
             return await self._throttled(host, status, retry_after, kind)
         # A success resets the count even when the throttles were recorded by another proxy sharing the
         # store, or by this one before a restart; checking at most once a second keeps the store quiet.
-        now = self.monotonic()
-        last = self._checked.get(host)
-        if last is None or now - last >= SUCCESS_RECHECK or self.store.probing(host):
+        if self._success_due(host, now := self.monotonic()):
             self._mark_checked(host, now)
             try:
                 await self.store.succeeded(host)
@@ -378,6 +378,11 @@ class Pacer:
     def state_note(self, host: str) -> str:
         """"; <host> is blocked until <time>" (or backing off), when this proxy knows the host rests."""
         return self.rest.note(host)
+
+    def _success_due(self, host: str, now: float) -> bool:
+        """Must this success reach the store: not checked here within SUCCESS_RECHECK, or our probe?"""
+        last = self._checked.get(host)
+        return last is None or now - last >= SUCCESS_RECHECK or self.store.probing(host)
 
     def _mark_checked(self, host: str, now: float) -> None:
         self._checked.pop(host, None)  # re-inserted last: the dict's order is the order of checks

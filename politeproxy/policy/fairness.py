@@ -13,6 +13,7 @@ of their own; every later one is ``other`` (one shared pipeline), so no table gr
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -31,9 +32,15 @@ class PipelineRule:
     max_queued: int | None = None  # requests waiting at once; None = no cap of its own
 
 
+# A name that is already clean: printable ASCII 33..126 without " ' or backslash, at most MAX_NAME long.
+_CLEAN = re.compile(rf"[!#-&(-\[\]-~]{{0,{MAX_NAME}}}")
+
+
 def clean_name(raw: str) -> str:
     """A pipeline name safe for a label and a log line: printable ASCII without spaces or quotes, at most
     ``MAX_NAME`` characters; anything else becomes ``_``. An empty name stays empty (the caller decides)."""
+    if _CLEAN.fullmatch(raw):  # the usual case (a client address, a user name): no per-character loop
+        return raw
     out = "".join(c if 33 <= ord(c) < 127 and c not in "\"'\\" else "_" for c in raw[:MAX_NAME])
     return out
 

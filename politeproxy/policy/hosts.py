@@ -111,8 +111,11 @@ def validate_pattern(pattern: str) -> str | None:
 
 
 def host_matches(host: str, pattern: str) -> bool:
-    host = normalize_host(host)
-    labels = normalize_host(pattern).split(".")
+    return _labels_match(normalize_host(host), normalize_host(pattern).split("."))
+
+
+def _labels_match(host: str, labels: list[str]) -> bool:
+    """``host`` (normalised) against a pattern split into labels."""
     if labels[0] == "*":
         suffix = ".".join(labels[1:])
         return host.endswith("." + suffix) and len(host) > len(suffix) + 1
@@ -130,9 +133,12 @@ class HostSet:
 
     def __init__(self, patterns: Iterable[str] = DEFAULT_PACED_HOSTS) -> None:
         self.patterns = tuple(normalize_host(p) for p in patterns)
+        # Split once, host normalised once: matches() runs for every request (same answers as host_matches).
+        self._split = tuple(normalize_host(p).split(".") for p in self.patterns)
 
     def matches(self, host: str) -> bool:
-        return any(host_matches(host, p) for p in self.patterns)
+        h = normalize_host(host)
+        return any(_labels_match(h, labels) for labels in self._split)
 
     def permitted_subtrees(self) -> list[str]:
         """DNS names for the CA's NameConstraints; each permits itself and all its subdomains."""

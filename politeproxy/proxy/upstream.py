@@ -258,11 +258,14 @@ class Upstream:
         Raises PoolFull when no connection of the class came free within ``pool_wait`` seconds.
         """
         gate = self.gates[pool]
-        try:
-            async with asyncio.timeout(max(0.0, pool_wait)):
-                await gate.acquire()
-        except TimeoutError:
-            raise PoolFull(pool, self.limits[pool]) from None
+        if gate.locked():  # a free connection is taken at once; only a wait needs a timer (hot path)
+            try:
+                async with asyncio.timeout(max(0.0, pool_wait)):
+                    await gate.acquire()
+            except TimeoutError:
+                raise PoolFull(pool, self.limits[pool]) from None
+        else:
+            await gate.acquire()
         try:
             resp = await self.request(method, url, headers, body)
             try:

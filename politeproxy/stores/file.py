@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from functools import lru_cache
 from pathlib import Path
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
@@ -90,6 +91,7 @@ def encode_host(st: HostState) -> bytes:
     )  # fmt: skip
 
 
+@lru_cache(maxsize=4096)  # a pure function of the name, asked on every claim: bounded, like the fds
 def host_file_name(host: str) -> str:
     """The file name for a host: the normalised name when it is RFC 1123 labels, else a hash of it.
 
@@ -163,7 +165,7 @@ class FileStore(Store):
         # flock belongs to the open file description, which every coroutine here shares: two of them
         # "holding" it at once would let the first one's unlock end the second one's critical section
         # early. So one coroutine at a time takes the flock.
-        self._inproc: asyncio.Lock | None = None
+        self._inproc: asyncio.BoundedSemaphore | None = None  # a lock whose locked() counts waiters too
         # Contended waits run here, never in the default executor (DNS uses that); one at a time.
         self._executor: ThreadPoolExecutor | None = None
 
@@ -205,12 +207,15 @@ class FileStore(Store):
     async def _held(self) -> AsyncIterator[None]:
         """The flock, held for one synchronous read-modify-write."""
         if self._inproc is None:
-            self._inproc = asyncio.Lock()
-        try:
-            async with asyncio.timeout(self.lock_timeout):
-                await self._inproc.acquire()
-        except TimeoutError as e:
-            raise StoreError(f"cannot lock {self.path}: busy in this process") from e
+            self._inproc = asyncio.BoundedSemaphore(1)
+        if self._inproc.locked():  # only a wait needs a timer: a free lock is taken at once (hot path)
+            try:
+                async with asyncio.timeout(self.lock_timeout):
+                    await self._inproc.acquire()
+            except TimeoutError as e:
+                raise StoreError(f"cannot lock {self.path}: busy in this process") from e
+        else:
+            await self._inproc.acquire()
         try:
             await self._lock()
             try:
@@ -245,7 +250,7 @@ class FileStore(Store):
             self.host_fds.move_to_end(name)
             return fd
         try:
-            fd = os.open(self.host_dir / name, os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+            fd = os.open(os.path.join(self.host_dir, name), os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
         except FileNotFoundError:
             if create:
                 raise
