@@ -1,15 +1,15 @@
 """The admin endpoints, /metrics, /healthz and /ca.pem, answered in one place for the proxy port and
 for ``--metrics-listen``.
 
-Who may read them, as before this module: on the proxy port, whoever the listener lets connect
-(loopback, ``allow_clients``, and any address when only ``[auth] users`` are set, since the admin paths
-take no password); on ``--metrics-listen``, loopback and ``allow_clients`` only, 403 for anyone else.
+Who may read them: loopback and ``allow_clients`` by address, on the proxy port and on
+``--metrics-listen`` alike. On the proxy port a client let in only because ``[auth] users`` are set must
+send a valid ``Proxy-Authorization`` (407 otherwise); ``--metrics-listen`` takes no password (403).
 Only GET and HEAD are answered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -32,6 +32,18 @@ class Admin:
         self.metrics = metrics
         self.health = health
         self.ca_pem = ca_pem
+
+    def on_proxy_port(self, access: Access) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+        """The handler for admin requests on the proxy port."""
+
+        async def handler(request: web.BaseRequest) -> web.StreamResponse:
+            if not access.admin_allowed(request.remote or "", request.headers.get("Proxy-Authorization")):
+                return error_response(
+                    407, "proxy authentication required", {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
+                )
+            return await self.handle(request)
+
+        return handler
 
     async def guarded(self, request: web.BaseRequest, allowed: Access) -> web.StreamResponse:
         if not allowed.ip_allowed(request.remote or ""):

@@ -241,7 +241,7 @@ class App:
             events=Tee(self.metrics, AccessLog()),  # the access line's format is logs.py's
             access=access,
             timeouts=timeouts,
-            admin=self.admin.handle,
+            admin=self.admin.on_proxy_port(access),
             robots=self.robots,
             tunnel_ports=frozenset(cfg["tunnel_ports"]),
             allow_private_destinations=cfg["allow_private_destinations"],

@@ -47,6 +47,17 @@ class Access:
             return addr is not None and any(addr in n for n in self.networks)
         return bool(self.users)
 
+    def admin_allowed(self, ip: str, header: str | None) -> bool:
+        """The admin endpoints: loopback and ``allow_clients`` by address; a client let in only because
+        ``[auth] users`` are set must show a valid password too (else anyone could read /metrics)."""
+        if is_loopback(ip):
+            return True
+        if self.networks:
+            addr = _address(ip)
+            if addr is not None and any(addr in n for n in self.networks):
+                return True
+        return bool(self.users) and self.auth_ok(header)
+
     def auth_ok(self, header: str | None) -> bool:
         if not self.users:
             return True

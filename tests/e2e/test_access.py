@@ -190,3 +190,42 @@ def test_ipv4_mapped_ipv6_clients_match_ipv4_rules() -> None:
     assert is_loopback("::ffff:127.0.0.9") and not is_loopback("::ffff:10.0.0.1")
     v6 = Access(["::ffff:0:0/96"], {})  # a rule written in the mapped form still matches nothing else
     assert not v6.ip_allowed("2001:db8::1")
+
+
+def test_admin_paths_need_the_password_when_only_auth_admits_a_client(
+    proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs
+) -> None:
+    """With only ``[auth] users``, any address may connect (to authenticate); the admin paths take no
+    password of their own, so such a client must send Proxy-Authorization to read them (407 without)."""
+    ip = non_loopback_ip()
+    if ip is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    port = free_port()
+    p = start_with(
+        proxy_factory,
+        upstream,
+        certs,
+        top='[auth]\nusers = { alice = "s3cret" }\n',
+        port=port,
+        args=("--listen", f"0.0.0.0:{port}"),
+    )
+    for path in ("/metrics", "/healthz", "/ca.pem"):
+        for header, want in (
+            ("", b"HTTP/1.1 407"),
+            (f"Proxy-Authorization: {basic('alice', 's3cret')}\r\n", b"HTTP/1.1 200"),
+        ):
+            with socket.create_connection((ip, p.port), timeout=30, source_address=(ip, 0)) as s:
+                s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{header}Connection: close\r\n\r\n".encode())
+                head = read_head(s)
+            assert head.startswith(want), (path, header, head)
+    assert p.healthy()  # loopback needs no password
+
+
+def test_admin_allowed_rules() -> None:
+    a = Access([], {"alice": "s3cret"})
+    assert a.admin_allowed("127.0.0.1", None)
+    assert not a.admin_allowed("192.0.2.9", None)
+    assert a.admin_allowed("192.0.2.9", basic("alice", "s3cret"))
+    assert not a.admin_allowed("192.0.2.9", basic("alice", "wrong"))
+    b = Access(["192.0.2.0/24"], {})
+    assert b.admin_allowed("192.0.2.9", None) and not b.admin_allowed("198.51.100.1", None)
