@@ -127,19 +127,9 @@ def stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
 # -- certificates and the fake upstream -----------------------------------------------------------------
 
 
-class _Dir:
-    """Stands in for pytest's tmp_path_factory: the certs fixture writes into ``d``."""
-
-    def __init__(self, d: Path) -> None:
-        self.d = d
-
-    def mktemp(self, _name: str) -> Path:
-        return self.d
-
-
 def make_certs(d: Path) -> Certs:
-    """The tests' upstream CA and leaf (tests/conftest.py's ``certs`` fixture, called as a function)."""
-    return conftest.certs.__wrapped__(_Dir(d))  # type: ignore[attr-defined,no-any-return]
+    """The tests' upstream CA and leaf (tests/conftest.py)."""
+    return conftest.make_certs(d)
 
 
 @dataclass

@@ -57,14 +57,18 @@ class Certs:
     server_pem: Path
 
 
-@pytest.fixture(scope="session")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
-    d = tmp_path_factory.mktemp("upstream-certs")
+def make_certs(d: Path) -> Certs:
+    """The upstream's CA and leaf for every name the fake upstream answers, written into ``d``."""
     ca = trustme.CA()
     leaf = ca.issue_cert(*CC_HOSTS, *OTHER_HOSTS, "127.0.0.1")
     ca.cert_pem.write_to_path(d / "upstream-ca.pem")
     leaf.private_key_and_cert_chain_pem.write_to_path(d / "server.pem")
     return Certs(ca, d / "upstream-ca.pem", d / "server.pem")
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("upstream-certs"))
 
 
 @dataclass
