@@ -12,8 +12,7 @@ import ipaddress
 import re
 import socket
 import ssl
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Mapping
 
 import aiohttp
 import certifi
@@ -223,14 +222,15 @@ class Upstream:
             read_bufsize=CHUNK,
         )
 
-    async def request(
+    def request(
         self,
         method: str,
         url: str,
         headers: CIMultiDict[str],
         body: AsyncIterator[bytes] | None,
-    ) -> aiohttp.ClientResponse:
-        return await self.session.request(
+    ) -> Awaitable[aiohttp.ClientResponse]:
+        # A plain function returning aiohttp's awaitable: no coroutine frame of ours to resume while it waits.
+        return self.session.request(
             method,
             url,
             headers=headers,
@@ -242,8 +242,7 @@ class Upstream:
             raise_for_status=False,
         )
 
-    @asynccontextmanager
-    async def exchange(
+    def exchange(
         self,
         method: str,
         url: str,
@@ -251,32 +250,13 @@ class Upstream:
         body: AsyncIterator[bytes] | None,
         pool: str,
         pool_wait: float,
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
+    ) -> Exchange:
         """One upstream exchange on a connection of ``pool``'s share; the response is released (read to
         its end) or closed (anything else: error, cut, cancellation) on every path out.
 
-        Raises PoolFull when no connection of the class came free within ``pool_wait`` seconds.
+        Raises PoolFull (on entering) when no connection of the class came free within ``pool_wait`` seconds.
         """
-        gate = self.gates[pool]
-        if gate.locked():  # a free connection is taken at once; only a wait needs a timer (hot path)
-            try:
-                async with asyncio.timeout(max(0.0, pool_wait)):
-                    await gate.acquire()
-            except TimeoutError:
-                raise PoolFull(pool, self.limits[pool]) from None
-        else:
-            await gate.acquire()
-        try:
-            resp = await self.request(method, url, headers, body)
-            try:
-                yield resp
-            finally:
-                if resp.content.at_eof() and not resp.closed:
-                    resp.release()
-                else:
-                    resp.close()
-        finally:
-            gate.release()
+        return Exchange(self, (method, url, headers, body), pool, pool_wait)
 
     def tunnel_address(self, host: str, port: int) -> tuple[str, int]:
         """Where a blind tunnel to ``host:port`` should connect (the --resolve map applies)."""
@@ -285,3 +265,48 @@ class Upstream:
 
     async def close(self) -> None:
         await self.session.close()
+
+
+class Exchange:
+    """``Upstream.exchange``'s context. A class rather than an @asynccontextmanager: no generator frames
+    between the forwarder and aiohttp while the request waits, and no async-generator registration per
+    request (issue 10: the small-GET hot path)."""
+
+    __slots__ = ("_args", "_gate", "_pool", "_pool_wait", "_resp", "_up")
+
+    def __init__(
+        self,
+        up: Upstream,
+        args: tuple[str, str, CIMultiDict[str], AsyncIterator[bytes] | None],
+        pool: str,
+        pool_wait: float,
+    ) -> None:
+        self._up, self._args, self._pool, self._pool_wait = up, args, pool, pool_wait
+        self._gate = up.gates[pool]
+
+    async def __aenter__(self) -> aiohttp.ClientResponse:
+        gate = self._gate
+        if gate.locked():  # a free connection is taken at once; only a wait needs a timer (hot path)
+            try:
+                async with asyncio.timeout(max(0.0, self._pool_wait)):
+                    await gate.acquire()
+            except TimeoutError:
+                raise PoolFull(self._pool, self._up.limits[self._pool]) from None
+        else:
+            await gate.acquire()
+        try:
+            self._resp = await self._up.request(*self._args)
+        except BaseException:
+            gate.release()
+            raise
+        return self._resp
+
+    async def __aexit__(self, *exc: object) -> None:
+        resp = self._resp
+        try:
+            if resp.content.at_eof() and not resp.closed:
+                resp.release()
+            else:
+                resp.close()
+        finally:
+            self._gate.release()
