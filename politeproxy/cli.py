@@ -132,7 +132,9 @@ def cmd_env(args: argparse.Namespace) -> int:
         f"# duckdb: SET http_proxy = '{netloc}'; SET ca_cert_file = '{bundle}';",
     ]
     if name:
-        lines.append("# duckdb: SET http_proxy_username = '{}';".format(name.replace("'", "''")))
+        # duckdb 1.4 sends no proxy credentials without a non-empty password (any, without [auth] users)
+        sql_name = name.replace("'", "''")
+        lines.append(f"# duckdb: SET http_proxy_username = '{sql_name}'; SET http_proxy_password = 'x';")
     print("\n".join(lines))
     return 0
 

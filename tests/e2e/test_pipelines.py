@@ -12,6 +12,7 @@ import re
 import socket
 import ssl
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -348,7 +349,7 @@ def test_env_pipeline_names_the_pipeline(proxy_factory: Factory, upstream: Upstr
         cwd=ROOT,
     ).stdout
     assert f"export HTTPS_PROXY=http://urls:@127.0.0.1:{p.port}" in out
-    assert "SET http_proxy_username = 'urls'" in out
+    assert "SET http_proxy_username = 'urls'; SET http_proxy_password = 'x';" in out
     env = {**p.env}
     for line in out.splitlines():
         if line.startswith("export "):
@@ -370,3 +371,51 @@ def test_env_pipeline_names_the_pipeline(proxy_factory: Factory, upstream: Upstr
         cwd=ROOT,
     )
     assert bad.returncode == 2 and "--pipeline" in bad.stderr
+
+
+DUCKDB = r"""
+import duckdb, duckdb_ext, os, sys
+platform = duckdb.sql("PRAGMA platform").fetchone()[0]
+ext = os.path.join(list(duckdb_ext.__path__)[0], "extensions", f"v{duckdb.__version__}", platform,
+                   "httpfs.duckdb_extension")
+con = duckdb.connect()
+con.execute(f"LOAD '{ext}'")
+con.execute(f"SET http_proxy = '{sys.argv[1]}'")
+con.execute(f"SET ca_cert_file = '{sys.argv[2]}'")
+for line in sys.argv[3].split(";"):
+    if line.strip():
+        con.execute(line)
+print(con.execute("SELECT content FROM read_text('https://data.commoncrawl.org/p/ducks/1')").fetchone()[0])
+"""
+
+
+def test_duckdb_names_its_pipeline_with_the_env_lines(proxy_factory: Factory, upstream: Upstream) -> None:
+    """The duckdb settings `env --pipeline` prints make duckdb's requests count as that pipeline."""
+    pytest.importorskip("duckdb")
+    pytest.importorskip("duckdb_ext")
+    p = proxy_factory(upstream, config(0.0))
+    out = subprocess.run(
+        [
+            *POLITEPROXY,
+            "env",
+            "--data-dir",
+            str(p.data_dir),
+            "--listen",
+            f"127.0.0.1:{p.port}",
+            "--pipeline",
+            "ducks",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
+    sql = next(line for line in out.splitlines() if "http_proxy_username" in line).removeprefix("# duckdb:")
+    run = subprocess.run(
+        [sys.executable, "-c", DUCKDB, f"127.0.0.1:{p.port}", p.env["SSL_CERT_FILE"], sql],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "hello from data.commoncrawl.org" in run.stdout, run.stderr[-2000:]
+    assert any('pipeline="ducks"' in line for line in metric_lines(p, "politeproxy_grants_total"))
