@@ -69,7 +69,7 @@ def metric_lines(p: ProxyProc, name: str) -> list[str]:
 def test_a_single_request_goes_within_two_slots_behind_a_greedy_pipeline(
     proxy_factory: Factory, upstream: Upstream
 ) -> None:
-    gap = 0.1
+    gap = 0.2  # the default: a slot is long against the jitter of a loaded 2-core box
     p = proxy_factory(upstream, config(gap))
     polite = requests.Session()
     polite.proxies = {"https": f"http://polite:@127.0.0.1:{p.port}"}
@@ -77,7 +77,7 @@ def test_a_single_request_goes_within_two_slots_behind_a_greedy_pipeline(
     assert polite.get(f"https://{D}/p/polite/warm", timeout=30, verify=bundle).status_code == 200
     greedy = run_clients(named(p, "greedy"), f"https://{D}/p/greedy/", 80, 80)
     try:
-        wait_for(lambda: sum(1 for _t, who in arrivals(upstream) if who == "greedy") >= 10, 30, "greedy")
+        wait_for(lambda: sum(1 for _t, who in arrivals(upstream) if who == "greedy") >= 5, 30, "greedy")
         t0 = time.time()
         r = polite.get(f"https://{D}/p/polite/one", timeout=30, verify=bundle)  # on the tunnel made above
         assert r.status_code == 200
@@ -89,7 +89,7 @@ def test_a_single_request_goes_within_two_slots_behind_a_greedy_pipeline(
     assert len(mine) == 1
     ahead = [t for t, who in log if who == "greedy" and t0 <= t < mine[0]]
     queued = sum(1 for t, who in log if who == "greedy" and t >= mine[0])
-    # FIFO would put it behind the greedy pipeline's ~70 queued requests (7 s at this gap).
+    # FIFO would put it behind the greedy pipeline's ~75 queued requests (15 s at this gap).
     assert len(ahead) <= 2, f"{len(ahead)} greedy grants went first; {queued} came after"
 
 
