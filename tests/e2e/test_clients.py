@@ -18,8 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.e2e import test_proxy_io
 from tests.conftest import POLITEPROXY, PY, ROOT, Certs, ProxyProc, Upstream, need_tool
+from tests.e2e import test_proxy_io
 from tests.e2e.test_proxy_io import ProxyFactory, arrivals, start_with
 
 # Fixtures shared with test_proxy_io (pytest finds fixtures by module attribute).

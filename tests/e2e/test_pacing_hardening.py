@@ -194,13 +194,13 @@ async def test_pinned_hosts_keep_their_label_and_other_sums_its_hosts() -> None:
         m.granted(f"early{i}.commoncrawl.org", 0.0)
     for host in (*PINNED_HOSTS, "commoncrawl.s3.amazonaws.com"):
         m.granted(host, 0.0)
-    m.queue_changed("late1.commoncrawl.org", 3)
-    m.queue_changed("late2.commoncrawl.org", 4)
-    m.queue_changed("late1.commoncrawl.org", 0)
+    m.line_changed("late1.commoncrawl.org", "default", 3)
+    m.line_changed("late2.commoncrawl.org", "default", 4)
+    m.line_changed("late1.commoncrawl.org", "default", 0)
     text = m.render().decode()
     assert {*PINNED_HOSTS, "commoncrawl.s3.amazonaws.com"} <= host_labels(text)
     assert "late1.commoncrawl.org" not in text
-    assert 'politeproxy_queue_depth{host="other"} 4.0' in text  # late2's 4, late1 went back to 0
+    assert 'politeproxy_queue_depth{host="other",pipeline="default"} 4.0' in text  # late2's 4, late1's 0
 
 
 # -- item 15: metrics memory without a scrape --------------------------------------------------------------
@@ -423,7 +423,8 @@ async def test_a_full_queue_answers_503_with_retry_after_at_once(
         for head in answers:
             assert head.startswith(b"HTTP/1.1 503") and b"\r\nRetry-After: 1\r\n" in head
         m = re.search(
-            r'politeproxy_rejected_total\{host="[^"]+",reason="queue_full"\} (\S+)', proxy.metrics()
+            r'politeproxy_rejected_total\{host="[^"]+",pipeline="[^"]+",reason="queue_full"\} (\S+)',
+            proxy.metrics(),
         )
         assert m is not None and float(m.group(1)) == 76
         assert sum(e["path"].startswith("/q") for e in upstream.log()) == 0  # nothing went upstream
