@@ -71,6 +71,8 @@ def _show(raw: str) -> str:
 # system resolver turns them into addresses, so they are refused rather than looked up as names.
 _LEGACY_IPV4 = re.compile(r"^(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}$")
 
+_IP_CHARS = re.compile(r"[0-9a-fA-F.:]+")  # every IPv4 or IPv6 literal is spelt with these alone
+
 
 def _bad(raw: str, what: str) -> Refusal:
     return Refusal(400, f"{what}, got {_show(raw)}", "bad_request")
@@ -80,12 +82,13 @@ def parse_host(host: str, port: int, raw: str) -> Target | Refusal:
     """A host from client input: an IP literal, or a name of RFC 1123 labels; anything else refused."""
     if "%" in host or not host.isascii():
         return _bad(raw, "CONNECT needs host:port with an ASCII host and no IPv6 zone")
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    else:
-        return Target(str(ip), port, ip)
+    if _IP_CHARS.fullmatch(host):  # a name with any other character skips two failed parses (every CONNECT)
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            pass
+        else:
+            return Target(str(ip), port, ip)
     name = host.lower()
     name = name[:-1] if name.endswith(".") else name
     if _LEGACY_IPV4.match(name):

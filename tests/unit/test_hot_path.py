@@ -4,6 +4,7 @@ same answers as the general code, and a routine success costs no task. Answers a
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from collections.abc import Coroutine
 from typing import Any
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from politeproxy.pacing.pacer import Pacer, PacingSettings
 from politeproxy.policy.fairness import MAX_NAME, clean_name
 from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS, HostSet, host_matches
+from politeproxy.policy.routing import _IP_CHARS, Target, parse_host
 from politeproxy.stores.file import FileStore
 from politeproxy.stores.memory import MemoryStore
 
@@ -93,3 +95,28 @@ async def test_file_store_claims_queue_behind_a_held_lock(tmp_path: Any, held: b
             assert (await store.claim(H, 0.0, 0.0, 5.0)).granted
     finally:
         await store.close()
+
+
+IP_TEXT = st.one_of(
+    st.ip_addresses().map(str),
+    st.ip_addresses(v=6).map(lambda a: str(a).upper()),
+    st.ip_addresses(v=6).map(lambda a: a.exploded),
+    st.text(st.sampled_from("0123456789abcdefABCDEFx.:%[] "), max_size=45),
+    st.text(max_size=30),
+)
+
+
+@given(IP_TEXT)
+def test_parse_host_skips_the_ip_parse_only_for_text_that_cannot_be_an_ip(host: str) -> None:
+    """Any host text: whatever ipaddress reads as an address is spelt with [0-9a-fA-F.:] alone, so
+    parse_host's shortcut never turns an IP literal into a name; and parse_host never raises."""
+    try:
+        ipaddress.ip_address(host)
+        is_ip = "%" not in host
+    except ValueError:
+        is_ip = False
+    if is_ip:
+        assert _IP_CHARS.fullmatch(host)
+    got = parse_host(host, 443, f"{host}:443")
+    if is_ip and host.isascii():
+        assert isinstance(got, Target) and got.ip == ipaddress.ip_address(host)
