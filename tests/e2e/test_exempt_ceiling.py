@@ -64,8 +64,10 @@ def assert_within_ceiling(ts: list[float]) -> None:
     assert len(ts) > 2 * BURST, len(ts)
     per_window = max(sum(t <= u < t + 1.0 for u in ts) for t in ts)
     assert per_window <= 1 / RATE + BURST + 1, per_window
+    # The GCRA grants at most BURST + span / RATE slots over a span; the arrival log measures the span with
+    # the upstream leg's jitter (a first arrival delayed by a few ms shortens it), so one slot of slack.
     span = ts[-1] - ts[0]
-    assert len(ts) <= span / RATE + BURST + 1, (len(ts), span)
+    assert len(ts) <= (span + RATE) / RATE + BURST + 1, (len(ts), span)
     assert len(ts) >= 0.6 * span / RATE, (len(ts), span)  # loosely: the ceiling, not the readers, set it
 
 
