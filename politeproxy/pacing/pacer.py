@@ -376,7 +376,7 @@ class Pacer:
         return delay
 
     def state_note(self, host: str) -> str:
-        """The "; <host> is blocked until <time>" (or backing off) note, when this proxy knows the host rests."""
+        """The "; <host> is blocked until <time>" (or backing off) note, when this proxy knows it rests."""
         return self.rest.note(host)
 
     def _success_due(self, host: str, now: float) -> bool:
