@@ -28,7 +28,7 @@ run: $(VENV)/.installed-run
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check politeproxy tests bench
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check politeproxy tests bench
