@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--polite", type=int, default=10)
     ap.add_argument("--every", type=float, default=0.5)
     args = ap.parse_args()
-    extra = f'[schedule]\nbackend = "memory"\nglobal_rate = {args.gap}\n'
+    extra = f'[schedule]\nbackend = "memory"\nglobal_rate = "{args.gap}s"\n'
     rows: list[list[str]] = []
     with Bench() as bench:
         certs = make_certs(bench.tmp)

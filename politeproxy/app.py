@@ -27,6 +27,7 @@ from politeproxy.proxy.events import Tee
 from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
+from politeproxy.startup import announce_pacing, probe_redis
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
@@ -190,6 +191,8 @@ class App:
         except ConfigError as e:  # POLITEPROXY_CLOCK_OFFSET; cli checks it first, this is the backstop
             raise StartupError(str(e)) from None
         self.store = store
+        if cfg["schedule"]["backend"] == "redis" and isinstance(store, FailoverStore):
+            await probe_redis(getattr(store.primary, "client", None), cfg["schedule"]["redis_url"])
         self._store_changed(store if not isinstance(store, FailoverStore) else store.active, False)
         settings = cfg.pacing()
         self.pacer = Pacer(store, settings, self.metrics)
@@ -211,6 +214,7 @@ class App:
         if self.config_path:
             self._spawn(self._watch_config(), "config watch")
         self._announce(settings.gap, ca.cert_path)
+        announce_pacing(settings)  # the effective rates, without -v
         return self.proxy
 
     def _make_proxy(self, ca: CertificateAuthority, access: Access, hosts: HostSet) -> Proxy:
@@ -336,6 +340,8 @@ class App:
                     "config reload: schedule.%s applies only after a restart", ", ".join(sorted(changed))
                 )
         settings = new.pacing()
+        if settings != self.pacer.settings:
+            announce_pacing(settings)
         self.pacer.update(settings)
         self.classifier.rules = new.exempt_rules()
         rb = new["robots"]

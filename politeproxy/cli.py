@@ -6,10 +6,8 @@ import argparse
 import asyncio
 import logging
 import os
-import shlex
 import sys
 from typing import Any
-from urllib.parse import quote
 
 from politeproxy import __version__
 from politeproxy.config import Config, ConfigError, check_environment, env_overrides, load
@@ -102,40 +100,24 @@ def _config_and_ca(args: argparse.Namespace) -> tuple[Config, Any] | int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
+    from politeproxy.envlines import export_lines, trust_bundle
+
     got = _config_and_ca(args)
     if isinstance(got, int):
         return got
     cfg, ca = got
-    host, port = cfg.listen
-    if host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     name = args.pipeline
     if name is not None and (not name or ":" in name or clean_name(name) != name):
         return _fail(f"--pipeline {name!r}: 1-64 printable characters, no spaces, quotes or ':'")
-    # The pipeline is the proxy URL's user name, percent-encoded, sent as Proxy-Authorization. The empty
-    # password (the ':') is for requests, which sends no credentials for a user name alone.
-    proxy = shlex.quote(f"http://{quote(name, safe='')}:@{netloc}" if name else f"http://{netloc}")
-    bundle = ca.bundle_path
-    lines = [
-        f"# politeproxy {__version__}: point your tools at the proxy and trust its CA ({ca.cert_path})",
-        f"export HTTPS_PROXY={proxy}",
-        f"export HTTP_PROXY={proxy}",
-        f"export https_proxy={proxy}",
-        f"export http_proxy={proxy}",
-        "export NO_PROXY=localhost,127.0.0.1,::1",
-        f"export SSL_CERT_FILE={bundle}",
-        f"export REQUESTS_CA_BUNDLE={bundle}",
-        f"export CURL_CA_BUNDLE={bundle}",
-        f"export AWS_CA_BUNDLE={bundle}",
-        f"export NODE_EXTRA_CA_CERTS={ca.cert_path}",
-        f"# duckdb: SET http_proxy = '{netloc}'; SET ca_cert_file = '{bundle}';",
-    ]
-    if name:
-        # duckdb 1.4 sends no proxy credentials without a non-empty password (any, without [auth] users)
-        sql_name = name.replace("'", "''")
-        lines.append(f"# duckdb: SET http_proxy_username = '{sql_name}'; SET http_proxy_password = 'x';")
-    print("\n".join(lines))
+    try:
+        bundle, _system = trust_bundle(cfg.data_dir, ca.pem())
+    except OSError as e:  # a data dir this user cannot write: the CA's own bundle still works
+        print(
+            f"politeproxy: warning: cannot write the trust bundle ({e.strerror}); using {ca.bundle_path}",
+            file=sys.stderr,
+        )
+        bundle = ca.bundle_path
+    print("\n".join(export_lines(cfg, ca, bundle, name)))
     return 0
 
 
@@ -153,7 +135,7 @@ def cmd_ca(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     try:
-        cfg = load(args.file)
+        cfg = load(args.file, env_overrides())  # the POLITEPROXY_* variables `run` would apply too
     except ConfigError as e:
         return _fail(str(e))
     print(f"{args.file}: ok (listen {cfg.listen[0]}:{cfg.listen[1]}, store {cfg['schedule']['backend']})")
@@ -170,17 +152,28 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--listen", help="HOST:PORT (env POLITEPROXY_LISTEN; default 127.0.0.1:3128)")
         sp.add_argument("--data-dir", dest="data_dir", help="CA and schedule (env POLITEPROXY_DATA_DIR)")
 
+    def run_flags(sp: argparse.ArgumentParser, hidden: bool = False) -> None:
+        """run's own flags; ``env`` takes them too, ignored, so one ARGS serves both (make run)."""
+
+        def h(text: str) -> str:
+            return argparse.SUPPRESS if hidden else text
+
+        sp.add_argument(
+            "--global-rate",
+            dest="global_rate",
+            help=h('gap between paced grants ("200ms") or a rate ("5/s", "300/m"); 0 = off'),
+        )
+        sp.add_argument("--metrics-listen", dest="metrics_listen", help=h("also serve /metrics on HOST:PORT"))
+        sp.add_argument("--log-format", dest="log_format", choices=("plain", "json"), help=h("log lines"))
+        sp.add_argument("-v", "--verbose", action="count", default=0, help=h("-v: info, -vv: debug"))
+
     run = sub.add_parser("run", help="run the proxy")
     common(run)
-    run.add_argument(
-        "--global-rate", dest="global_rate", help="gap between paced grants, e.g. 200ms; 0 = off"
-    )
-    run.add_argument("--metrics-listen", dest="metrics_listen", help="also serve /metrics on HOST:PORT")
-    run.add_argument("--log-format", dest="log_format", choices=("plain", "json"))
-    run.add_argument("-v", "--verbose", action="count", default=0, help="-v: info, -vv: debug")
+    run_flags(run)
     run.set_defaults(func=cmd_run)
     env = sub.add_parser("env", help="print export lines that point tools at the proxy")
     common(env)
+    run_flags(env, hidden=True)
     env.add_argument("--pipeline", help="name this pipeline in the proxy URL (its fair share, its metrics)")
     env.set_defaults(func=cmd_env)
     ca = sub.add_parser("ca", help="print the paths of the CA and the bundle (made if missing)")

@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from politeproxy.overrides import apply_overrides, env_overrides
 from politeproxy.pacing.pacer import PacingSettings
+from politeproxy.paths import resolve_paths
 from politeproxy.policy import settings as d
 from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
 from politeproxy.policy.fairness import PipelineRule, clean_name
 from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS
+from politeproxy.policy.redis_url import check_redis_url
 from politeproxy.policy.settings import ConfigError, changes, check_environment, env_number, parse_duration
 from politeproxy.policy.values import (
     _bool,
@@ -48,6 +51,7 @@ __all__ = [
     "load",
     "build",
     "Config",
+    "env_overrides",
 ]
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KiB; this refuses a wrong path to a huge file
@@ -127,7 +131,7 @@ SCHEMA: dict[str, Any] = {
     "schedule": {
         "backend": (_choice("memory", "file", "redis"), d.BACKEND),
         "global_rate": (_dur, d.GLOBAL_GAP),
-        "redis_url": (_str, d.REDIS_URL),
+        "redis_url": (check_redis_url, d.REDIS_URL),
         "redis_prefix": (_str, d.REDIS_PREFIX),
         "redis_key_ttl": (_dur, d.REDIS_KEY_TTL),
         "expected_proxies": (_int(1, 1000), d.EXPECTED_PROXIES),
@@ -249,33 +253,23 @@ class Config:
         )
 
 
+# Keys that hold a path: made absolute at load time (see paths.py).
+PATH_KEYS: tuple[tuple[str, ...], ...] = (("data_dir",), ("upstream", "ca_file"))
+
+
 def build(
     raw: dict[str, Any], source: str = "<defaults>", overrides: Mapping[str, Any] | None = None
 ) -> Config:
-    """Validate ``raw`` (the parsed TOML), apply overrides (env, then flags) and return the Config."""
+    """Validate ``raw`` (the parsed TOML), apply overrides (env, then flags) and return the Config.
+
+    Path keys come back absolute: relative to the config file's directory for values from the file,
+    to the working directory for overrides."""
     merged = _section(raw, SCHEMA, "")
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        if key == "listen":
-            merged["listen"] = _hostport(value, "listen")
-        elif key == "data_dir":
-            merged["data_dir"] = _str(value, "data_dir")
-        elif key == "global_rate":
-            try:
-                merged["schedule"]["global_rate"] = parse_duration(value, "schedule.global_rate")
-            except ConfigError as e:
-                raise ConfigError(f"--global-rate or POLITEPROXY_GLOBAL_RATE: {e}") from None
-        elif key == "metrics_listen":
-            merged["metrics_listen"] = _optional_hostport(value, "metrics_listen")
-        elif key == "redis_url":
-            merged["schedule"]["redis_url"] = _str(value, "POLITEPROXY_REDIS_URL")
-        elif key == "log_format":
-            merged["log_format"] = _choice("plain", "json")(value, "log_format")
-        else:
-            raise ConfigError(f"{key}: not an override")
+    base = Path(source).parent if source != "<defaults>" else Path.cwd()
+    resolve_paths(merged, PATH_KEYS, base, os.environ)
+    apply_overrides(merged, overrides or {})
     listen = parse_hostport(merged["listen"], "listen")
-    data_dir = Path(os.path.expanduser(merged["data_dir"])) if merged["data_dir"] else default_data_dir()
+    data_dir = Path(merged["data_dir"]) if merged["data_dir"] else default_data_dir()
     return Config(raw=merged, source=source, listen=listen, data_dir=data_dir)
 
 
@@ -316,13 +310,3 @@ def load(
         return build(raw, str(path), overrides)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
-
-
-def env_overrides(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
-    return {
-        "listen": env.get("POLITEPROXY_LISTEN") or None,
-        "data_dir": env.get("POLITEPROXY_DATA_DIR") or None,
-        "global_rate": env.get("POLITEPROXY_GLOBAL_RATE") or None,
-        # The deploy files pass the Redis password this way (from a secret), never in the TOML.
-        "redis_url": env.get("POLITEPROXY_REDIS_URL") or None,
-    }

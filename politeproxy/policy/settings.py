@@ -158,19 +158,58 @@ def duration_bounds(key: str) -> tuple[float, float]:
 _NUMBER = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,15})?")
 _PART = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,15})?)(ms|us|s|m|h)")
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# A rate: N per second, minute or hour ("5/s", "300/m", "1/h"), read as the gap 1/N of that unit.
+_RATE = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,15})?) ?/ ?(s|sec|m|min|h|hour)")
+_RATE_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hour": 3600.0}
 _DURATION_HELP = 'expected a duration such as "200ms", "1.5s" or "5m"'
+_RATE_HELP = 'expected a gap such as "200ms" or a rate such as "5/s" or "300/m"'
+
+# The keys that space grants: they take a rate ("5/s" = one grant per 200 ms) as well as a gap.
+# Every other duration key is a timeout or a hold and takes a duration only.
+RATE_KEYS = ("schedule.global_rate", "exempt.rate", "pacing.adaptive_floor", "hosts.*.interval")
+
+
+def accepts_rate(key: str) -> bool:
+    """True for a key that spaces grants (see RATE_KEYS), so a rate means its gap."""
+    return key in RATE_KEYS or (key.startswith("hosts.") and key.endswith(".interval"))
+
+
+def _bare(shown_number: str, key: str) -> ConfigError:
+    """A bare number other than 0: "5" could mean 5/s or one slot per 5 s, so it is refused with both."""
+    n = shown_number
+    if accepts_rate(key):
+        return ConfigError(f"{key}: bare number {n}: write {n}/s for a rate or {n}s for a gap")
+    return ConfigError(f"{key}: bare number {n}: write {n}s (a duration needs a unit: ms, s, m or h)")
+
+
+def _rate_gap(m: re.Match[str], key: str) -> float:
+    if not accepts_rate(key):
+        raise ConfigError(f"{key}: {_DURATION_HELP} (a rate such as {m.group(0)!r} fits only rate keys)")
+    n = float(m.group(1))
+    if n == 0:
+        raise ConfigError(f'{key}: a rate of 0 never grants; write "0" to turn this pacing off')
+    return _RATE_UNITS[m.group(2)] / n
 
 
 def _duration_seconds(value: Any, key: str) -> float:
+    help_ = _RATE_HELP if accepts_rate(key) else _DURATION_HELP
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ConfigError(f"{key}: {_DURATION_HELP} or a number of seconds, got {shown(value)}")
+        raise ConfigError(f"{key}: {help_}, got {shown(value)}")
     if not isinstance(value, str):
-        return check_number(value, key, -math.inf, math.inf)  # finite; the bounds follow
+        f = check_number(value, key, -math.inf, math.inf)  # finite; the bounds follow
+        if f > 0:
+            raise _bare(f"{f:g}", key)
+        return f or 0.0  # 0 (off, never -0.0), or negative for the bounds check to refuse
     v = value.strip().lower()
     if v == "off":
         return 0.0
     if _NUMBER.fullmatch(v):
-        return float(v)
+        if float(v) != 0:
+            raise _bare(v, key)
+        return 0.0
+    m = _RATE.fullmatch(v)
+    if m:
+        return _rate_gap(m, key)
     pos, total = 0, 0.0
     for m in _PART.finditer(v):
         if m.start() != pos:
@@ -179,17 +218,52 @@ def _duration_seconds(value: Any, key: str) -> float:
         pos = m.end()
     if pos == len(v) and pos > 0:
         return total
-    raise ConfigError(f"{key}: {_DURATION_HELP}, got {shown(value)}")
+    raise ConfigError(f"{key}: {help_}, got {shown(value)}")
 
 
 def parse_duration(value: Any, key: str = "duration") -> float:
-    """Seconds from a number (seconds) or a string like "200ms", "1.5s", "5m", "1m30s", "0" or "off".
+    """Seconds from a string like "200ms", "1.5s", "5m", "1m30s", "0" or "off"; for a rate key (see
+    RATE_KEYS) also a rate, "5/s", "300/m" or "1/h", read as its gap (5/s is 0.2 s between grants).
 
-    The result is finite and within the key's bounds (``duration_bounds``); anything else is a
-    ConfigError naming the key, never another exception.
+    A bare number other than 0 (TOML ``5`` or the string "5") is refused with a hint: for a rate key it
+    could mean 5/s or 5 s. The result is finite and within the key's bounds (``duration_bounds``);
+    anything else is a ConfigError naming the key, never another exception.
     """
     lo, hi = duration_bounds(key)
     return check_number(_duration_seconds(value, key), key, lo, hi, unit=" s")
+
+
+def _num(x: float) -> str:
+    """Four significant digits, never in exponent form (the config parser reads no exponents)."""
+    return f"{x:.0f}" if x >= 1000 else f"{x:.4g}" if x >= 1e-4 else f"{x:.6f}"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as the config would write it: "200ms", "1.5s", "2m", "1h"."""
+    if seconds < 1e-3:
+        return f"{_num(seconds * 1e6)}us"
+    if seconds < 1:
+        return f"{_num(seconds * 1000)}ms"
+    if seconds < 120 or seconds % 60:
+        return f"{_num(seconds)}s"
+    if seconds < 7200 or seconds % 3600:
+        return f"{_num(seconds / 60)}m"
+    return f"{_num(seconds / 3600)}h"
+
+
+def format_rate(gap: float) -> str:
+    """The rate a gap allows, in the unit that keeps the number at least 1: "5/s", "2/m", "1/h"."""
+    for unit, span in (("s", 1.0), ("m", 60.0)):
+        if span / gap >= 1:
+            return f"{_num(span / gap)}/{unit}"
+    return f"{_num(3600.0 / gap)}/h"
+
+
+def format_gap(gap: float) -> str:
+    """How the proxy shows a gap back: "200ms (5/s)"; "off" for 0."""
+    if not gap > 0:
+        return "off"
+    return f"{format_duration(gap)} ({format_rate(gap)})"
 
 
 def parse_number(value: Any, key: str, lo: float, hi: float) -> float:

@@ -56,7 +56,7 @@ def test_env_lines_are_what_clients_get(cp: ProxyProc) -> None:
     for key in ("HTTPS_PROXY", "HTTP_PROXY", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
         assert key in cp.env
     assert cp.env["HTTPS_PROXY"] == cp.url
-    assert cp.env["SSL_CERT_FILE"] == str(cp.data_dir / "ca-bundle.pem")
+    assert cp.env["SSL_CERT_FILE"] == str(cp.data_dir / "trust-bundle.pem")  # system + certifi + CA
 
 
 def test_curl(cp: ProxyProc, files_upstream: Upstream, files_dir: Path, certs: Certs, tmp_path: Path) -> None:

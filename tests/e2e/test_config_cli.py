@@ -113,7 +113,7 @@ def test_check_config_ok(tmp_path: Path) -> None:
     cfg = tmp_path / "good.toml"
     cfg.write_text(
         'listen = "127.0.0.1:4000"\npaced_hosts = ["commoncrawl.org", "*.commoncrawl.org"]\n'
-        '[upstream]\nconnect_timeout = "2s"\nread_timeout = 30\n[upstream.resolve]\n'
+        '[upstream]\nconnect_timeout = "2s"\nread_timeout = "30s"\n[upstream.resolve]\n'
         '"data.commoncrawl.org:443" = "127.0.0.1:8443"\n[client]\nidle_timeout = "1m30s"\n'
         '[auth]\nusers = { alice = "pw" }\n'
     )

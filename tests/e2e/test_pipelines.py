@@ -44,8 +44,8 @@ def arrivals(up: Upstream, prefix: str = "/p/") -> list[tuple[float, str]]:
 
 
 def config(gap: float, max_wait: float = 25.0, extra: str = "") -> str:
-    schedule = f'[schedule]\nbackend = "memory"\nglobal_rate = {gap}\n'
-    return f"{NO_ROBOTS}{schedule}[pacing]\nmax_wait = {max_wait}\n{extra}"
+    schedule = f'[schedule]\nbackend = "memory"\nglobal_rate = "{gap}s"\n'
+    return f'{NO_ROBOTS}{schedule}[pacing]\nmax_wait = "{max_wait}s"\n{extra}'
 
 
 async def warm_plain(p: ProxyProc, up: Upstream, n: int = 4) -> None:

@@ -75,10 +75,11 @@ def test_hostile_duration_strings_are_refused(bad: str) -> None:
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(min_value=0, max_value=3600), unit=st.sampled_from(["", "s", "ms", "m"]))
 def test_parse_duration_reads_plain_durations(n: int, unit: str) -> None:
-    """A whole number with a unit reads as that many seconds, when within the bound of global_rate."""
+    """A whole number with a unit reads as that many seconds, when within the bound of global_rate; a
+    bare number other than 0 is refused (it could mean a rate or a gap)."""
     scale = {"": 1.0, "s": 1.0, "ms": 1e-3, "m": 60.0}[unit]
     text = f"{n}{unit}"
-    if n * scale > 3600:
+    if n * scale > 3600 or (unit == "" and n != 0):
         with pytest.raises(ConfigError):
             parse_duration(text, "schedule.global_rate")
     else:

@@ -98,4 +98,4 @@ def test_top_level_defaults(cfg: Any) -> None:
         ("client.idle_timeout", d.IDLE_TIMEOUT),
         ("upstream.read_timeout", d.READ_TIMEOUT),
     ]:
-        assert d.parse_duration(value, key) == value
+        assert d.parse_duration(f"{value}s", key) == value  # a bare number needs a unit now

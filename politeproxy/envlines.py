@@ -1,0 +1,127 @@
+"""`politeproxy env`: the export lines that point a shell's tools at the proxy, safe to ``eval``.
+
+Every value is shell-quoted (a data dir with a space or a ``$`` survives ``eval``). ``SSL_CERT_FILE``
+and friends *replace* a tool's trust store, so they point at a bundle of the system's roots (corporate
+chains live there), certifi's roots and the proxy's CA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import ssl
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import certifi
+
+from politeproxy import __version__
+from politeproxy.config import Config
+
+# Never through the proxy: loopback, and the cloud metadata and credential endpoints (AWS IMDS over
+# IPv4 and IPv6, ECS task credentials, GCP's name for it). A proxy in front of them would leak
+# instance credentials to it, or fail the SDK's credential lookup.
+NO_PROXY = "localhost,127.0.0.1,::1,169.254.169.254,169.254.170.2,fd00:ec2::254,metadata.google.internal"
+
+# Where distributions keep the system's roots (Debian/Ubuntu, RHEL/Fedora, SUSE, Alpine and BSDs).
+SYSTEM_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+)
+MAX_BUNDLE = 16 << 20  # a system bundle is a few hundred KiB
+TRUST_BUNDLE = "trust-bundle.pem"
+
+
+def system_roots(data_dir: Path) -> Path | None:
+    """The system's root bundle, if one is found: OpenSSL's compiled-in default, else the usual places.
+
+    OpenSSL's default is read from its build, not from SSL_CERT_FILE, and a file inside the data dir is
+    skipped: a bundle this command wrote must not be folded into the next one."""
+    own = data_dir.resolve()
+    for name in (ssl.get_default_verify_paths().openssl_cafile, *SYSTEM_BUNDLES):
+        with contextlib.suppress(OSError):
+            p = Path(name).resolve()
+            if p.is_file() and own not in p.parents and p.stat().st_size > 0:
+                return p
+    return None
+
+
+def _write_if_changed(path: Path, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        if path.read_bytes() == data:
+            return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # public certificates: every user's tools read it
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def trust_bundle(data_dir: Path, ca_pem: bytes) -> tuple[Path, Path | None]:
+    """Write ``trust-bundle.pem``: the system's roots (where found), certifi's and the proxy's CA.
+
+    Returns the bundle and the system bundle it includes (None when there is none). OSError when the
+    data dir cannot be written."""
+    parts: list[bytes] = []
+    system = system_roots(data_dir)
+    if system is not None:
+        with open(system, "rb") as f:
+            parts.append(b"# system roots: " + str(system).encode() + b"\n" + f.read(MAX_BUNDLE).strip())
+    parts.append(b"# certifi\n" + Path(certifi.where()).read_bytes().strip())
+    parts.append(b"# politeproxy local CA\n" + ca_pem.strip())
+    path = data_dir / TRUST_BUNDLE
+    _write_if_changed(path, b"\n\n".join(parts) + b"\n")
+    return path, system
+
+
+def proxy_netloc(cfg: Config) -> str:
+    """HOST:PORT that clients use: a wildcard listen address becomes loopback."""
+    host, port = cfg.listen
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _sql(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def export_lines(cfg: Config, ca: Any, bundle: Path, pipeline: str | None) -> list[str]:
+    """The lines `politeproxy env` prints; ``pipeline`` is a name already checked by the caller."""
+    netloc = proxy_netloc(cfg)
+    # The pipeline is the proxy URL's user name, percent-encoded, sent as Proxy-Authorization. The empty
+    # password (the ':') is for requests, which sends no credentials for a user name alone.
+    proxy = f"http://{quote(pipeline, safe='')}:@{netloc}" if pipeline else f"http://{netloc}"
+    values = [
+        *(f"{k}={shlex.quote(proxy)}" for k in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")),
+        # wget and some Go tools read only the lower-case one; others only the upper-case one.
+        f"NO_PROXY={shlex.quote(NO_PROXY)}",
+        f"no_proxy={shlex.quote(NO_PROXY)}",
+        *(
+            f"{k}={shlex.quote(str(bundle))}"
+            for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "AWS_CA_BUNDLE")
+        ),
+        f"NODE_EXTRA_CA_CERTS={shlex.quote(str(ca.cert_path))}",
+    ]
+    lines = [f"# politeproxy {__version__}: point your tools at the proxy and trust its CA ({ca.cert_path})"]
+    lines += [f"export {v}" for v in values]
+    # duckdb's httpfs verifies nothing unless told to, and reads ca_cert_file literally (no ~).
+    lines.append(
+        f"# duckdb: SET http_proxy = {_sql(netloc)}; SET ca_cert_file = {_sql(str(bundle))}; "
+        "SET enable_server_cert_verification = true;"
+    )
+    if pipeline:
+        # duckdb 1.4 sends no proxy credentials without a non-empty password (any, without [auth] users)
+        lines.append(f"# duckdb: SET http_proxy_username = {_sql(pipeline)}; SET http_proxy_password = 'x';")
+    return lines

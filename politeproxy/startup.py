@@ -1,0 +1,80 @@
+"""What the proxy says when it starts, without -v: the pace of each class of host, and whether Redis answers.
+
+A user who writes ``--global-rate 5`` (refused now) or ``"5s"`` sees at once what that means, as a gap
+and as a rate, on the first lines of the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from politeproxy.pacing.base import PacingSettings
+from politeproxy.policy.redis_url import redis_address
+from politeproxy.policy.settings import format_duration, format_gap, format_rate
+
+log = logging.getLogger("politeproxy")
+start_log = logging.getLogger("politeproxy.start")  # always at INFO (logs.setup_logging)
+
+PROBE_TIMEOUT = 2.0
+
+
+def pacing_lines(s: PacingSettings) -> list[str]:
+    """One line per paced class of host: its gap and its rate, and the key that sets it."""
+    lines = [f"pacing: all paced hosts together: one grant per {format_gap(s.gap)} (schedule.global_rate)"]
+    for pattern, interval in s.host_intervals:
+        if interval > 0:
+            eff = max(s.gap, interval)
+            lines.append(
+                f"pacing: {pattern}: one grant per {format_gap(eff)} at most "
+                f"(hosts.{pattern}.interval {format_duration(interval)}, within the global schedule)"
+            )
+    if s.exempt_rate > 0:
+        lines.append(
+            f"pacing: exempt range reads: at most {format_rate(s.exempt_rate)} per host, one per "
+            f"{format_duration(s.exempt_rate)}, after a burst of {s.exempt_burst} (exempt.rate)"
+        )
+    else:
+        lines.append("pacing: exempt range reads: no rate ceiling (exempt.rate = 0)")
+    return lines
+
+
+def announce_pacing(s: PacingSettings) -> None:
+    for line in pacing_lines(s):
+        start_log.info("%s", line)
+
+
+def _scrub(text: str, url: str) -> str:
+    """An error text for the log, with any password from ``url`` taken out and on one line."""
+    from urllib.parse import urlsplit
+
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        text = text.replace(password, "***")
+    return " ".join(text.split())[:300]
+
+
+async def probe_redis(client: Any, url: str, timeout: float = PROBE_TIMEOUT) -> bool:
+    """PING Redis once at start: one line naming its address (password masked), reachable or not.
+
+    Never raises: an unreachable Redis is not fatal (the failover store paces locally until it answers),
+    but the user hears of it now, not at the first request."""
+    where = redis_address(url)
+    try:
+        async with asyncio.timeout(timeout):
+            await client.ping()
+    except Exception as e:  # noqa: BLE001 - any failure is reported, none stops the start
+        log.warning(
+            "redis at %s is unreachable (%s: %s); requests are paced on the local schedule "
+            "(gap x schedule.expected_proxies) until it answers",
+            where,
+            type(e).__name__,
+            _scrub(str(e) or "no answer", url),
+        )
+        return False
+    start_log.info("redis at %s is reachable", where)
+    return True
