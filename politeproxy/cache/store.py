@@ -1,0 +1,184 @@
+"""The disk store: entry files named by a hash of their key, an SQLite index, per-key lock stripes.
+
+Layout under ``<data_dir>/cache``: ``objects/ab/<sha256 of the key>`` (complete entries only, renamed
+into place), ``tmp/`` (bodies being written; never read), ``locks/<3 hex>`` (4096 flock stripes for the
+single flight between processes), ``index.sqlite``. No client string ever reaches a path: names are
+hex digests. Every method blocks: the proxy calls them from a bounded thread pool.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from politeproxy.cache.base import CacheError, Meta
+from politeproxy.cache.entry import Corrupt, Writer, open_entry, verify
+from politeproxy.cache.index import Index
+from politeproxy.policy.cacherules import CacheLimits
+
+log = logging.getLogger("politeproxy")
+LOCK_POLL = 0.02  # seconds between tries of a contended stripe
+TMP_MAX_AGE = 3600.0  # a temporary body older than this belongs to a dead writer
+
+
+def key_name(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass
+class Found:
+    """A verified entry, its file open at offset 0 (the caller closes it)."""
+
+    f: BinaryIO
+    meta: Meta
+
+
+class DiskStore:
+    def __init__(self, root: Path, limits: CacheLimits, clock: Callable[[], float] = time.time) -> None:
+        self.root = root
+        self.limits = limits
+        self.clock = clock
+        self.objects, self.tmp, self.locks = root / "objects", root / "tmp", root / "locks"
+        try:
+            for p in (self.objects, self.tmp, self.locks):
+                p.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.index = Index(root / "index.sqlite")
+        except (OSError, Exception) as e:  # sqlite3.Error too: one line for the user
+            raise CacheError(f"cache directory {root}: {e}") from None
+
+    def path_for(self, name: str) -> Path:
+        return self.objects / name[:2] / name
+
+    def lookup(self, key: str) -> Found | str:
+        """The verified entry, or why not: "absent" or "corrupt" (a corrupt entry is dropped here)."""
+        name = key_name(key)
+        try:
+            f, meta, size = open_entry(self.path_for(name), key)
+        except FileNotFoundError:
+            return "absent"
+        except (Corrupt, OSError) as e:
+            log.warning("cache entry %s is corrupt (%s): dropped, fetched again", name[:16], e)
+            self.drop(name)
+            return "corrupt"
+        try:
+            verify(f, meta)
+        except (Corrupt, OSError) as e:
+            f.close()
+            log.warning("cache entry %s is corrupt (%s): dropped, fetched again", name[:16], e)
+            self.drop(name)
+            return "corrupt"
+        self.index.touch(name, size, self.clock())
+        return Found(f, meta)
+
+    def writer(self, key: str) -> Writer:
+        return Writer(self.tmp, key_name(key)[:16])
+
+    def commit(
+        self, w: Writer, key: str, status: int, headers: list[tuple[str, str]], length: int
+    ) -> list[str]:
+        """Finish the body's file and rename it into place; the names evicted to make room for it.
+        Raises Corrupt (the file discarded) unless exactly ``length`` body bytes were written."""
+        name = key_name(key)
+        now = self.clock()
+        size = w.finish(key, status, headers, now, length)
+        if size > self.limits.max_size:
+            w.path.unlink(missing_ok=True)
+            return []
+        # The row first: a crash between the two leaves a row without a file (a miss), never a file the
+        # size accounting does not see.
+        evicted = self.index.add_and_evict(name, size, now, self.limits.max_size)
+        dest = self.path_for(name)
+        dest.parent.mkdir(exist_ok=True, mode=0o700)
+        os.replace(w.path, dest)
+        for n in evicted:
+            self.path_for(n).unlink(missing_ok=True)
+        return evicted
+
+    def drop(self, name: str) -> None:
+        self.path_for(name).unlink(missing_ok=True)
+        self.index.remove(name)
+
+    def totals(self) -> tuple[int, int]:
+        return self.index.totals()
+
+    def clear(self) -> int:
+        """Remove every entry (readers with an open file finish their answer); how many were indexed."""
+        names = self.index.clear()
+        for d in self.objects.iterdir():
+            if d.is_dir() and len(d.name) == 2:
+                shutil.rmtree(d, ignore_errors=True)
+        return len(names)
+
+    def sweep(self) -> int:
+        """Delete temporary bodies of dead writers and entry files the index lost (a crash between
+        eviction and unlink); how many files went. Run at start, in a thread."""
+        gone = 0
+        now = time.time()
+        for p in self.tmp.glob("*.part"):
+            pid = p.name.split("-", 1)[0]
+            try:
+                old = now - p.stat().st_mtime > TMP_MAX_AGE
+                if old or (pid.isdigit() and not _alive(int(pid))):
+                    p.unlink(missing_ok=True)
+                    gone += 1
+            except OSError:
+                continue
+        known = self.index.names()
+        for p in self.objects.glob("??/*"):
+            try:
+                if p.name not in known and now - p.stat().st_mtime > 60:
+                    p.unlink(missing_ok=True)
+                    gone += 1
+            except OSError:
+                continue
+        return gone
+
+    def lock(self, key: str, deadline: float, abandoned: threading.Event) -> tuple[int, bool] | None:
+        """Take ``key``'s stripe lock (flock) by ``deadline`` (monotonic): (fd, whether it was contended),
+        or None on time-out or when ``abandoned`` is set (the waiter left: this thread must not outlive it).
+        Release with ``unlock(fd)``."""
+        path = self.locks / key_name(key)[:3]
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        contended = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd, contended
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    return None  # flock unsupported here (some NFS): no single flight between processes
+            contended = True
+            if abandoned.is_set() or time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(LOCK_POLL)
+
+    @staticmethod
+    def unlock(fd: int) -> None:
+        os.close(fd)  # closing the descriptor releases its flock
+
+    def close(self) -> None:
+        self.index.close()
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

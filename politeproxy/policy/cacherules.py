@@ -1,0 +1,269 @@
+"""What the shared disk cache may keep, under which key, and whether an answer may be stored (no I/O).
+
+A table of ``CacheRule``s says which host class and path prefixes hold immutable objects (and the one
+file with a TTL, ``collinfo.json``). ``request_decision`` turns a request into a key or a bypass reason,
+``response_decision`` says whether the upstream's answer to it may be stored. Both are pure: the cache
+layer (politeproxy/cache) does the I/O, and tests/unit/test_cache_rules.py runs them without it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from politeproxy.policy import settings as d
+from politeproxy.policy.classify import normalize_path
+from politeproxy.policy.hosts import host_matches
+
+
+@dataclass(frozen=True)
+class CacheRule:
+    """Requests to one of ``hosts`` whose path starts with one of ``paths`` (or equals it, ``exact``).
+
+    ``host_class`` is the key's host part: names that serve the same objects share it (CloudFront's
+    data.commoncrawl.org and the bucket's S3 names). ``ttl`` 0 means immutable; ``ranges`` allows 206s.
+    """
+
+    host_class: str
+    hosts: tuple[str, ...]
+    paths: tuple[str, ...]
+    exact: bool = False
+    ttl: float = 0.0
+    ranges: bool = True
+
+    def matches(self, host: str, path: str) -> bool:
+        if not any(host_matches(host, h) for h in self.hosts):
+            return False
+        if self.exact:
+            return path in self.paths
+        return any(path.startswith(p) for p in self.paths)
+
+
+DATA_HOSTS = ("data.commoncrawl.org", "commoncrawl.s3.amazonaws.com", "commoncrawl.s3.*.amazonaws.com")
+
+
+def default_rules(collinfo_ttl: float = d.CACHE_COLLINFO_TTL) -> tuple[CacheRule, ...]:
+    """Everything published under /crawl-data/ and /cc-index/, and the index server's collinfo.json only:
+    its query answers can be an empty 200 while its backend is down."""
+    return (
+        CacheRule("data", DATA_HOSTS, ("/crawl-data/", "/cc-index/")),
+        CacheRule("index", ("index.commoncrawl.org",), ("/collinfo.json",), exact=True, ttl=collinfo_ttl),
+    )
+
+
+@dataclass(frozen=True)
+class CacheLimits:
+    enabled: bool = d.CACHE_ENABLED
+    max_object: int = d.CACHE_MAX_OBJECT
+    max_range: int = d.CACHE_MAX_RANGE
+    max_size: int = d.CACHE_MAX_SIZE
+    rules: tuple[CacheRule, ...] = default_rules()
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """One range of ``Range: bytes=...``: ``start``-``end`` (end None: to the end), or a ``suffix``."""
+
+    start: int | None
+    end: int | None
+    suffix: int | None = None
+
+    def text(self) -> str:
+        if self.suffix is not None:
+            return f"-{self.suffix}"
+        return f"{self.start}-{'' if self.end is None else self.end}"
+
+    def expected(self, total: int) -> tuple[int, int] | None:
+        """The (first, last) byte a correct 206 carries for an object of ``total`` bytes, None if none."""
+        if total <= 0:
+            return None
+        if self.suffix is not None:
+            return (max(0, total - self.suffix), total - 1) if self.suffix > 0 else None
+        assert self.start is not None
+        if self.start >= total:
+            return None
+        last = total - 1 if self.end is None else min(self.end, total - 1)
+        return self.start, last
+
+
+_DIGITS = r"[0-9]{1,18}"  # ASCII only and bounded: at most an exabyte, never a huge int parse
+_RANGE = re.compile(rf"bytes[ \t]*=[ \t]*(?:({_DIGITS})-({_DIGITS})?|-({_DIGITS}))[ \t]*", re.IGNORECASE)
+_CONTENT_RANGE = re.compile(rf"bytes[ \t]+({_DIGITS})-({_DIGITS})/({_DIGITS}|\*)[ \t]*", re.IGNORECASE)
+_LENGTH = re.compile(r"[ \t]*[0-9]{1,18}[ \t]*")
+
+
+def parse_range(value: str) -> ByteRange | None:
+    """A single satisfiable-looking byte range, else None (several ranges, garbage, first > last)."""
+    m = _RANGE.fullmatch(value)
+    if m is None:
+        return None
+    if m.group(3) is not None:
+        return ByteRange(None, None, int(m.group(3)))
+    start = int(m.group(1))
+    end = int(m.group(2)) if m.group(2) is not None else None
+    if end is not None and end < start:
+        return None
+    return ByteRange(start, end)
+
+
+def parse_content_range(value: str) -> tuple[int, int, int] | None:
+    """(first, last, total) of ``Content-Range: bytes a-b/n``; None when unknown total or inconsistent."""
+    m = _CONTENT_RANGE.fullmatch(value)
+    if m is None or m.group(3) == "*":
+        return None
+    first, last, total = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    if first > last or last >= total:
+        return None
+    return first, last, total
+
+
+def parse_length(value: str | None) -> int | None:
+    """A Content-Length of ASCII digits, else None."""
+    if value is None or not _LENGTH.fullmatch(value):
+        return None
+    return int(value)
+
+
+def _directives(value: str | None) -> set[str]:
+    return {p.split("=", 1)[0].strip().lower() for p in (value or "").split(",") if p.strip()}
+
+
+@dataclass(frozen=True)
+class Cacheable:
+    """A request the cache may answer: its key text, rule and range; ``refresh`` for a client no-cache."""
+
+    key: str
+    rule: CacheRule
+    range: ByteRange | None
+    refresh: bool = False
+
+
+@dataclass(frozen=True)
+class Bypass:
+    reason: str
+
+
+CONDITIONAL = ("If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since", "If-Range")
+
+
+def request_decision(
+    limits: CacheLimits, method: str, host: str, raw_path: str, headers: Mapping[str, str], has_body: bool
+) -> Cacheable | Bypass | None:
+    """None when no rule covers the request (not the cache's business); else a key or why not.
+
+    The rule matches the normalised path (what the server resolves); the key holds the raw path, which
+    names exactly what the upstream served for it. A query string makes it another request (S3's
+    ``partNumber``, presigned URLs): never cached.
+    """
+    if not limits.enabled:
+        return None
+    path = normalize_path(raw_path)
+    rule = next((r for r in limits.rules if r.matches(host, path)), None)
+    if rule is None:
+        return None
+    if method not in ("GET", "HEAD"):
+        return Bypass("method")
+    if "?" in raw_path or "#" in raw_path or has_body:
+        return Bypass("query" if "?" in raw_path else "body")
+    if any(h in headers for h in CONDITIONAL):
+        return Bypass("conditional")
+    cc = _directives(headers.get("Cache-Control")) | _directives(headers.get("Pragma"))
+    if "no-store" in cc:
+        return Bypass("no-store")
+    rng: ByteRange | None = None
+    raw_range = headers.get("Range")
+    if raw_range is not None:
+        rng = parse_range(raw_range)
+        if rng is None or not rule.ranges:
+            return Bypass("range")
+    key = f"{method} {rule.host_class} {unquote(raw_path)} {rng.text() if rng else '*'}"
+    return Cacheable(key, rule, rng, refresh="no-cache" in cc)
+
+
+@dataclass(frozen=True)
+class Store:
+    """Store the answer: ``length`` body bytes are expected (0 for a HEAD)."""
+
+    length: int
+
+
+@dataclass(frozen=True)
+class DontStore:
+    reason: str
+
+
+def response_decision(
+    limits: CacheLimits, c: Cacheable, method: str, status: int, headers: Mapping[str, str]
+) -> Store | DontStore:
+    """Whether the upstream's answer to ``c`` may be kept: only a 200, or a 206 that is exactly the
+    requested single range, with a Content-Length within the limits, not no-store/private, not varying."""
+    if status not in (200, 206):
+        return DontStore("status")
+    cc = _directives(headers.get("Cache-Control"))
+    if cc & {"no-store", "private", "no-cache"}:
+        return DontStore("no-store")
+    if "Set-Cookie" in headers or _directives(headers.get("Vary")) - {"accept-encoding"}:
+        return DontStore("vary")
+    length = parse_length(headers.get("Content-Length"))
+    if length is None:
+        return DontStore("no-length")
+    if status == 200:
+        if c.range is not None:
+            return DontStore("range-ignored")  # a 200 to a Range request: the whole object, not the key's
+        if method == "GET" and length > limits.max_object:
+            return DontStore("too-large")
+        return Store(0 if method == "HEAD" else length)
+    if c.range is None:
+        return DontStore("unasked-206")
+    cr = parse_content_range(headers.get("Content-Range", ""))
+    want = c.range.expected(cr[2]) if cr is not None else None
+    if cr is None or want is None or (cr[0], cr[1]) != want or length != cr[1] - cr[0] + 1:
+        return DontStore("range-mismatch")
+    if method == "GET" and length > limits.max_range:
+        return DontStore("too-large")
+    return Store(0 if method == "HEAD" else length)
+
+
+def fresh(rule_ttl: float, stored_at: float, now: float) -> bool:
+    """An entry is served while its rule has no TTL, or while its age is within it. A stored time that is
+    not finite or lies in the future (a clock stepped back, a damaged header) is stale: refetched."""
+    if rule_ttl <= 0:
+        return True
+    if not math.isfinite(stored_at) or stored_at > now + 60.0:
+        return False
+    return now - stored_at < rule_ttl
+
+
+def age_seconds(stored_at: float, now: float) -> int:
+    """The ``Age`` header's value: whole seconds since it was stored, never negative or non-finite."""
+    if not math.isfinite(stored_at) or not math.isfinite(now) or now <= stored_at:
+        return 0
+    return int(min(now - stored_at, 2**31 - 1))
+
+
+def accepts(accept_encoding: str | None, coding: str) -> bool:
+    """Whether a client sending ``Accept-Encoding`` takes a body coded ``coding`` (identity always)."""
+    coding = coding.strip().lower()
+    if coding in ("", "identity"):
+        return True
+    for part in (accept_encoding or "").split(","):
+        name, _, params = part.partition(";")
+        if name.strip().lower() in (coding, "*"):
+            q = params.strip().lower()
+            return not (q.startswith("q=") and q[2:].strip() in ("0", "0.0", "0.00", "0.000"))
+    return False
+
+
+# The headers a hit is answered with (issue 14), besides Age and Via.
+STORED_HEADERS = (
+    "Content-Type",
+    "Content-Length",
+    "Content-Range",
+    "Content-Encoding",
+    "ETag",
+    "Last-Modified",
+    "Accept-Ranges",
+)

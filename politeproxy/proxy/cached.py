@@ -1,0 +1,349 @@
+"""The cache-aware exchange: answer from the shared disk cache, or go upstream once and keep the answer.
+
+The forwarder hands every request here with the exchange it would make (``go``). A hit is answered from
+disk before the pacer is asked: no slot, no exempt place. A miss goes upstream through ``go`` with a tee
+that relay() feeds while the answer streams to the client; the tee's file is renamed into place only
+when every expected byte came through. Concurrent identical misses make one upstream request: in this
+process they wait on the leader's future, across processes on a flock'd stripe (taken in a thread with
+a bounded wait). A waiter the leader cannot serve goes upstream itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
+
+from politeproxy.cache.base import CacheError, CacheEvents
+from politeproxy.cache.entry import Corrupt, Writer
+from politeproxy.cache.store import DiskStore, Found, key_name
+from politeproxy.policy.cacherules import (
+    STORED_HEADERS,
+    Bypass,
+    Cacheable,
+    CacheLimits,
+    Store,
+    accepts,
+    age_seconds,
+    fresh,
+    request_decision,
+    response_decision,
+)
+from politeproxy.policy.classify import Klass
+from politeproxy.proxy.passage import stamp
+from politeproxy.proxy.upstream import CHUNK
+
+log = logging.getLogger("politeproxy")
+T = TypeVar("T")
+IO_WORKERS = 8  # disk reads and writes; bounded, so a slow disk queues work instead of growing threads
+LOCK_WORKERS = 16  # threads waiting on another process's stripe lock (each bounded by max_wait)
+IO_TIMEOUT = 30.0  # a disk call that takes longer is given up (the answer goes upstream or is cut)
+Go = Callable[[], Awaitable[web.StreamResponse]]
+
+
+class CacheFront:
+    """Owns the store, its threads and the in-process single flight; one per proxy process."""
+
+    def __init__(self, store: DiskStore, events: CacheEvents, max_wait: float) -> None:
+        self.store = store
+        self.limits: CacheLimits = store.limits
+        self.events = events
+        self.max_wait = max_wait
+        self.io = ThreadPoolExecutor(IO_WORKERS, thread_name_prefix="cache-io")
+        self.lockers = ThreadPoolExecutor(LOCK_WORKERS, thread_name_prefix="cache-lock")
+        self.flights: dict[str, asyncio.Future[None]] = {}  # key name -> done; bounded by requests in flight
+        self._disk_warned = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def open(
+        cls, limits: CacheLimits, data_dir: Path, events: CacheEvents, max_wait: float
+    ) -> CacheFront | None:
+        """The cache in ``<data_dir>/cache``; None when disabled, or (one warning) when unusable."""
+        if not limits.enabled:
+            return None
+        try:
+            store = await asyncio.to_thread(DiskStore, data_dir / "cache", limits)
+        except CacheError as e:
+            log.warning("%s; running without the cache", e)
+            return None
+        front = cls(store, events, max_wait)
+        await front.run(store.sweep)
+        await front.report_size()
+        return front
+
+    async def close(self) -> None:
+        if self._tasks:  # commits in flight: bounded by IO_TIMEOUT each
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.io.shutdown(wait=False, cancel_futures=True)
+        self.lockers.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self.store.close)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(loop.run_in_executor(self.io, fn, *args), IO_TIMEOUT)
+
+    async def report_size(self) -> None:
+        try:
+            _n, nbytes = await self.run(self.store.totals)
+        except Exception as e:  # noqa: BLE001 - a gauge must not fail a request
+            log.debug("cache size: %s", e)
+            return
+        self.events.cache_size(nbytes)
+
+    async def exchange(
+        self, request: web.BaseRequest, klass: Klass, host: str, url: URL, info: dict[str, Any], go: Go
+    ) -> web.StreamResponse:
+        """Answer ``request`` from the cache, or through ``go`` (the pacer and the upstream)."""
+        if klass is Klass.PASSTHROUGH:
+            return await go()
+        d = request_decision(
+            self.limits, request.method, host, url.raw_path_qs, request.headers, request.body_exists
+        )
+        if d is None:
+            return await go()
+        if isinstance(d, Bypass):
+            self._result(info, "bypass")
+            return await go()
+        if d.refresh:  # the client's no-cache: fetch again and replace
+            self._result(info, "miss")
+            return await self._fetch(request, d, info, go)
+        found = await self._lookup(d, request.headers)
+        if isinstance(found, Found):
+            return await self._hit(request, klass, found, info)
+        if found == "encoding":
+            self._result(info, "bypass")
+            return await go()  # the client cannot take the stored coding: relayed, not stored
+        miss = "stale" if found in ("stale", "corrupt") else "miss"
+        return await self._single_flight(request, klass, d, info, go, miss)
+
+    def _result(self, info: dict[str, Any], result: str) -> None:
+        info["cache"] = result
+        self.events.cache_result(result, info["pipeline"])
+
+    async def _lookup(self, d: Cacheable, req_headers: Mapping[str, str]) -> Found | str:
+        """A fresh entry the client can take, else "absent", "stale", "corrupt", "encoding" or "error"."""
+        try:
+            found = await self.run(self.store.lookup, d.key)
+        except Exception as e:  # noqa: BLE001 - a disk or index failure is a miss, never an error answer
+            self._disk_problem(e)
+            return "error"
+        if not isinstance(found, Found):
+            return found
+        why = None
+        if not fresh(d.rule.ttl, found.meta.stored, time.time()):
+            why = "stale"
+        coding = dict(found.meta.headers).get("Content-Encoding", "")
+        if why is None and not accepts(req_headers.get("Accept-Encoding"), coding):
+            why = "encoding"
+        if why is not None:
+            self._bg(found.f.close)
+            return why
+        return found
+
+    async def _single_flight(
+        self, request: web.BaseRequest, klass: Klass, d: Cacheable, info: dict[str, Any], go: Go, miss: str
+    ) -> web.StreamResponse:
+        """One upstream request for concurrent identical misses; ``miss`` is how the first look counted."""
+        name = key_name(d.key)
+        leader = self.flights.get(name)
+        if leader is not None:  # the same miss is on its way upstream in this process: wait for it
+            try:
+                await asyncio.wait_for(asyncio.shield(leader), self.max_wait)
+            except TimeoutError:
+                pass
+            found = await self._lookup(d, request.headers)
+            if isinstance(found, Found):
+                return await self._hit(request, klass, found, info)
+            self._result(info, miss)
+            return await self._fetch(request, d, info, go)  # the leader failed: go ourselves
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.flights[name] = done
+        lock = None
+        try:
+            lock = await self._lock(d.key)
+            if lock is not None and lock[1]:  # another proxy held it: it may have stored the answer
+                found = await self._lookup(d, request.headers)
+                if isinstance(found, Found):
+                    self.store.unlock(lock[0])
+                    lock = None
+                    return await self._hit(request, klass, found, info)
+            self._result(info, miss)
+            return await self._fetch(request, d, info, go)
+        finally:
+            if lock is not None:
+                self.store.unlock(lock[0])
+            del self.flights[name]
+            done.set_result(None)
+
+    async def _lock(self, key: str) -> tuple[int, bool] | None:
+        """The key's stripe lock across processes, waited for at most max_wait; None: go without it."""
+        abandoned = threading.Event()
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(
+            self.lockers, self.store.lock, key, time.monotonic() + self.max_wait, abandoned
+        )
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            abandoned.set()  # the thread gives up at its next poll; a lock it got anyway is released
+            fut.add_done_callback(lambda f: _release_late(self.store, f))
+            raise
+        except Exception as e:  # noqa: BLE001 - no lock file: single flight in this process only
+            self._disk_problem(e)
+            return None
+
+    async def _fetch(
+        self, request: web.BaseRequest, d: Cacheable, info: dict[str, Any], go: Go
+    ) -> web.StreamResponse:
+        tee = _Tee(self, d)
+        info["tee"] = tee
+        try:
+            resp = await go()
+        except asyncio.CancelledError:
+            # The client left, perhaps right after its last byte: a copy that is complete is still kept
+            # (the commit checks the length in its thread); anything shorter is dropped there.
+            self._track(tee.finish(ok=True))
+            raise
+        except BaseException:
+            tee.discard()
+            raise
+        finally:
+            info.pop("tee", None)
+        ok = info.get("note") is None and info.get("status") == tee.status
+        await asyncio.shield(self._track(tee.finish(ok)))  # waiters look as soon as it is in place
+        return resp
+
+    def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A commit that must outlive its request: referenced here until done."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _hit(
+        self, request: web.BaseRequest, klass: Klass, found: Found, info: dict[str, Any]
+    ) -> web.StreamResponse:
+        """Answer from disk with the stored headers plus Age and Via; never a short body."""
+        self._result(info, "hit")
+        self.events.cache_slot_saved(info["pipeline"])  # paced or exempt alike: a request never sent
+        meta = found.meta
+        headers: CIMultiDict[str] = CIMultiDict(meta.headers)
+        headers["Age"] = str(age_seconds(meta.stored, time.time()))
+        stamp(headers)
+        info["status"] = meta.status
+        out = web.StreamResponse(status=meta.status, headers=headers)
+        try:
+            await out.prepare(request)
+            left = meta.length
+            while left > 0:
+                chunk = await self.run(found.f.read, min(CHUNK, left))
+                if not chunk:  # the file changed under us (never expected): a cut, never a short body
+                    raise OSError("cache entry ended early")
+                await out.write(chunk)
+                left -= len(chunk)
+                info["bytes"] += len(chunk)
+            await out.write_eof()
+        except (ConnectionError, aiohttp.ClientError):
+            info["note"] = "client_gone"
+        except (OSError, TimeoutError) as e:
+            info["note"] = "cache_read_failed"
+            log.warning("cache read failed mid-answer (%s): the client connection is cut", e)
+            if request.transport is not None:
+                request.transport.abort()
+        finally:
+            self._bg(found.f.close)
+        return out
+
+    def _bg(self, fn: Callable[[], object]) -> None:
+        """A small disk call nobody waits for (close, unlink); dropped once the pool is shut down."""
+        try:
+            self.io.submit(fn)
+        except RuntimeError:
+            pass
+
+    def _disk_problem(self, e: BaseException) -> None:
+        now = time.monotonic()
+        if now - self._disk_warned > 60.0:  # one line a minute: a full disk repeats on every request
+            self._disk_warned = now
+            log.warning("cache: %s: %s (answering from upstream)", type(e).__name__, e)
+
+
+def _release_late(store: DiskStore, f: asyncio.Future[tuple[int, bool] | None]) -> None:
+    if not f.cancelled() and f.exception() is None:
+        got = f.result()
+        if got is not None:
+            store.unlock(got[0])
+
+
+class _Tee:
+    """Fed by relay() with the answer's head and each chunk; writes a storable answer to a temp file."""
+
+    def __init__(self, front: CacheFront, d: Cacheable) -> None:
+        self.front, self.d = front, d
+        self.writer: Writer | None = None
+        self.expected = 0
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+
+    async def start(self, method: str, status: int, headers: Mapping[str, str]) -> None:
+        decision = response_decision(self.front.limits, self.d, method, status, headers)
+        if not isinstance(decision, Store):
+            return
+        kept = [(h, headers[h]) for h in STORED_HEADERS if h in headers]
+        if any(len(v) > 8192 or not v.isprintable() for _h, v in kept):
+            return
+        try:
+            self.writer = await self.front.run(self.front.store.writer, self.d.key)
+        except Exception as e:  # noqa: BLE001 - the answer still goes to the client
+            self.front._disk_problem(e)
+            return
+        self.expected, self.status, self.headers = decision.length, status, kept
+
+    async def write(self, chunk: bytes) -> None:
+        w = self.writer
+        if w is None:
+            return
+        try:
+            await self.front.run(w.write, chunk)
+        except Exception as e:  # noqa: BLE001 - a full disk stops the copy, not the answer
+            self.front._disk_problem(e)
+            self.discard()
+
+    async def finish(self, ok: bool) -> None:
+        """Rename into place when ``ok`` and every expected byte came through; else drop the temp file."""
+        w, self.writer = self.writer, None
+        if w is None:
+            return
+        if not ok:
+            self.front._bg(w.discard)
+            return
+        store = self.front.store
+        try:
+            evicted = await self.front.run(
+                store.commit, w, self.d.key, self.status, self.headers, self.expected
+            )
+        except Corrupt:
+            return  # short or long: discarded in the commit, as it must be
+        except Exception as e:  # noqa: BLE001
+            self.front._disk_problem(e)
+            self.front._bg(w.discard)
+            return
+        if evicted:
+            self.front.events.cache_evicted(len(evicted))
+        await self.front.report_size()
+
+    def discard(self) -> None:
+        w, self.writer = self.writer, None
+        if w is not None:
+            self.front._bg(w.discard)
