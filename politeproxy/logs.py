@@ -10,11 +10,16 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
+from types import TracebackType
 from typing import Any
 
 from politeproxy.proxy.events import AccessRecord, NoProxyEvents
 
 access_log = logging.getLogger("politeproxy.access")
+# Loggers at INFO whatever the verbosity: the access line, the start line, and the operator's events
+# (backoffs, blocks, probes, refusals, store switch-overs; proxy/eventlog.py, rate-limited there).
+ALWAYS_INFO = ("politeproxy.access", "politeproxy.start", "politeproxy.events")
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -24,6 +29,7 @@ def access_fields(r: AccessRecord) -> dict[str, Any]:
         "client": r.client,
         "method": r.method,
         "host": r.host,
+        **({"path": r.path} if r.path is not None else {}),
         "class": r.klass,
         "wait": round(r.wait, 4),
         "status": r.status,
@@ -34,6 +40,8 @@ def access_fields(r: AccessRecord) -> dict[str, Any]:
         out["note"] = r.note
     if r.pipeline is not None:
         out["pipeline"] = r.pipeline
+    if r.retries is not None:
+        out["retries"] = r.retries
     return out
 
 
@@ -47,16 +55,19 @@ class AccessLog(NoProxyEvents):
         if not self.logger.isEnabledFor(logging.INFO):
             return
         # Formatted only when a handler writes it; the JSON formatter reads ``extra["access"]`` instead.
+        # The path follows the host with no space (host/path reads as the URL); it has no spaces itself.
         self.logger.info(
-            "%s %s %s %s wait=%.3fs status=%s bytes=%d duration=%.3fs%s%s",
+            "%s %s %s%s %s wait=%.3fs status=%s bytes=%d duration=%.3fs%s%s%s",
             record.client,
             record.method,
             record.host,
+            record.path or "",
             record.klass,
             record.wait,
             record.status,
             record.bytes,
             record.duration,
+            f" retries={record.retries}" if record.retries is not None else "",
             f" note={record.note}" if record.note is not None else "",
             f" pipeline={record.pipeline}" if record.pipeline is not None else "",
             extra={"access": record},
@@ -82,8 +93,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out)
 
 
+def error_line(message: str, fmt: str) -> str:
+    """A fatal error as the log format writes it: ``run`` exits with it, before or after logging is set
+    up, so that in JSON mode even a refusal to start is a JSON line (issue 13)."""
+    if fmt == "json":
+        obj = {"ts": round(time.time(), 3), "level": "error", "logger": "politeproxy", "message": message}
+        return json.dumps(obj)
+    return f"politeproxy: error: {message}"
+
+
 def setup_logging(verbose: int, fmt: str) -> None:
-    """Root handler on stderr, plain or JSON from the first line; -v info, -vv debug."""
+    """Root handler on stderr, plain or JSON from the first line; -v info, -vv debug.
+
+    In JSON mode Python's warnings and an uncaught exception go through the handler too, so nothing the
+    process writes to stderr is plain text."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(PLAIN_FORMAT))
     root = logging.getLogger()
@@ -91,7 +114,16 @@ def setup_logging(verbose: int, fmt: str) -> None:
     root.setLevel(logging.WARNING)
     pp = logging.getLogger("politeproxy")
     pp.setLevel(logging.DEBUG if verbose >= 2 else logging.INFO if verbose >= 1 else logging.WARNING)
-    # One access line per request is the default; -q style silence is a config of the log shipper.
-    access_log.setLevel(logging.INFO)
-    # The one "listening on" line a user sees without -v.
-    logging.getLogger("politeproxy.start").setLevel(logging.INFO)
+    # One access line per request is the default, and the events an operator must see; the start line.
+    for name in ALWAYS_INFO:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
+    logging.captureWarnings(True)  # warnings.warn() as log records ("py.warnings"), in the same format
+    if fmt == "json":
+        sys.excepthook = _log_uncaught
+
+
+def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, exc, tb)
+        return
+    logging.getLogger("politeproxy").critical("uncaught %s", kind.__name__, exc_info=(kind, exc, tb))

@@ -5,22 +5,36 @@ hosts, index and data.commoncrawl.org) and the first ``FREE_HOST_LABELS`` other 
 the achieved rate is kept in 100 buckets per label, trimmed on every grant. The pipeline label (requests,
 grants, wait, queue depth, rejections) is bounded the same way: the configured pipelines and the first
 ``policy.fairness.FREE_PIPELINES`` names seen, then ``other``.
+
+Hygiene (issue 13): ``politeproxy_build_info`` names the version; ``prepare`` creates the label sets of the
+configured hosts at 0 so a dashboard shows 0 rather than "No data" before the first request; no
+``_created`` series (prometheus_client's ``disable_created_metrics``: they double the series count and no
+panel reads them).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import platform
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from politeproxy.pacing.base import PacerEvents
+from politeproxy import __version__
+from politeproxy.pacing.base import PacerEvents, PacingSettings
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, FREE_PIPELINES, PipelineNames
 from politeproxy.policy.settings import MAX_PIPELINES
@@ -33,6 +47,11 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20,
 OTHER = "other"  # the host label of every non-paced host, and of paced names beyond the cap
 PINNED_HOSTS = ("index.commoncrawl.org", "data.commoncrawl.org")
 FREE_HOST_LABELS = 50  # names beyond the pinned ones that get a label of their own, first come
+STATUS_GROUPS = ("2xx", "3xx", "4xx", "5xx", "error")  # the code label of requests_total
+HELD_CLASSES = (Klass.PACED.value, Klass.EXEMPT.value)  # the classes a configured host's requests take
+ZERO_REASONS = ("max_wait", "queue_full")  # refusals worth a 0 line per configured host
+
+disable_created_metrics()  # process-wide; the proxy's only registry is this module's
 
 
 def code_class(status: int | None) -> str:
@@ -132,6 +151,11 @@ class Metrics(PacerEvents, ProxyEvents):
         self._host_metrics(self.registry, self.host_label)
         self._interval_metric(self.registry, self.host_label)
         self._process_metrics(self.registry)
+        self.build_info = Gauge(
+            "politeproxy_build_info", "Always 1; the labels say what runs", ["version", "python"],
+            registry=self.registry,
+        )  # fmt: skip
+        self.build_info.labels(__version__, platform.python_version()).set(1)
         self.rate = RateWindow()
         self.host_rates: dict[str, RateWindow] = {}  # by host label: bounded like the label
         # Per-host depth and in-flight counts of the names labelled "other", summed into its gauge; an
@@ -240,6 +264,28 @@ class Metrics(PacerEvents, ProxyEvents):
     def pin_hosts(self, hosts: Iterable[str]) -> None:
         """Hosts that always keep a label of their own (the configured concrete hosts)."""
         self.host_label.pin(hosts)
+
+    def prepare(self, hosts: Iterable[str], settings: PacingSettings) -> None:
+        """Create the label sets of the configured hosts at 0 (bounded by the config: hosts x classes x
+        status groups x configured pipelines), so panels and ``rate()`` show 0 from the first scrape."""
+        hosts = list(hosts)
+        self.pin_hosts(hosts)
+        pipes = [DEFAULT_PIPELINE, *(r.name for r in settings.pipelines)]
+        codes = [*map(str, sorted(settings.throttle_codes | settings.block_codes)), "error"]
+        for h in hosts:
+            for g in (self.retries, self.lateness, self.backoff, self.exempt_in_flight):
+                g.labels(h)
+            for code in codes:
+                self.throttles.labels(h, code)
+            for pipe in pipes:
+                self.grants.labels(h, pipe)
+                self.queue_depth.labels(h, pipe)
+                for reason in ZERO_REASONS:
+                    self.rejections.labels(h, reason, pipe)
+                for klass in HELD_CLASSES:
+                    self.wait.labels(h, klass, pipe)
+                    for group in STATUS_GROUPS:
+                        self.requests.labels(h, klass, group, pipe)
 
     def answered(self, host: str, klass: str, status: int | None, pipeline: str = DEFAULT_PIPELINE) -> None:
         """One answered request; ``status`` None when the upstream failed."""

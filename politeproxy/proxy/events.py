@@ -6,8 +6,29 @@ the two with ``Tee``. The proxy layer knows neither.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Protocol
+
+PATH_LIMIT = 120  # characters of the path an access line keeps
+_RAW_LIMIT = 4 * PATH_LIMIT  # what is looked at at all: a path can be 8 KiB
+# Query parameters whose value may be a credential: presigned S3 (X-Amz-Signature, X-Amz-Credential,
+# X-Amz-Security-Token), CloudFront (Signature, Key-Pair-Id, Policy), and the usual token names.
+_SECRET = re.compile(
+    r"(?i)([?&][^=&#]{0,64}(?:sig|cred|token|key|secret|policy|auth|pass)[^=&#]{0,64}=)[^&#]*"
+)
+_UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
+
+
+def access_path(raw: str, limit: int = PATH_LIMIT) -> str:
+    """A request target for a log line: credentials in the query redacted, every byte outside printable
+    ASCII percent-encoded (no control character, space or newline reaches a log), cut to ``limit``
+    characters with a trailing "..." when longer. Never raises."""
+    text = _SECRET.sub(r"\1***", raw[:_RAW_LIMIT])
+    text = _UNPRINTABLE.sub(
+        lambda m: "".join(f"%{b:02X}" for b in m.group().encode("utf-8", "surrogatepass")), text
+    )
+    return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
 
 
 @dataclass(frozen=True)
@@ -24,6 +45,8 @@ class AccessRecord:
     duration: float
     note: str | None = None
     pipeline: str | None = None  # who asked (bounded name), None when no pipeline was named yet
+    path: str | None = None  # the request target, already through ``access_path``
+    retries: int | None = None  # tries the proxy repeated after a throttle (None: not counted)
 
 
 class ProxyEvents(Protocol):

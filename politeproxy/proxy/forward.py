@@ -27,23 +27,22 @@ from politeproxy.policy.backoff import Delay, retry_after_seconds
 from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.retry import decide_retry
-from politeproxy.proxy.events import AccessRecord, ProxyEvents
+from politeproxy.proxy.eventlog import OperatorLog
+from politeproxy.proxy.events import AccessRecord, ProxyEvents, access_path
+from politeproxy.proxy.passage import held
+from politeproxy.proxy.relay import relay
 from politeproxy.proxy.responses import error_response
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import (
     CHUNK,
-    EndWatch,
     PoolFull,
     Upstream,
-    close_delimited,
     describe_error,
     loggable,
     strip_hop_by_hop,
 )
 
 log = logging.getLogger("politeproxy")
-POOL_LOG_EVERY = 10.0  # seconds between "pool full" warnings for one pool
-RETRY_AFTER_STATUSES = frozenset({403, 429, 503})  # answers that always carry a Retry-After (issue 12)
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
@@ -58,12 +57,6 @@ class _Try:
     expect: bool
     arrived: float
     continued: bool = False
-
-
-class _RelayedResponse(web.StreamResponse):
-    """Sends the head with the first body chunk: one TLS record and one send for a small answer."""
-
-    _send_headers_immediately = False
 
 
 class Forwarder:
@@ -91,7 +84,7 @@ class Forwarder:
         self.admin = admin  # /metrics, /healthz, /ca.pem: answered by the top level (admin.py)
         self.tunnel_target = tunnel_target
         self.tunnel_pipeline = tunnel_pipeline  # the name the tunnel's CONNECT carried
-        self._pool_full_log: dict[str, tuple[float, int]] = {}  # pool -> (last line, lines held back)
+        self.oplog = OperatorLog()  # backoffs, blocks, probes, refusals: at INFO without -v
 
     def hosts_paced(self, host: str) -> bool:
         return self.classifier.hosts.matches(host)
@@ -104,6 +97,7 @@ class Forwarder:
                 return await self.admin(request)
             if not self.access.auth_ok(request.headers.get("Proxy-Authorization")):
                 self.events.rejected("other", "auth")
+                self.oplog.refused(request.remote or "?", 407, "proxy authentication required")
                 return error_response(
                     407, "proxy authentication required", {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
                 )
@@ -113,6 +107,7 @@ class Forwarder:
                 url = URL()
             if url.scheme not in ("http", "https") or not url.host:
                 self.events.rejected("other", "bad_request")
+                self.oplog.refused(request.remote or "?", 400, "not a URL this proxy can forward")
                 return error_response(400, f"not a URL this proxy can forward: {raw[:200]!r}")
             host = normalize_host(url.host)
             return await self._forward(request, url.scheme, host, url.port or 80, url.raw_path_qs)
@@ -132,7 +127,7 @@ class Forwarder:
                 h_host = ""
         if normalize_host(h_host) != host or not h_port.isdigit() or int(h_port) != port:
             self.events.rejected(host if self.hosts_paced(host) else "other", "misdirected")
-            log.info("%s: 421 request for %r inside the tunnel to %s:%d", request.remote, hh, host, port)
+            self.oplog.refused(request.remote or "?", 421, f"{hh[:100]!r} inside the tunnel to {host}:{port}")
             return error_response(421, f"this tunnel reaches only {host}:{port}, not {hh!r}")
         return await self._forward(request, "https", host, port, path)
 
@@ -154,8 +149,11 @@ class Forwarder:
         url = URL(f"{scheme}://{netloc}:{port}{path or '/'}", encoded=True)
         # The pipeline: the proxy user name, else the client address; bounded by the pacer's names.
         info: dict[str, Any] = {"wait": 0.0, "status": 0, "bytes": 0, "pipeline": self._pipeline(request)}
+        info.update(retries=0, path=access_path(path), held=klass is not Klass.PASSTHROUGH)
         try:
             resp = await self._exchange(request, klass, host, url, started, info)
+            if not resp.prepared and info["held"]:  # our own answer (it has Via): how long it was held
+                held(resp.headers, info["wait"], info["pipeline"])  # type: ignore[arg-type]
         except asyncio.CancelledError:
             # handler_cancellation: the client closed its connection while we waited or relayed
             info.setdefault("note", "client_gone")
@@ -180,6 +178,8 @@ class Forwarder:
                 duration=info["duration"],
                 note=info.get("note"),
                 pipeline=info["pipeline"],
+                path=info["path"],
+                retries=info["retries"],
             )
         )
 
@@ -212,7 +212,9 @@ class Forwarder:
                         out = await self._attempt(request, p, t, info, retries_left)
             except WaitTooLong as e:
                 info["status"], info["note"] = 503, e.reason  # "max_wait" or "queue_full"
+                info["wait"] = time.monotonic() - arrived  # held this long before the refusal
                 why = e.why if "; " in e.why else e.why + self.pacer.state_note(host)  # blocked/backing off
+                self.oplog.refused(info["pipeline"], 503, why)
                 resp = error_response(503, why, {"Retry-After": str(retry_after_seconds(e.wait))})
                 if t.expect and not t.continued:
                     resp.force_close()  # the client holds its body back: this connection cannot go on
@@ -220,6 +222,7 @@ class Forwarder:
             if isinstance(out, web.StreamResponse):
                 return out
             retries_left -= 1
+            info["retries"] += 1
             await asyncio.sleep(out)  # bounded: decide_retry keeps it within max_wait
 
     async def _attempt(
@@ -232,6 +235,9 @@ class Forwarder:
             t.continued = True
         method = request.method
         pool = p.klass.value if p is not None else Klass.PASSTHROUGH.value
+        probe = p is not None and self.pacer.store.probing(p.host)  # the one request after a block
+        if probe:
+            self.oplog.probe(t.host, method, info["path"])
         async with AsyncExitStack() as stack:
             try:
                 upstream = await stack.enter_async_context(
@@ -242,12 +248,13 @@ class Forwarder:
             except PoolFull as e:
                 self.events.rejected(t.host if p is not None else "other", "pool_full")
                 info["status"], info["note"] = 503, "pool_full"
-                self._pool_full_line(e)
+                self.oplog.pool_full(e)
                 return error_response(503, f"{e}; try again shortly", {"Retry-After": "1"})
             except Exception as e:  # noqa: BLE001 - every upstream failure shape is one line, never a traceback
                 return await self._failed(request, p, t, e, info)
             if p is not None:
                 delay = await self._answered(p, upstream.status, upstream.headers.get("Retry-After"))
+                self.oplog.answered(t.host, upstream.status, delay, probe)
                 if self.robots is not None:
                     self.robots.ensure(t.host)  # the host answered: worth its robots.txt
                 elapsed = time.monotonic() - t.arrived
@@ -272,19 +279,8 @@ class Forwarder:
                     )
                     return d.after
             info["status"] = upstream.status
-            return await self._relay(request, upstream, info)
+            return await relay(request, upstream, info, self.events)
         raise AssertionError("unreachable")  # pragma: no cover - AsyncExitStack never swallows here
-
-    def _pool_full_line(self, e: PoolFull) -> None:
-        """One warning per pool per POOL_LOG_EVERY seconds, with the count since: a full pool repeats."""
-        now = time.monotonic()
-        last, count = self._pool_full_log.get(e.pool, (-POOL_LOG_EVERY, 0))
-        if now - last < POOL_LOG_EVERY:
-            self._pool_full_log[e.pool] = (last, count + 1)
-            return
-        self._pool_full_log[e.pool] = (now, 0)
-        more = f" ({count} more since the last line)" if count else ""
-        log.warning("503: %s (a local limit, not an upstream throttle)%s", e, more)
 
     async def _answered(self, p: Permit, status: int | None, retry_after: str | None) -> Delay | None:
         """Feed the answer back (shielded inside the facade); a Retry-After nobody can parse still counts."""
@@ -311,7 +307,7 @@ class Forwarder:
         status, message = describe_error(e, t.url)
         message = loggable(message)
         if p is not None:
-            await self._answered(p, None, None)
+            self.oplog.answered(t.host, None, await self._answered(p, None, None), False)
         info["status"], info["note"] = status, "upstream_error"
         log.info("%s %s: %d %s", request.method, loggable(t.url), status, message)
         return error_response(status, message)
@@ -327,58 +323,3 @@ class Forwarder:
         except (OSError, aiohttp.ClientError, HttpProcessingError):
             info["note"] = "client_gone"
             raise
-
-    async def _relay(
-        self, request: web.BaseRequest, upstream: aiohttp.ClientResponse, info: dict[str, Any]
-    ) -> web.StreamResponse:
-        """Stream the answer back. A close-delimited body goes out chunked to HTTP/1.1 clients (aiohttp
-        frames a length-less answer so), so a cut can be passed on as a cut: the client connection is
-        aborted before the last chunk. An HTTP/1.0 client gets it close-delimited and cannot see a cut."""
-        headers = strip_hop_by_hop(upstream.headers)
-        if upstream.status in RETRY_AFTER_STATUSES and "Retry-After" not in headers:
-            # A throttle or block passed on carries a Retry-After even when upstream gave none (issue 12):
-            # duckdb and friends retry within 0.5 s otherwise. The pacer's delay, else one second.
-            headers["Retry-After"] = str(retry_after_seconds(info.get("retry_after") or 1.0))
-        out = _RelayedResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-        watch = EndWatch(upstream) if close_delimited(upstream, request.method) else None
-        try:
-            await out.prepare(request)
-        except (ConnectionError, aiohttp.ClientError):
-            return self._client_gone(request, upstream, info, out)
-        while True:
-            try:
-                chunk = await upstream.content.read(CHUNK)
-                why = watch.cut() if watch is not None and not chunk else None
-            except Exception as e:  # noqa: BLE001 - any upstream shape: one line, the client sees a cut
-                why = f"{type(e).__name__}: {e}"
-            if why is not None:
-                # Headers are gone already: cut the client off so it sees a truncated body, never a short one.
-                info["note"] = "upstream_broke"
-                log.info("%s %s: upstream failed mid-body: %s", request.method, loggable(upstream.url), why)
-                if request.transport is not None:
-                    request.transport.abort()
-                return out
-            if not chunk:
-                break
-            try:
-                await out.write(chunk)
-            except (ConnectionError, aiohttp.ClientError):
-                return self._client_gone(request, upstream, info, out)
-            info["bytes"] += len(chunk)
-            self.events.bytes_relayed("upstream_to_client", len(chunk))
-        try:
-            await out.write_eof()
-        except (ConnectionError, aiohttp.ClientError):
-            return self._client_gone(request, upstream, info, out)
-        return out
-
-    @staticmethod
-    def _client_gone(
-        request: web.BaseRequest,
-        upstream: aiohttp.ClientResponse,
-        info: dict[str, Any],
-        out: web.StreamResponse,
-    ) -> web.StreamResponse:
-        info["note"] = "client_gone"
-        log.info("%s %s %s: client went away", request.remote, request.method, loggable(upstream.url))
-        return out

@@ -1,5 +1,8 @@
 """Answers the proxy writes itself: plain error heads before aiohttp, error answers, the 431 of
-a head over max_header_size (aiohttp's server bounded here), and the rate-limited log of refusals."""
+a head over max_header_size (aiohttp's server bounded here), and the rate-limited log of refusals.
+
+Every answer written here carries ``Via: 1.1 politeproxy`` (``passage``): a tool can tell the proxy's
+own refusal from the upstream's."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from politeproxy.policy.routing import Refusal
+from politeproxy.proxy.passage import VIA_ENTRY, add_via
 
 
 def plain_response(status: int, reason: str, message: str, extra: dict[str, str] | None = None) -> bytes:
@@ -24,6 +28,7 @@ def plain_response(status: int, reason: str, message: str, extra: dict[str, str]
         f"HTTP/1.1 {status} {reason}",
         "Content-Type: text/plain; charset=utf-8",
         f"Content-Length: {len(body)}",
+        f"Via: {VIA_ENTRY}",
     ]
     lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
     lines.append("Connection: close")
@@ -31,12 +36,17 @@ def plain_response(status: int, reason: str, message: str, extra: dict[str, str]
 
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, text=f"politeproxy: {message}\n", headers=headers)
+    resp = web.Response(status=status, text=f"politeproxy: {message}\n", headers=headers)
+    add_via(resp.headers)  # type: ignore[arg-type]  # a CIMultiDict at run time
+    return resp
 
 
 class RepeatLog:
     """Refusal log lines, at most ``burst`` per client in ``window`` seconds; the rest are counted and
     summed up in one line when that client's next window opens. Remembers at most ``max_keys`` clients.
+
+    Lines go to the ``events`` child of the given logger (``politeproxy.events`` for the proxy's own),
+    which ``logs.setup_logging`` keeps at INFO: refusals show at the default level, without ``-v``.
     """
 
     def __init__(
@@ -47,7 +57,7 @@ class RepeatLog:
         window: float = 10.0,
         max_keys: int = 1024,
     ) -> None:
-        self.logger = logger
+        self.logger = logger if logger.name.endswith(".events") else logger.getChild("events")
         self.clock = clock
         self.burst = burst
         self.window = window
@@ -157,6 +167,18 @@ class BoundedHandler(RequestHandler):
             self._head_bytes += len(data)
             if self._head_bytes > self._head_limit:
                 self._refuse()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a request it could not parse, with our Via like every answer we write."""
+        resp = super().handle_error(request, status, exc, message)
+        add_via(resp.headers)  # type: ignore[arg-type]  # a CIMultiDict at run time
+        return resp
 
     def _refuse(self) -> None:
         peer = self.transport.get_extra_info("peername") if self.transport else None

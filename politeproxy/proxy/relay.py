@@ -1,0 +1,90 @@
+"""Streams an upstream answer back to the client, with the proxy's passage headers.
+
+A close-delimited body goes out chunked to HTTP/1.1 clients (aiohttp frames a length-less answer so), so a
+cut can be passed on as a cut: the client connection is aborted before the last chunk. An HTTP/1.0 client
+gets it close-delimited and cannot see a cut. Never reads a whole body: one CHUNK at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from politeproxy.policy.backoff import retry_after_seconds
+from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.passage import stamp
+from politeproxy.proxy.upstream import CHUNK, EndWatch, close_delimited, loggable, strip_hop_by_hop
+
+log = logging.getLogger("politeproxy")
+RETRY_AFTER_STATUSES = frozenset({403, 429, 503})  # answers that always carry a Retry-After (issue 12)
+
+
+class _RelayedResponse(web.StreamResponse):
+    """Sends the head with the first body chunk: one TLS record and one send for a small answer."""
+
+    _send_headers_immediately = False
+
+
+async def relay(
+    request: web.BaseRequest, upstream: aiohttp.ClientResponse, info: dict[str, Any], events: ProxyEvents
+) -> web.StreamResponse:
+    """Stream the answer back; ``info`` (the forwarder's) gets the bytes and a note on a cut or a leave.
+
+    ``info["held"]``: the request went through the pacer, so the answer names its wait and pipeline."""
+    headers = strip_hop_by_hop(upstream.headers)
+    if upstream.status in RETRY_AFTER_STATUSES and "Retry-After" not in headers:
+        # A throttle or block passed on carries a Retry-After even when upstream gave none (issue 12):
+        # duckdb and friends retry within 0.5 s otherwise. The pacer's delay, else one second.
+        headers["Retry-After"] = str(retry_after_seconds(info.get("retry_after") or 1.0))
+    if info.get("held"):
+        stamp(headers, info["wait"], info["pipeline"])
+    else:
+        stamp(headers)  # Via only
+    out = _RelayedResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    watch = EndWatch(upstream) if close_delimited(upstream, request.method) else None
+    try:
+        await out.prepare(request)
+    except (ConnectionError, aiohttp.ClientError):
+        return _client_gone(request, upstream, info, out)
+    tee = info.get("tee")  # proxy/cached.py: a cacheable answer is written to disk as it streams
+    if tee is not None:
+        await tee.start(request.method, upstream.status, upstream.headers)
+    while True:
+        try:
+            chunk = await upstream.content.read(CHUNK)
+            why = watch.cut() if watch is not None and not chunk else None
+        except Exception as e:  # noqa: BLE001 - any upstream shape: one line, the client sees a cut
+            why = f"{type(e).__name__}: {e}"
+        if why is not None:
+            # Headers are gone already: cut the client off so it sees a truncated body, never a short one.
+            info["note"] = "upstream_broke"
+            log.info("%s %s: upstream failed mid-body: %s", request.method, loggable(upstream.url), why)
+            if request.transport is not None:
+                request.transport.abort()
+            return out
+        if not chunk:
+            break
+        if tee is not None:  # before the client has it: a client that leaves at its last byte loses nothing
+            await tee.write(chunk)
+        try:
+            await out.write(chunk)
+        except (ConnectionError, aiohttp.ClientError):
+            return _client_gone(request, upstream, info, out)
+        info["bytes"] += len(chunk)
+        events.bytes_relayed("upstream_to_client", len(chunk))
+    try:
+        await out.write_eof()
+    except (ConnectionError, aiohttp.ClientError):
+        return _client_gone(request, upstream, info, out)
+    return out
+
+
+def _client_gone(
+    request: web.BaseRequest, upstream: aiohttp.ClientResponse, info: dict[str, Any], out: web.StreamResponse
+) -> web.StreamResponse:
+    info["note"] = "client_gone"
+    log.info("%s %s %s: client went away", request.remote, request.method, loggable(upstream.url))
+    return out
