@@ -23,6 +23,7 @@ from politeproxy.policy.access import Access, is_loopback
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.proxy.ca import CAError, CertificateAuthority
+from politeproxy.proxy.eventlog import events_log
 from politeproxy.proxy.events import Tee
 from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
@@ -193,8 +194,9 @@ class App:
         self.store = store
         if cfg["schedule"]["backend"] == "redis" and isinstance(store, FailoverStore):
             await probe_redis(getattr(store.primary, "client", None), cfg["schedule"]["redis_url"])
-        self._store_changed(store if not isinstance(store, FailoverStore) else store.active, False)
+        self.metrics.set_store((store if not isinstance(store, FailoverStore) else store.active).name, False)
         settings = cfg.pacing()
+        self.metrics.prepare(hosts.concrete_hosts(), settings)  # their label sets at 0 from the start
         self.pacer = Pacer(store, settings, self.metrics)
         self.proxy = self._make_proxy(ca, access, hosts)
         try:
@@ -269,7 +271,10 @@ class App:
             start_log.info("politeproxy listening on %s:%d (-v for details)", host, port)
 
     def _store_changed(self, active: Store, degraded: bool) -> None:
+        """A switch-over of the schedule store (the failover's callback): the gauge, and a line at INFO."""
         self.metrics.set_store(active.name, degraded)
+        why = "the shared store does not answer: pacing locally" if degraded else "the shared store answers"
+        events_log.info("schedule store: now %s (%s)", active.name, why)
 
     def _health(self) -> dict[str, Any]:
         degraded = bool(getattr(self.store, "degraded", False))

@@ -11,7 +11,7 @@ from typing import Any
 
 from politeproxy import __version__
 from politeproxy.config import Config, ConfigError, check_environment, env_overrides, load
-from politeproxy.logs import setup_logging
+from politeproxy.logs import error_line, setup_logging
 from politeproxy.policy.fairness import clean_name
 
 EXIT_CONFIG = 2
@@ -35,17 +35,19 @@ def _config(args: argparse.Namespace) -> Config:
     return load(_config_path(args), _overrides(args))
 
 
-def _fail(msg: str, code: int = EXIT_CONFIG) -> int:
-    print(f"politeproxy: error: {msg}", file=sys.stderr)
+def _fail(msg: str, code: int = EXIT_CONFIG, fmt: str = "plain") -> int:
+    print(error_line(msg, fmt), file=sys.stderr)  # a JSON line when run logs JSON
     return code
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    fmt = args.log_format or "plain"  # the config's own once it is read: JSON mode is JSON from line one
     try:
         cfg = _config(args)
+        fmt = cfg["log_format"]
         check_environment(os.environ)  # POLITEPROXY_CLOCK_OFFSET, POLITEPROXY_RATE_WINDOW
     except ConfigError as e:
-        return _fail(str(e))
+        return _fail(str(e), fmt=fmt)
     setup_logging(args.verbose, cfg["log_format"])
     from politeproxy.app import App, StartupError
 
@@ -56,7 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             await app.start()
         except StartupError as e:
-            return _fail(str(e))
+            return _fail(str(e), fmt=fmt)
         await app.serve_forever()
         return 0
 
