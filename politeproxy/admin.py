@@ -1,5 +1,5 @@
-"""The admin endpoints, /metrics, /healthz and /ca.pem, answered in one place for the proxy port and
-for ``--metrics-listen``.
+"""The admin endpoints, /metrics, /healthz, /ca.pem, /status (JSON) and / (the status page), answered in one
+place for the proxy port and for ``--metrics-listen``.
 
 Who may read them: loopback and ``allow_clients`` by address, on the proxy port and on
 ``--metrics-listen`` alike. On the proxy port a client let in only because ``[auth] users`` are set must
@@ -9,17 +9,23 @@ Only GET and HEAD are answered.
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from politeproxy import statuspage
 from politeproxy.metrics import Metrics
 from politeproxy.policy.access import Access
 from politeproxy.proxy.responses import error_response
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-PATHS = ("/metrics", "/healthz", "/ca.pem")
+PATHS = ("/", "/status", "/metrics", "/healthz", "/ca.pem")
+log = logging.getLogger("politeproxy.admin")
+
+StatusSource = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class Admin:
@@ -27,11 +33,16 @@ class Admin:
     listener has checked the client already). ``guarded`` is the handler of ``--metrics-listen``."""
 
     def __init__(
-        self, metrics: Metrics, health: Callable[[], dict[str, Any]], ca_pem: Callable[[], bytes]
+        self,
+        metrics: Metrics,
+        health: Callable[[], dict[str, Any]],
+        ca_pem: Callable[[], bytes],
+        status: StatusSource | None = None,
     ) -> None:
         self.metrics = metrics
         self.health = health
         self.ca_pem = ca_pem
+        self.status = status  # the /status document (politeproxy.status.StatusBoard.document)
 
     def on_proxy_port(self, access: Access) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
         """The handler for admin requests on the proxy port."""
@@ -60,7 +71,20 @@ class Admin:
             return web.json_response({"status": "ok", **self.health()})
         if path == "/ca.pem":
             return web.Response(body=self.ca_pem(), content_type="application/x-pem-file")
-        return error_response(404, "not found: the admin endpoints are /metrics, /healthz and /ca.pem")
+        if path == "/status" and self.status is not None:
+            return await self._status()
+        if path == "/" and self.status is not None:
+            return web.Response(body=statuspage.PAGE, headers=statuspage.HEADERS)
+        return error_response(404, f"not found: the admin endpoints are {', '.join(PATHS)}")
+
+    async def _status(self) -> web.StreamResponse:
+        assert self.status is not None
+        try:
+            body = json.dumps(await self.status(), allow_nan=False, separators=(",", ":"))
+        except Exception:  # noqa: BLE001 - a bug in the view must not take the admin port down
+            log.exception("building the status document failed")
+            return error_response(500, "the status document could not be built (see the proxy's log)")
+        return web.Response(text=body, content_type="application/json", headers={"Cache-Control": "no-store"})
 
 
 async def serve(admin: Admin, host: str, port: int, allow_clients: list[str]) -> web.BaseRunner:

@@ -29,6 +29,7 @@ from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
 from politeproxy.startup import announce_pacing, probe_redis
+from politeproxy.status import StatusBoard, StatusEvents
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
@@ -197,7 +198,11 @@ class App:
         self.metrics.set_store((store if not isinstance(store, FailoverStore) else store.active).name, False)
         settings = cfg.pacing()
         self.metrics.prepare(hosts.concrete_hosts(), settings)  # their label sets at 0 from the start
-        self.pacer = Pacer(store, settings, self.metrics)
+        events = StatusEvents(self.metrics)  # metrics, plus the per-pipeline tallies of /status
+        self.pacer = Pacer(store, settings, events)
+        self.status = StatusBoard(
+            self.pacer, events, store, hosts.concrete_hosts(), cfg["schedule"]["backend"]
+        )
         self.proxy = self._make_proxy(ca, access, hosts)
         try:
             await self.proxy.start(host, port)
@@ -213,6 +218,7 @@ class App:
                 await self.close()
                 raise StartupError(f"cannot serve metrics on {cfg['metrics_listen']}: {e.strerror}") from None
         self._spawn(self._refresh_gauges(), "gauges")
+        self._spawn(self.status.run(), "status history")
         if self.config_path:
             self._spawn(self._watch_config(), "config watch")
         self._announce(settings.gap, ca.cert_path)
@@ -238,7 +244,7 @@ class App:
             cl["max_header_size"],
             cl["max_connections"],
         )
-        self.admin = admin_mod.Admin(self.metrics, self._health, ca.pem)
+        self.admin = admin_mod.Admin(self.metrics, self._health, ca.pem, self.status.document)
         return Proxy(
             ca=ca,
             classifier=self.classifier,

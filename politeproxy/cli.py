@@ -144,6 +144,18 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from politeproxy import statusview
+
+    url = args.admin
+    if url is None:  # the proxy this config (or --listen) describes
+        try:
+            url = statusview.admin_url(*_config(args).listen)
+        except ConfigError as e:
+            return _fail(str(e))
+    return statusview.run(url, watch=args.watch, interval=args.interval, as_json=args.json)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="politeproxy", description="One request budget for Common Crawl.")
     p.add_argument("--version", action="version", version=f"politeproxy {__version__}")
@@ -181,6 +193,13 @@ def parser() -> argparse.ArgumentParser:
     ca = sub.add_parser("ca", help="print the paths of the CA and the bundle (made if missing)")
     common(ca)
     ca.set_defaults(func=cmd_ca)
+    st = sub.add_parser("status", help="show queues, hosts, pipelines and rates (--watch: like top)")
+    common(st)
+    st.add_argument("--admin", help="the proxy's admin URL (default: http://LISTEN from the config)")
+    st.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (0.5-60)")
+    st.add_argument("--json", action="store_true", help="print the /status document as JSON")
+    st.set_defaults(func=cmd_status)
     chk = sub.add_parser("check-config", help="validate a config file")
     chk.add_argument("file")
     chk.set_defaults(func=cmd_check_config)

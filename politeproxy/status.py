@@ -1,0 +1,324 @@
+"""The ``GET /status`` document: per host, per pipeline and overall, built from the pacer, the store and the
+tallies below, and a 15-minute history of achieved against configured rate.
+
+Every table here is bounded: the hosts shown (``MAX_HOSTS``), the pipelines tallied (``MAX_TALLIES``, names
+already bounded by the pacer), the waits kept per pipeline (``WAITS_KEPT``) and the history ring
+(``HISTORY_SPAN / step`` points). A document is built at most every ``CACHE_FOR`` seconds, whoever asks,
+and its store reads are bounded by ``STORE_READ_TIMEOUT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from politeproxy import __version__
+from politeproxy.metrics import Metrics, RateWindow
+from politeproxy.pacing import snapshot
+from politeproxy.pacing.pacer import Pacer
+from politeproxy.policy.classify import Klass
+from politeproxy.policy.fairness import DEFAULT_PIPELINE, OTHER_PIPELINE
+from politeproxy.stores.base import HostView, Store
+
+HISTORY_SPAN = 900.0  # seconds of history kept (15 min)
+HISTORY_STEP = 5.0  # seconds between history points; POLITEPROXY_STATUS_STEP (0.5..60) changes it
+GRANT_WINDOW = 60.0  # "grants in the last minute" and the achieved rate
+RATE_FLOOR = 10.0  # the achieved rate is over at least this many seconds, also just after start
+WAIT_WINDOW = 300.0  # the wait p50 looks at waits this recent
+WAITS_KEPT = 128  # waits kept per pipeline for the p50
+MAX_TALLIES = 128  # pipelines tallied at most (the pacer keeps at most configured + 50 + other)
+MAX_HOSTS = 64  # host rows at most: the configured hosts first, then the busiest
+MAX_PIPELINE_ROWS = 64
+CACHE_FOR = 0.5  # seconds a built document is served again
+STORE_READ_TIMEOUT = 1.0  # all store reads of one document together
+
+
+def history_step(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
+    """The history step from POLITEPROXY_STATUS_STEP, when it is a finite number within 0.5..60 s."""
+    try:
+        v = float(env.get("POLITEPROXY_STATUS_STEP", "") or HISTORY_STEP)
+    except ValueError:
+        return HISTORY_STEP
+    return v if math.isfinite(v) and 0.5 <= v <= 60.0 else HISTORY_STEP
+
+
+def num(x: float | None, digits: int = 3) -> float | None:
+    """A JSON-safe number: rounded, and None for anything not finite."""
+    if x is None or not math.isfinite(x):
+        return None
+    return round(float(x), digits)
+
+
+class Tally:
+    """One pipeline's recent grants (1 s slices over a minute), paced waits, and the host it last used."""
+
+    __slots__ = ("grants", "last_host", "waits")
+
+    def __init__(self) -> None:
+        self.grants = RateWindow(GRANT_WINDOW, int(GRANT_WINDOW))
+        self.waits: deque[tuple[float, float]] = deque(maxlen=WAITS_KEPT)  # (monotonic time, seconds)
+        self.last_host: str | None = None
+
+    def idle(self, now: float) -> bool:
+        return not self.grants.count(now) and not any(now - t < WAIT_WINDOW for t, _w in self.waits)
+
+    def wait_p50(self, now: float) -> float | None:
+        recent = [w for t, w in self.waits if now - t < WAIT_WINDOW]
+        return statistics.median(recent) if recent else None
+
+
+class StatusEvents:
+    """The pacer's events: every call goes on to ``Metrics``; grants and paced waits are also tallied per
+    pipeline here, for the status document. Calls this class does not define go to ``Metrics`` as they are."""
+
+    labels_pipelines = True  # the pacer passes ``pipeline=`` (see pacing.dispatcher.Report)
+
+    def __init__(self, sink: Metrics, clock: Callable[[], float] = time.monotonic) -> None:
+        self.sink = sink
+        self.clock = clock
+        self.total = RateWindow(GRANT_WINDOW, int(GRANT_WINDOW))
+        self.tallies: dict[str, Tally] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sink, name)
+
+    def tally(self, pipeline: str) -> Tally:
+        t = self.tallies.get(pipeline)
+        if t is None:
+            # A backstop (the pacer's names are bounded already); the last place is kept for "other".
+            if len(self.tallies) >= MAX_TALLIES - 1 and pipeline != OTHER_PIPELINE:
+                pipeline = OTHER_PIPELINE
+            t = self.tallies.setdefault(pipeline, Tally())
+        return t
+
+    def granted(self, host: str, lateness: float, pipeline: str = DEFAULT_PIPELINE) -> None:
+        self.sink.granted(host, lateness, pipeline=pipeline)
+        now = self.clock()
+        self.total.add(now)
+        t = self.tally(pipeline)
+        t.grants.add(now)
+        t.last_host = host
+
+    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str = DEFAULT_PIPELINE) -> None:
+        self.sink.waited(host, klass, seconds, pipeline=pipeline)
+        if klass is Klass.PACED and math.isfinite(seconds):
+            self.tally(pipeline).waits.append((self.clock(), seconds))
+
+    def throttled(self, host: str, code: int, delay: float) -> None:
+        self.sink.throttled(host, code, delay)
+
+    def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None:
+        self.sink.rejected(host, reason, pipeline=pipeline)
+
+    def queue_changed(self, host: str, depth: int) -> None:
+        self.sink.queue_changed(host, depth)
+
+    def line_changed(self, host: str, pipeline: str, depth: int) -> None:
+        self.sink.line_changed(host, pipeline, depth)
+
+    def exempt_changed(self, host: str, in_flight: int) -> None:
+        self.sink.exempt_changed(host, in_flight)
+
+    def prune(self, now: float) -> None:
+        for name in [n for n, t in self.tallies.items() if t.idle(now)]:
+            del self.tallies[name]
+
+
+class History:
+    """Achieved against configured rate, one point per ``step`` seconds over ``HISTORY_SPAN`` (a ring)."""
+
+    def __init__(self, step: float) -> None:
+        self.step = step
+        self.points: deque[list[float | None]] = deque(maxlen=math.ceil(HISTORY_SPAN / step))
+        self._last: tuple[float, int] | None = None  # (monotonic time, grants) of the previous sample
+
+    def sample(self, mono: float, wall: float, grants: int, configured: float, queued: int) -> None:
+        last, self._last = self._last, (mono, grants)
+        if last is None or mono <= last[0]:
+            return
+        achieved = max(0, grants - last[1]) / (mono - last[0])
+        self.points.append([round(wall, 3), num(achieved), num(configured), queued])
+
+
+def host_state(view: HostView | None, local_ready_in: float) -> tuple[str, float, str]:
+    """(state, seconds left, detail) of a host. ``view`` None: the store did not answer in time, and only
+    this process's hint is known."""
+    if view is None:
+        return "unknown", local_ready_in, "the store did not answer; local hint only"
+    if view.blocks > 0:
+        if view.backoff_in > 0:
+            return "blocked", view.backoff_in, f"block {view.blocks}: holding"
+        if view.probe_in > 0:
+            return "blocked", view.probe_in, "hold over: a probe is out"
+        return "blocked", 0.0, "hold over: the next request is the probe"
+    if view.backoff_in > 0:
+        return "backing off", view.backoff_in, f"{view.throttles} throttles in a row"
+    return "ok", 0.0, ""
+
+
+class StatusBoard:
+    """Builds the status document; ``run`` samples the history. The composition root makes one."""
+
+    def __init__(
+        self,
+        pacer: Pacer,
+        events: StatusEvents,
+        store: Store,
+        hosts: list[str],
+        backend: str,
+        step: float | None = None,
+    ) -> None:
+        self.pacer = pacer
+        self.events = events
+        self.store = store
+        self.hosts = list(hosts)[:MAX_HOSTS]  # the configured concrete hosts: always shown
+        self.backend = backend
+        self.started = pacer.monotonic()
+        self.history = History(step or history_step())
+        self._cached: tuple[float, dict[str, Any]] | None = None
+        self._lock = asyncio.Lock()
+
+    async def run(self) -> None:
+        self.sample()  # the first point comes one step after start
+        while True:
+            await asyncio.sleep(self.history.step)
+            self.sample()
+
+    def sample(self) -> None:
+        now = self.pacer.monotonic()
+        gap = self.pacer.settings.gap
+        self.history.sample(
+            now, time.time(), self.pacer.grants, 1.0 / gap if gap > 0 else 0.0, self.pacer.depth()
+        )
+        self.events.prune(now)
+
+    async def document(self) -> dict[str, Any]:
+        """The document, built afresh at most every ``CACHE_FOR`` seconds (one build at a time)."""
+        async with self._lock:
+            c = self._cached
+            if c is None or self.pacer.monotonic() - c[0] >= CACHE_FOR:
+                c = self._cached = (self.pacer.monotonic(), await self._build())
+        return c[1]
+
+    async def _build(self) -> dict[str, Any]:
+        snap = snapshot.take(self.pacer)
+        names = self._host_names(snap)
+        views = await self._views(names)
+        hosts = [self._host_row(h, views.get(h), snap) for h in names]
+        intervals = {row["host"]: row["effective_interval_s"] or 0.0 for row in hosts}
+        pipelines = self._pipelines(snap, intervals)
+        return {
+            "version": __version__,
+            "time": round(time.time(), 3),
+            "uptime_s": num(snap.at - self.started, 1),
+            "overall": self._overall(snap),
+            "hosts": hosts,
+            "hosts_omitted": max(0, len(self._candidates(snap)) - len(names)),
+            "pipelines": pipelines[:MAX_PIPELINE_ROWS],
+            "pipelines_omitted": max(0, len(pipelines) - MAX_PIPELINE_ROWS),
+            "history": {
+                "step_s": self.history.step,
+                "span_s": HISTORY_SPAN,
+                "fields": ["time", "achieved_rate", "configured_rate", "queued"],
+                "points": list(self.history.points),
+            },
+        }
+
+    def _candidates(self, snap: snapshot.PacerSnapshot) -> set[str]:
+        return set(self.hosts) | self.pacer.known_hosts() | set(snap.queued_by_host)
+
+    def _host_names(self, snap: snapshot.PacerSnapshot) -> list[str]:
+        """The configured hosts, then the others this process knows of, busiest first, up to MAX_HOSTS."""
+        others = self._candidates(snap) - set(self.hosts)
+        busy = sorted(
+            others, key=lambda h: (-snap.queued_by_host.get(h, 0), -snap.exempt_in_flight.get(h, 0), h)
+        )
+        return (self.hosts + busy)[:MAX_HOSTS]
+
+    async def _views(self, hosts: list[str]) -> dict[str, HostView]:
+        """Each host's view from the store; a host the store does not answer for in time is left out."""
+        if not hosts:
+            return {}
+        tasks = {asyncio.ensure_future(self.store.host_view(h)): h for h in hosts}
+        done, pending = await asyncio.wait(tasks, timeout=STORE_READ_TIMEOUT)
+        for t in pending:
+            t.cancel()
+        out: dict[str, HostView] = {}
+        for t in done:
+            if not t.cancelled() and t.exception() is None:
+                out[tasks[t]] = t.result()
+        return out
+
+    def _host_row(self, host: str, view: HostView | None, snap: snapshot.PacerSnapshot) -> dict[str, Any]:
+        s = self.pacer.settings
+        configured = s.interval_for(host)
+        base = max(s.gap, configured)
+        state, left, detail = host_state(view, snap.ready_in.get(host, 0.0))
+        return {
+            "host": host,
+            "state": state,
+            "seconds_left": num(left, 1),
+            "detail": detail,
+            "effective_interval_s": num(view.interval(base) if view else base),
+            "configured_interval_s": num(configured),
+            "queued": snap.queued_by_host.get(host, 0),
+            "exempt_in_flight": snap.exempt_in_flight.get(host, 0),
+            "throttles": view.throttles if view else None,
+        }
+
+    def _pipelines(self, snap: snapshot.PacerSnapshot, intervals: dict[str, float]) -> list[dict[str, Any]]:
+        now = snap.at
+        tallies = self.events.tallies
+        names = set(snap.weights) | set(snap.queued_by_pipeline) | set(snap.exempt_waiting_by_pipeline)
+        names |= set(tallies)
+        counts = {p: (tallies[p].grants.count(now) if p in tallies else 0) for p in names}
+        total = sum(counts.values())
+        backlogged = [p for p in names if snap.queued_by_pipeline.get(p, 0)]
+        weight_sum = sum(snap.weights.get(p, 1.0) for p in backlogged)
+        rows = []
+        for p in names:
+            t = tallies.get(p)
+            host = snap.busiest_host(p) or (t.last_host if t else None) or (self.hosts or ["-"])[0]
+            queued = snap.queued_by_pipeline.get(p, 0)
+            weight = snap.weights.get(p, 1.0)
+            rows.append(
+                {
+                    "pipeline": p,
+                    "queued": queued,
+                    "exempt_waiting": snap.exempt_waiting_by_pipeline.get(p, 0),
+                    "grants_last_minute": counts[p],
+                    "share": num(counts[p] / total if total else 0.0),
+                    "weight": num(weight),
+                    "fair_share": num(weight / weight_sum) if queued and weight_sum > 0 else None,
+                    "wait_p50_s": num(t.wait_p50(now) if t else None),
+                    "next_host": host,
+                    "expected_wait_s": num(snapshot.expected_wait(self.pacer, p, host, intervals.get(host))),
+                }
+            )
+        rows.sort(key=lambda r: (-r["queued"], -r["grants_last_minute"], r["pipeline"]))
+        return rows
+
+    def _overall(self, snap: snapshot.PacerSnapshot) -> dict[str, Any]:
+        # The last minute, or the time since start but at least RATE_FLOOR (one early grant is no rate).
+        span = max(RATE_FLOOR, min(GRANT_WINDOW, snap.at - self.started))
+        return {
+            "configured_rate": num(1.0 / snap.gap if snap.gap > 0 else 0.0),
+            "configured_gap_s": num(snap.gap),
+            "achieved_rate": num(self.events.total.count(snap.at) / span),
+            "achieved_window_s": num(span, 1),
+            "grants_since_start": snap.grants,
+            "queued": snap.queued,
+            "exempt_waiting": sum(snap.exempt_waiting_by_pipeline.values()),
+            "exempt_in_flight": sum(snap.exempt_in_flight.values()),
+            "store": {
+                "backend": self.backend,
+                "active": self.store.name,
+                "degraded": bool(getattr(self.store, "degraded", False)),
+            },
+        }

@@ -1,0 +1,249 @@
+"""``politeproxy status [--watch]``: the ``GET /status`` document in the terminal, refreshed like ``top``.
+
+The document comes from the network (any ``--admin`` URL), so it is read as untrusted: a field of the
+wrong type shows as "-", text is stripped of control characters and never read as rich markup, and the
+body read is bounded (``MAX_BODY``). Proxy variables are ignored: the admin port is asked directly.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+DEFAULT_INTERVAL = 2.0
+MIN_INTERVAL, MAX_INTERVAL = 0.5, 60.0
+FETCH_TIMEOUT = 5.0
+MAX_BODY = 4 << 20  # bytes of a /status answer read at most
+SPARK = "▁▂▃▄▅▆▇█"
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+class StatusError(Exception):
+    """The proxy did not answer, or not with a status document; the message is one line."""
+
+
+def admin_url(host: str, port: int) -> str:
+    """The admin URL of a proxy listening on ``host:port`` (a wildcard address is asked on loopback)."""
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def fetch(url: str, timeout: float = FETCH_TIMEOUT) -> dict[str, Any]:
+    """GET ``<url>/status``. A user name and password in ``url`` go as Proxy-Authorization (the proxy
+    port asks for it from clients admitted by ``[auth] users`` alone)."""
+    try:
+        parts = urlsplit(url if "://" in url else "http://" + url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise StatusError(f"--admin {url!r}: want http://HOST:PORT")
+        netloc = parts.netloc.rpartition("@")[2]
+        target = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/status", "", ""))
+    except ValueError as e:
+        raise StatusError(f"--admin {url!r}: {e}") from None
+    req = urllib.request.Request(target, headers={"Accept": "application/json"})
+    if parts.username is not None:
+        cred = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        req.add_header("Proxy-Authorization", "Basic " + base64.b64encode(cred).decode())
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
+    try:
+        with opener.open(req, timeout=timeout) as r:
+            body = r.read(MAX_BODY + 1)
+    except urllib.error.HTTPError as e:
+        raise StatusError(f"{target} answered {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        why = getattr(e, "reason", None) or e
+        raise StatusError(f"no answer from {target}: {why} (is `politeproxy run` up? --admin URL)") from None
+    if len(body) > MAX_BODY:
+        raise StatusError(f"{target}: the answer is over {MAX_BODY} bytes")
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise StatusError(f"{target} did not answer with JSON (an older politeproxy?)") from None
+    if not isinstance(doc, dict):
+        raise StatusError(f"{target} did not answer with a status document")
+    return doc
+
+
+# -- reading the document defensively ---------------------------------------------------------------
+
+
+def _get(d: Any, key: str) -> Any:
+    return d.get(key) if isinstance(d, dict) else None
+
+
+def _num(x: Any) -> float | None:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    return float(x) if math.isfinite(x) else None
+
+
+def plain(x: Any, limit: int = 80) -> Text:
+    """Text for a cell: no control characters (no terminal escapes), no markup, at most ``limit`` chars."""
+    s = "" if x is None else _CONTROL.sub("?", str(x))
+    return Text(s if len(s) <= limit else s[: limit - 1] + "…")
+
+
+def fmt(x: Any, unit: str = "", digits: int = 2) -> str:
+    v = _num(x)
+    return "-" if v is None else f"{v:.{digits}f}{unit}"
+
+
+def duration(x: Any) -> str:
+    v = _num(x)
+    if v is None:
+        return "-"
+    v = int(max(0.0, min(v, 1e9)))
+    h, rest = divmod(v, 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def sparkline(points: Any, width: int = 60) -> str:
+    """The achieved rate of the last ``width`` history points, scaled to the highest rate shown."""
+    rows = (
+        [p for p in points if isinstance(p, list) and len(p) > 2][-width:] if isinstance(points, list) else []
+    )
+    vals = [(max(0.0, _num(p[1]) or 0.0), max(0.0, _num(p[2]) or 0.0)) for p in rows]
+    top = max((max(a, c) for a, c in vals), default=0.0)
+    if top <= 0:
+        return SPARK[0] * len(vals)
+    return "".join(SPARK[min(len(SPARK) - 1, int(a / top * (len(SPARK) - 1) + 0.5))] for a, _c in vals)
+
+
+STATE_STYLE = {"ok": "green", "backing off": "yellow", "blocked": "bold red", "unknown": "dim"}
+
+
+def _hosts(doc: Any) -> Table:
+    t = Table(title="hosts", title_justify="left", expand=False)
+    for name, right in (("host", False), ("state", False), ("left", True), ("interval", True),
+                        ("queued", True), ("exempt", True), ("detail", False)):  # fmt: skip
+        t.add_column(name, justify="right" if right else "left", no_wrap=name != "detail")
+    rows = _get(doc, "hosts")
+    for h in rows if isinstance(rows, list) else []:
+        state = str(_get(h, "state"))
+        t.add_row(
+            plain(_get(h, "host")),
+            Text(plain(state, 20).plain, style=STATE_STYLE.get(state, "")),
+            "" if state == "ok" else fmt(_get(h, "seconds_left"), " s", 1),
+            fmt(_get(h, "effective_interval_s"), " s", 3),
+            fmt(_get(h, "queued"), "", 0),
+            fmt(_get(h, "exempt_in_flight"), "", 0),
+            plain(_get(h, "detail"), 60),
+        )
+    return t
+
+
+def _pipelines(doc: Any) -> Table:
+    t = Table(title="pipelines", title_justify="left", expand=False)
+    cols = ("pipeline", "queued", "grants/min", "share", "weight", "wait p50", "next wait", "next host")
+    for name in cols:
+        right = name not in ("pipeline", "next host")
+        t.add_column(name, justify="right" if right else "left", no_wrap=True)
+    rows = _get(doc, "pipelines")
+    for p in rows if isinstance(rows, list) else []:
+        share = _num(_get(p, "share"))
+        t.add_row(
+            plain(_get(p, "pipeline"), 64),
+            fmt(_get(p, "queued"), "", 0),
+            fmt(_get(p, "grants_last_minute"), "", 0),
+            "-" if share is None else f"{100 * share:.0f}%",
+            fmt(_get(p, "weight"), "", 1),
+            fmt(_get(p, "wait_p50_s"), " s"),
+            fmt(_get(p, "expected_wait_s"), " s"),
+            plain(_get(p, "next_host")),
+        )
+    return t
+
+
+def render(doc: Any, footer: str = "") -> Group:
+    """The whole view of one document; anything malformed shows as "-"."""
+    o = _get(doc, "overall")
+    st = _get(o, "store")
+    conf = _num(_get(o, "configured_rate"))
+    head = Text()
+    head.append(f"politeproxy {plain(_get(doc, 'version'), 20).plain}", style="bold")
+    head.append(f"  up {duration(_get(doc, 'uptime_s'))}  store ")
+    head.append(plain(_get(st, "active"), 20).plain)
+    if _get(st, "degraded") is True:
+        head.append(" DEGRADED (local pacing)", style="bold red")
+    head.append("\nrate: configured " + (fmt(conf, "/s") if conf else "off"))
+    window = fmt(_get(o, "achieved_window_s"), " s", 0)
+    head.append(f"  achieved {fmt(_get(o, 'achieved_rate'), '/s')} (last {window})")
+    head.append(f"  grants since start {fmt(_get(o, 'grants_since_start'), '', 0)}")
+    head.append(f"  queued {fmt(_get(o, 'queued'), '', 0)}")
+    head.append(f"  exempt in flight {fmt(_get(o, 'exempt_in_flight'), '', 0)}")
+    hist = _get(doc, "history")
+    spark = sparkline(_get(hist, "points"))
+    head.append(f"\nachieved rate, last 15 min (one mark per {fmt(_get(hist, 'step_s'), ' s', 0)}): ")
+    head.append(spark or "(collecting)", style="cyan")
+    parts: list[Any] = [head, _hosts(doc), _pipelines(doc)]
+    if footer:
+        parts.append(Text(footer, style="dim"))
+    return Group(*parts)
+
+
+def run(url: str, watch: bool = False, interval: float = DEFAULT_INTERVAL, as_json: bool = False,
+        console: Console | None = None) -> int:  # fmt: skip
+    """Print the status once, or (``watch``) until Ctrl-C. Exit 1 with one line when the proxy does not
+    answer the first time; later misses show in the view while it keeps asking."""
+    console = console or Console()
+    err = Console(stderr=True)
+    if not (math.isfinite(interval) and MIN_INTERVAL <= interval <= MAX_INTERVAL):
+        err.print(
+            Text(f"politeproxy: error: --interval must be {MIN_INTERVAL:g} to {MAX_INTERVAL:g} seconds")
+        )
+        return 2
+    try:
+        doc = fetch(url)
+    except StatusError as e:
+        err.print(Text(f"politeproxy: error: {e}"), soft_wrap=True)
+        return 1
+    if as_json and not watch:
+        console.print_json(data=doc)
+        return 0
+    if not watch:
+        console.print(render(doc))
+        return 0
+    try:
+        _watch(url, doc, interval, console)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _watch(url: str, doc: dict[str, Any], interval: float, console: Console) -> None:
+    from rich.live import Live
+
+    def frame(doc: dict[str, Any], miss: str = "") -> Group:
+        stamp = time.strftime("%H:%M:%S")
+        foot = f"{url}  every {interval:g} s  Ctrl-C quits  " + (
+            f"NO ANSWER at {stamp}: {miss}" if miss else stamp
+        )
+        return render(doc, foot)
+
+    if not console.is_terminal:  # a pipe or a file: one frame after another
+        while True:
+            console.print(frame(doc))
+            time.sleep(interval)
+            try:
+                doc = fetch(url)
+            except StatusError as e:
+                console.print(Text(f"no answer: {e}"))
+    with Live(frame(doc), console=console, screen=True, auto_refresh=False) as live:
+        while True:
+            time.sleep(interval)
+            try:
+                doc, miss = fetch(url), ""
+            except StatusError as e:
+                miss = str(e)
+            live.update(frame(doc, miss), refresh=True)

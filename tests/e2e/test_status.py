@@ -1,0 +1,212 @@
+"""``GET /status``, ``politeproxy status`` and the page at ``/``, against one running proxy (started once for
+the module) with paced requests from two pipelines queued behind a 1 s gap.
+
+The pipelines are named as users name them, by the proxy URL's user name (Proxy-Authorization); the
+requests are plain HTTP in absolute form, sent and left waiting on their sockets.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import (
+    NO_ROBOTS,
+    POLITEPROXY,
+    ROOT,
+    Certs,
+    ProxyProc,
+    Upstream,
+    free_port,
+    start_proxy,
+    start_upstream,
+    wait_for,
+)
+
+D = "data.commoncrawl.org"
+GAP = 1.0  # seconds between grants: the lines stay queued for the whole module
+QUEUED = {"alpha": 5, "beta": 3}  # requests sent per pipeline (one of them granted at once)
+CONFIG = (
+    f'{NO_ROBOTS}[schedule]\nbackend = "memory"\nglobal_rate = "{GAP:g}s"\n'
+    '[pacing]\nmax_wait = "60s"\n[pipelines.alpha]\nweight = 2\n'
+)
+
+
+@dataclass
+class Live:
+    proxy: ProxyProc
+    upstream: Upstream
+    side: str  # the --metrics-listen URL
+    sockets: list[socket.socket]
+
+    def status(self, base: str | None = None) -> dict[str, Any]:
+        r = requests.get((base or self.proxy.url) + "/status", timeout=10)
+        assert r.status_code == 200, r.text
+        assert r.headers["Content-Type"].startswith("application/json")
+        return dict(r.json())
+
+
+def send_paced(port: int, pipeline: str, path: str) -> socket.socket:
+    """One paced request of ``pipeline``, sent and left waiting (the caller closes the socket)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    auth = base64.b64encode(f"{pipeline}:".encode()).decode()
+    s.sendall(
+        f"GET http://{D}{path} HTTP/1.1\r\nHost: {D}\r\nProxy-Authorization: Basic {auth}\r\n\r\n".encode()
+    )
+    return s
+
+
+def queued_by(doc: dict[str, Any]) -> dict[str, int]:
+    return {p["pipeline"]: p["queued"] for p in doc["pipelines"]}
+
+
+def start_live(tmp: Path, certs: Certs) -> Live:
+    up = start_upstream(certs, tmp)
+    side_port = free_port()
+    p = start_proxy(
+        tmp,
+        up,
+        certs,
+        CONFIG,
+        args=("--metrics-listen", f"127.0.0.1:{side_port}"),
+        env={"POLITEPROXY_STATUS_STEP": "0.5"},
+    )
+    live = Live(p, up, f"http://127.0.0.1:{side_port}", [])
+    for name, n in QUEUED.items():
+        live.sockets += [send_paced(p.port, name, f"/p/{name}/{i}") for i in range(n)]
+    total = sum(QUEUED.values())
+    # One request goes at once (the first slot); the others wait at least a gap.
+    wait_for(lambda: live.status()["overall"]["queued"] >= total - 2, 15, "requests queued")
+    return live
+
+
+def stop_live(live: Live) -> None:
+    for s in live.sockets:
+        s.close()
+    live.proxy.stop()
+    live.upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[Live]:
+    lv = start_live(tmp_path_factory.mktemp("status"), certs)
+    yield lv
+    stop_live(lv)
+
+
+def cli(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "HTTP_PROXY": "http://127.0.0.1:9"}
+    return subprocess.Popen(
+        [*POLITEPROXY, "status", *args], cwd=ROOT, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def test_status_document_shows_hosts_pipelines_and_overall(live: Live) -> None:
+    doc = live.status()
+    assert doc["version"] and doc["uptime_s"] >= 0
+    o = doc["overall"]
+    assert o["configured_rate"] == pytest.approx(1 / GAP) and o["configured_gap_s"] == pytest.approx(GAP)
+    assert o["store"] == {"backend": "memory", "active": "memory", "degraded": False}
+    assert o["grants_since_start"] >= 1 and o["achieved_rate"] <= 1 / GAP + 0.5
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    h = hosts[D]
+    assert h["state"] == "ok" and h["seconds_left"] == 0
+    assert h["effective_interval_s"] == pytest.approx(GAP)  # the global gap bounds every host
+    assert h["queued"] == o["queued"] >= sum(QUEUED.values()) - 2 and h["exempt_in_flight"] == 0
+    assert "index.commoncrawl.org" in hosts  # configured hosts show even when idle
+    assert hosts["index.commoncrawl.org"]["queued"] == 0
+    rows = {p["pipeline"]: p for p in doc["pipelines"]}
+    assert {"alpha", "beta"} <= rows.keys()
+    assert sum(r["queued"] for r in rows.values()) == o["queued"]
+    a, b = rows["alpha"], rows["beta"]
+    assert a["weight"] == 2 and b["weight"] == 1
+    assert a["fair_share"] == pytest.approx(2 / 3, abs=0.01) and b["fair_share"] == pytest.approx(
+        1 / 3, abs=0.01
+    )
+    for r in (a, b):
+        assert r["next_host"] == D
+        # Its own waiters go first, and at most every waiter does (plus the slot under way).
+        assert r["queued"] * GAP - 0.01 <= r["expected_wait_s"] <= (o["queued"] + 1) * GAP + 0.01, r
+    assert sum(r["grants_last_minute"] for r in rows.values()) >= 1
+    assert sum(r["share"] for r in rows.values()) == pytest.approx(1.0, abs=0.01)
+    served = [r for r in rows.values() if r["grants_last_minute"]]
+    assert all(r["wait_p50_s"] is not None and r["wait_p50_s"] >= 0 for r in served), served
+
+
+def test_cli_view_json_watch_and_one_line_when_nothing_answers(live: Live) -> None:
+    """The text view (non-tty), --json, --watch stopped by Ctrl-C, and a refused connection: four
+    processes at once."""
+    text = cli("--admin", live.proxy.url)
+    js = cli("--admin", live.side, "--json")  # --metrics-listen answers the same
+    dead = cli("--admin", f"http://127.0.0.1:{free_port()}")
+    watch = cli("--admin", live.proxy.url, "--watch", "--interval", "0.5")
+    try:
+        out, err = text.communicate(timeout=30)
+        assert text.returncode == 0, err
+        for word in (D, "index.commoncrawl.org", "alpha", "beta", "configured 1.00/s", "pipelines", "hosts"):
+            assert word in out, out
+        assert "\x1b" not in out  # not a terminal: no escape sequences
+        jout, jerr = js.communicate(timeout=30)
+        assert js.returncode == 0, jerr
+        assert {"alpha", "beta"} <= set(queued_by(json.loads(jout)))
+        dout, derr = dead.communicate(timeout=30)
+        assert dead.returncode == 1 and dout == ""
+        lines = derr.strip().splitlines()
+        assert len(lines) == 1, derr
+        assert lines[0].startswith("politeproxy: error: no answer from http://127.0.0.1:"), derr
+        # --watch: two frames (one refresh at least), then Ctrl-C ends it with 0 and no traceback.
+        assert watch.stdout is not None
+        frames, deadline = 0, time.monotonic() + 20
+        while frames < 2 and time.monotonic() < deadline:
+            frames += watch.stdout.readline().startswith("politeproxy ")
+        assert frames >= 2
+        watch.send_signal(signal.SIGINT)
+        _out, werr = watch.communicate(timeout=10)
+        assert watch.returncode == 0 and "Traceback" not in werr, werr
+    finally:
+        for proc in (text, js, dead, watch):
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_status_page_on_both_admin_addresses(live: Live) -> None:
+    pages = [requests.get(base + "/", timeout=10) for base in (live.proxy.url, live.side)]
+    for r in pages:
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/html")
+        csp = r.headers["Content-Security-Policy"]
+        assert "default-src 'none'" in csp and "connect-src 'self'" in csp and "unsafe" not in csp
+        assert r.headers["Cache-Control"] == "no-store"
+    assert pages[0].content == pages[1].content
+    html = pages[0].text
+    assert 'fetch("status"' in html and '<svg id="chart"' in html
+    for outside in ("<script src", "<link", "@import", "url(", "//cdn", "https://"):
+        assert outside not in html.lower(), outside
+    assert requests.head(live.side + "/status", timeout=10).status_code == 200
+    assert requests.post(live.proxy.url + "/status", timeout=10).status_code == 405
+
+
+def test_status_history_is_a_ring_of_achieved_vs_configured(live: Live) -> None:
+    wait_for(lambda: len(live.status()["history"]["points"]) >= 2, 10, "two history points")
+    hist = live.status()["history"]
+    assert hist["step_s"] == 0.5 and hist["span_s"] == 900
+    assert hist["fields"] == ["time", "achieved_rate", "configured_rate", "queued"]
+    t_prev = 0.0
+    for t, achieved, configured, queued in hist["points"]:
+        assert t > t_prev and abs(t - time.time()) < 60
+        t_prev = t
+        assert configured == pytest.approx(1 / GAP)
+        assert 0 <= achieved <= 2 / GAP + 1  # a grant per gap, two at most in a half-second step
+        assert queued >= 0
