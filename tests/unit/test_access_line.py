@@ -1,0 +1,97 @@
+"""The access line's new fields (issue 13): path (redacted, scrubbed, bounded), pipeline, retries, in the
+plain and the JSON form; the passage headers' helpers; the JSON error line of a refusal to start."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+from multidict import CIMultiDict
+
+from politeproxy.logs import PLAIN_FORMAT, AccessLog, JsonFormatter, error_line
+from politeproxy.proxy.events import PATH_LIMIT, AccessRecord, access_path
+from politeproxy.proxy.passage import PIPELINE_HEADER, VIA_ENTRY, WAIT_HEADER, add_via, stamp, wait_text
+
+
+def _render(formatter: logging.Formatter, record: AccessRecord) -> str:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    logger = logging.getLogger(f"politeproxy.access.line{id(out)}")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    AccessLog(logger).access(record)
+    return out.getvalue().strip()
+
+
+REC = AccessRecord(
+    "10.0.0.1", "GET", "data.commoncrawl.org", "paced", 0.41234, 200, 42, 0.5,
+    pipeline="etl", path="/crawl-data/x.warc.gz", retries=1,
+)  # fmt: skip
+
+
+def test_plain_line_has_path_pipeline_and_retries() -> None:
+    line = _render(logging.Formatter(PLAIN_FORMAT), REC)
+    assert line.endswith(
+        "10.0.0.1 GET data.commoncrawl.org/crawl-data/x.warc.gz paced wait=0.412s status=200 bytes=42"
+        " duration=0.500s retries=1 pipeline=etl"
+    ), line
+
+
+def test_json_line_has_path_pipeline_and_retries() -> None:
+    obj = json.loads(_render(JsonFormatter(), REC))
+    assert obj["path"] == "/crawl-data/x.warc.gz"
+    assert (obj["pipeline"], obj["retries"], obj["class"], obj["wait"]) == ("etl", 1, "paced", 0.4123)
+
+
+def test_access_path_redacts_credentials_and_keeps_the_rest() -> None:
+    raw = (
+        "/crawl-data/a.gz?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAXXXX%2F2024&"
+        "X-Amz-Signature=deadbeef&X-Amz-Security-Token=tok&Key-Pair-Id=K1&url=example.com"
+    )
+    out = access_path(raw, limit=1000)
+    for secret in ("AKIAXXXX", "deadbeef", "tok&", "K1"):
+        assert secret not in out, out
+    assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in out and "url=example.com" in out
+    assert "X-Amz-Signature=***" in out
+
+
+def test_access_path_is_cut_and_scrubbed() -> None:
+    assert access_path("/a\r\nb c\x1b[31m") == "/a%0D%0Ab%20c%1B[31m"
+    long = access_path("/" + "x" * 500)
+    assert len(long) == PATH_LIMIT and long.endswith("...")
+
+
+@given(st.text(max_size=3000))
+def test_access_path_never_raises_and_is_printable_and_bounded(raw: str) -> None:
+    """Any text (lone surrogates included): printable ASCII only, no space, at most PATH_LIMIT chars."""
+    out = access_path(raw)
+    assert len(out) <= PATH_LIMIT
+    assert all(0x21 <= ord(c) <= 0x7E for c in out), out
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_wait_text_is_always_a_finite_non_negative_number(seconds: float) -> None:
+    """The wait header never says nan, inf or a negative time."""
+    value = float(wait_text(seconds))
+    assert math.isfinite(value) and value >= 0
+
+
+def test_via_appends_after_the_upstream_entries() -> None:
+    h: CIMultiDict[str] = CIMultiDict([("Via", "1.1 a.cloudfront.net (CloudFront)"), ("Via", "1.0 b")])
+    add_via(h)
+    assert h.getall("Via") == [f"1.1 a.cloudfront.net (CloudFront), 1.0 b, {VIA_ENTRY}"]
+    fresh: CIMultiDict[str] = CIMultiDict()
+    stamp(fresh, 0.5, "etl")
+    assert (fresh["Via"], fresh[WAIT_HEADER], fresh[PIPELINE_HEADER]) == (VIA_ENTRY, "0.500", "etl")
+
+
+def test_error_line_is_json_in_json_mode() -> None:
+    obj = json.loads(error_line("cannot listen on 127.0.0.1:1: in use", "json"))
+    assert (obj["level"], obj["message"]) == ("error", "cannot listen on 127.0.0.1:1: in use")
+    assert error_line("x", "plain") == "politeproxy: error: x"
