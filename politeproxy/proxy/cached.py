@@ -14,7 +14,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -167,24 +167,19 @@ class CacheFront:
                 return await self._hit(request, klass, found, info)
             self._result(info, miss)
             return await self._fetch(request, d, info, go)  # the leader failed: go ourselves
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.flights[name] = done
-        lock = None
+        flight = _Flight(self, name)
         try:
-            lock = await self._lock(d.key)
-            if lock is not None and lock[1]:  # another proxy held it: it may have stored the answer
+            flight.lock = await self._lock(d.key)
+            if flight.lock is not None and flight.lock[1]:  # another proxy held it: it may have stored it
                 found = await self._lookup(d, request.headers)
                 if isinstance(found, Found):
-                    self.store.unlock(lock[0])
-                    lock = None
+                    flight.release()
                     return await self._hit(request, klass, found, info)
             self._result(info, miss)
-            return await self._fetch(request, d, info, go)
+            return await self._fetch(request, d, info, go, flight)
         finally:
-            if lock is not None:
-                self.store.unlock(lock[0])
-            del self.flights[name]
-            done.set_result(None)
+            if not flight.deferred:
+                flight.release()
 
     async def _lock(self, key: str) -> tuple[int, bool] | None:
         """The key's stripe lock across processes, waited for at most max_wait; None: go without it."""
@@ -204,7 +199,12 @@ class CacheFront:
             return None
 
     async def _fetch(
-        self, request: web.BaseRequest, d: Cacheable, info: dict[str, Any], go: Go
+        self,
+        request: web.BaseRequest,
+        d: Cacheable,
+        info: dict[str, Any],
+        go: Go,
+        flight: _Flight | None = None,
     ) -> web.StreamResponse:
         tee = _Tee(self, d)
         info["tee"] = tee
@@ -213,7 +213,7 @@ class CacheFront:
         except asyncio.CancelledError:
             # The client left, perhaps right after its last byte: a copy that is complete is still kept
             # (the commit checks the length in its thread); anything shorter is dropped there.
-            self._track(tee.finish(ok=True))
+            self._commit(tee, True, flight)
             raise
         except BaseException:
             tee.discard()
@@ -221,14 +221,18 @@ class CacheFront:
         finally:
             info.pop("tee", None)
         ok = info.get("note") is None and info.get("status") == tee.status
-        await asyncio.shield(self._track(tee.finish(ok)))  # waiters look as soon as it is in place
+        await asyncio.shield(self._commit(tee, ok, flight))  # waiters look as soon as it is in place
         return resp
 
-    def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """A commit that must outlive its request: referenced here until done."""
-        task = asyncio.get_running_loop().create_task(coro)
+    def _commit(self, tee: _Tee, ok: bool, flight: _Flight | None) -> asyncio.Task[None]:
+        """The commit as a task that outlives its request (referenced here until done); the flight's
+        waiters and lock are let go only when it is done, so they find the entry in place."""
+        task = asyncio.get_running_loop().create_task(tee.finish(ok))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if flight is not None:
+            flight.deferred = True
+            task.add_done_callback(flight.release)
         return task
 
     async def _hit(
@@ -277,6 +281,27 @@ class CacheFront:
         if now - self._disk_warned > 60.0:  # one line a minute: a full disk repeats on every request
             self._disk_warned = now
             log.warning("cache: %s: %s (answering from upstream)", type(e).__name__, e)
+
+
+class _Flight:
+    """A leader's hold on a key: the future its in-process waiters wait on and the stripe lock other
+    processes wait on. Released once: when the answer is in place or failed."""
+
+    def __init__(self, front: CacheFront, name: str) -> None:
+        self.front, self.name = front, name
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        front.flights[name] = self.done
+        self.lock: tuple[int, bool] | None = None
+        self.deferred = False  # the commit task releases it
+
+    def release(self, *_task: object) -> None:
+        if self.lock is not None:
+            self.front.store.unlock(self.lock[0])
+            self.lock = None
+        if self.front.flights.get(self.name) is self.done:
+            del self.front.flights[self.name]
+        if not self.done.done():
+            self.done.set_result(None)
 
 
 def _release_late(store: DiskStore, f: asyncio.Future[tuple[int, bool] | None]) -> None:
