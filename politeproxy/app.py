@@ -23,6 +23,7 @@ from politeproxy.policy.access import Access, is_loopback
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.proxy.ca import CAError, CertificateAuthority
+from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import events_log
 from politeproxy.proxy.events import Tee
 from politeproxy.proxy.listener import Proxy, Timeouts
@@ -162,6 +163,7 @@ class App:
         self._mtime = self._stat()
         self._metrics_runner: web.BaseRunner | None = None
         self.stopped = asyncio.Event()
+        self.cache: CacheFront | None = None
 
     def _stat(self) -> tuple[int, int] | None:
         """(mtime, size) of the config file: a change in either is a change to look at."""
@@ -204,6 +206,9 @@ class App:
             self.pacer, events, store, hosts.concrete_hosts(), cfg["schedule"]["backend"]
         )
         self.proxy = self._make_proxy(ca, access, hosts)
+        # The shared disk cache (issue 14); None when cache.enabled = false or its directory is unusable.
+        self.cache = await CacheFront.open(cfg.cache(), cfg.data_dir, self.metrics, settings.max_wait)
+        self.proxy.forwarder.cache = self.cache
         try:
             await self.proxy.start(host, port)
         except OSError as e:
@@ -375,6 +380,8 @@ class App:
         self._tasks.clear()
         if self.proxy:
             await self.proxy.close()
+        if self.cache is not None:
+            await self.cache.close()
         await self.robots.close()
         await self.pacer.close()
         await self.upstream.close()

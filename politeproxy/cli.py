@@ -156,6 +156,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     return statusview.run(url, watch=args.watch, interval=args.interval, as_json=args.json)
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """The shared disk cache in <data_dir>/cache (issue 14): stats, or clear it."""
+    from politeproxy.cache import report
+    from politeproxy.cache.base import CacheError
+
+    try:
+        cfg = _config(args)
+        print(report.run(args.action, cfg.data_dir / "cache", cfg.cache()))
+    except ConfigError as e:
+        return _fail(str(e))
+    except (CacheError, OSError) as e:
+        return _fail(f"the cache in {cfg.data_dir}: {e}", 1)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="politeproxy", description="One request budget for Common Crawl.")
     p.add_argument("--version", action="version", version=f"politeproxy {__version__}")
@@ -200,6 +215,10 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (0.5-60)")
     st.add_argument("--json", action="store_true", help="print the /status document as JSON")
     st.set_defaults(func=cmd_status)
+    cache = sub.add_parser("cache", help="the shared disk cache: stats, or clear it")
+    cache.add_argument("action", choices=("stats", "clear"))
+    common(cache)
+    cache.set_defaults(func=cmd_cache)
     chk = sub.add_parser("check-config", help="validate a config file")
     chk.add_argument("file")
     chk.set_defaults(func=cmd_check_config)

@@ -18,11 +18,19 @@ from politeproxy.pacing.pacer import PacingSettings
 from politeproxy.paths import resolve_paths
 from politeproxy.policy import settings as d
 from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
+from politeproxy.policy.cacherules import CacheLimits, CacheRule, default_rules
 from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
 from politeproxy.policy.fairness import PipelineRule, clean_name
 from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS
 from politeproxy.policy.redis_url import check_redis_url
-from politeproxy.policy.settings import ConfigError, changes, check_environment, env_number, parse_duration
+from politeproxy.policy.settings import (
+    ConfigError,
+    changes,
+    check_environment,
+    env_number,
+    parse_duration,
+    parse_size,
+)
 from politeproxy.policy.values import (
     _bool,
     _choice,
@@ -75,6 +83,31 @@ def _rules(v: Any, key: str) -> list[dict[str, Any]]:
     if not isinstance(v, list):
         raise ConfigError(f"{key}: expected an array of tables [[exempt.rules]], got {v!r}")
     return [_section(r, _RULE, f"{key}[{i}]") for i, r in enumerate(v)]
+
+
+_CACHE_RULE = {
+    "class": (_str, "data"),
+    "hosts": (_list(_pattern), []),
+    "paths": (_list(_str), []),
+    "exact": (_bool, False),
+    "ttl": (_dur, 0.0),
+    "ranges": (_bool, True),
+}
+
+
+def _cache_rules(v: Any, key: str) -> list[dict[str, Any]]:
+    """``[[cache.rules]]`` replace the default table (issue 14): each needs hosts and paths."""
+    if not isinstance(v, list) or len(v) > 64:
+        raise ConfigError(f"{key}: expected an array of at most 64 tables [[cache.rules]], got {v!r}")
+    out = [_section(r, _CACHE_RULE, f"{key}[{i}]") for i, r in enumerate(v)]
+    for i, r in enumerate(out):
+        if not r["hosts"] or not r["paths"] or not all(p.startswith("/") for p in r["paths"]):
+            raise ConfigError(f"{key}[{i}]: needs hosts and paths (each path starting with /)")
+    return out
+
+
+def _size(v: Any, key: str) -> int:
+    return parse_size(v, key)
 
 
 _PIPELINE = {
@@ -165,6 +198,14 @@ SCHEMA: dict[str, Any] = {
     },
     "hosts": (_hosts, None),
     "pipelines": (_pipelines, {}),
+    "cache": {
+        "enabled": (_bool, d.CACHE_ENABLED),
+        "max_object": (_size, d.CACHE_MAX_OBJECT),
+        "max_range": (_size, d.CACHE_MAX_RANGE),
+        "max_size": (_size, d.CACHE_MAX_SIZE),
+        "collinfo_ttl": (_dur, d.CACHE_COLLINFO_TTL),
+        "rules": (_cache_rules, None),
+    },
 }
 
 
@@ -238,6 +279,16 @@ class Config:
             exempt_rate=self.raw["exempt"]["rate"],
             exempt_burst=self.raw["exempt"]["burst"],
         )
+
+    def cache(self) -> CacheLimits:
+        c = self.raw["cache"]
+        rules = default_rules(c["collinfo_ttl"])
+        if c["rules"] is not None:
+            rules = tuple(
+                CacheRule(r["class"], tuple(r["hosts"]), tuple(r["paths"]), r["exact"], r["ttl"], r["ranges"])
+                for r in c["rules"]
+            )
+        return CacheLimits(c["enabled"], c["max_object"], c["max_range"], c["max_size"], rules)
 
     def backoff(self) -> BackoffPolicy:
         p = self.raw["pacing"]

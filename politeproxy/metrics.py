@@ -34,6 +34,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from politeproxy import __version__
+from politeproxy.cache.base import RESULTS, CacheEvents
 from politeproxy.pacing.base import PacerEvents, PacingSettings
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, FREE_PIPELINES, PipelineNames
@@ -137,7 +138,7 @@ class _RateCollector(Collector):
         yield g
 
 
-class Metrics(PacerEvents, ProxyEvents):
+class Metrics(PacerEvents, ProxyEvents, CacheEvents):
     """Implements both event Protocols: the pacer's and the proxy's. Nothing else touches Prometheus."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, hosts: Iterable[str] = ()) -> None:
@@ -150,6 +151,7 @@ class Metrics(PacerEvents, ProxyEvents):
         self.registry = CollectorRegistry()
         self._host_metrics(self.registry, self.host_label)
         self._interval_metric(self.registry, self.host_label)
+        self._cache_metrics(self.registry)
         self._process_metrics(self.registry)
         self.build_info = Gauge(
             "politeproxy_build_info", "Always 1; the labels say what runs", ["version", "python"],
@@ -237,6 +239,40 @@ class Metrics(PacerEvents, ProxyEvents):
             ),
             lab,
         )
+
+    def _cache_metrics(self, r: CollectorRegistry) -> None:
+        # issue 14: the shared disk cache; the pipeline label is bounded like the others
+        self.cache_requests = Counter(
+            "politeproxy_cache_requests",
+            "Requests to cacheable hosts by cache result (hit, miss, bypass, stale)",
+            ["result", "pipeline"],
+            registry=r,
+        )
+        self.cache_bytes = Gauge("politeproxy_cache_bytes", "Bytes in the shared disk cache", registry=r)
+        self.cache_evictions = Counter(
+            "politeproxy_cache_evictions", "Cache entries evicted to stay under cache.max_size", registry=r
+        )
+        self.cache_saved = Counter(
+            "politeproxy_cache_slots_saved",
+            "Requests answered by the cache that would have taken a slot or an exempt place",
+            ["pipeline"],
+            registry=r,
+        )
+
+    # -- CacheEvents ------------------------------------------------------------------------------
+
+    def cache_result(self, result: str, pipeline: str) -> None:
+        if result in RESULTS:
+            self.cache_requests.labels(result, self.pipeline_label(pipeline)).inc()
+
+    def cache_slot_saved(self, pipeline: str) -> None:
+        self.cache_saved.labels(self.pipeline_label(pipeline)).inc()
+
+    def cache_size(self, nbytes: int) -> None:
+        self.cache_bytes.set(nbytes)
+
+    def cache_evicted(self, n: int) -> None:
+        self.cache_evictions.inc(n)
 
     def set_host_interval(self, host: str, seconds: float) -> None:
         self.host_interval.labels(host).set(seconds)

@@ -41,6 +41,7 @@ DURATION_BOUNDS: dict[str, tuple[float, float]] = {
     "exempt.rate": (0.0, 60.0),
     "robots.ttl": (0.0, 30 * DAY),
     "robots.max_crawl_delay": (0.0, 3600.0),
+    "cache.collinfo_ttl": (0.0, 30 * DAY),
     "hosts.*.interval": (0.0, 3600.0),
 }
 # The fallback for a duration key not listed above.
@@ -119,6 +120,13 @@ MAX_PIPELINES = 256  # configured [pipelines.*] tables at most (each keeps a met
 ROBOTS_ENABLED = True
 ROBOTS_TTL = 3600.0
 ROBOTS_MAX_CRAWL_DELAY = 10.0
+# [cache] (issue 14): the shared disk cache of immutable Common Crawl objects, in <data_dir>/cache
+CACHE_ENABLED = True
+CACHE_MAX_OBJECT = 64 << 20  # a 200 answer's body at most
+CACHE_MAX_RANGE = 16 << 20  # a 206 answer's body at most
+CACHE_MAX_SIZE = 2 << 30  # the whole cache, least recently used entries evicted beyond it
+CACHE_COLLINFO_TTL = DAY  # collinfo.json changes once a month
+SIZE_BOUNDS = (0, 1 << 50)  # bytes; a petabyte is already a typo
 
 
 def check_number(value: float, key: str, lo: float = 0.0, hi: float = DAY, unit: str = "") -> float:
@@ -264,6 +272,30 @@ def format_gap(gap: float) -> str:
     if not gap > 0:
         return "off"
     return f"{format_duration(gap)} ({format_rate(gap)})"
+
+
+_SIZE = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,6})?) ?(b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(value: Any, key: str = "size", lo: int = SIZE_BOUNDS[0], hi: int = SIZE_BOUNDS[1]) -> int:
+    """Bytes from an int or a string like "64MiB", "2GiB", "512k", "1.5G" (binary units: k = KiB).
+
+    Within [lo, hi]; anything else (NaN, negative, "1e9", other scripts' digits) is a ConfigError naming
+    the key, never another exception.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ConfigError(f'{key}: expected a size such as "64MiB" or a number of bytes, got {shown(value)}')
+    if isinstance(value, int):
+        n = value
+    else:
+        m = _SIZE.fullmatch(value.strip().lower())
+        if m is None:
+            raise ConfigError(f'{key}: expected a size such as "64MiB", "2GiB" or "512k", got {shown(value)}')
+        n = int(float(m.group(1)) * _SIZE_UNITS[(m.group(2) or "")[:1]])
+    if not lo <= n <= hi:
+        raise ConfigError(f"{key}: expected a size from {lo} to {hi} bytes, got {shown(n)}")
+    return n
 
 
 def parse_number(value: Any, key: str, lo: float, hi: float) -> float:

@@ -47,6 +47,7 @@ class AccessRecord:
     pipeline: str | None = None  # who asked (bounded name), None when no pipeline was named yet
     path: str | None = None  # the request target, already through ``access_path``
     retries: int | None = None  # tries the proxy repeated after a throttle (None: not counted)
+    cache: str | None = None  # "hit", "miss", "stale" or "bypass" for a cacheable host (issue 14)
 
 
 class ProxyEvents(Protocol):

@@ -28,6 +28,7 @@ from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.retry import decide_retry
 from politeproxy.proxy.eventlog import OperatorLog
+from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.events import AccessRecord, ProxyEvents, access_path
 from politeproxy.proxy.passage import held
 from politeproxy.proxy.relay import relay
@@ -85,6 +86,7 @@ class Forwarder:
         self.tunnel_target = tunnel_target
         self.tunnel_pipeline = tunnel_pipeline  # the name the tunnel's CONNECT carried
         self.oplog = OperatorLog()  # backoffs, blocks, probes, refusals: at INFO without -v
+        self.cache: CacheFront | None = None  # the shared disk cache (issue 14), set by app.py when enabled
 
     def hosts_paced(self, host: str) -> bool:
         return self.classifier.hosts.matches(host)
@@ -151,7 +153,11 @@ class Forwarder:
         info: dict[str, Any] = {"wait": 0.0, "status": 0, "bytes": 0, "pipeline": self._pipeline(request)}
         info.update(retries=0, path=access_path(path), held=klass is not Klass.PASSTHROUGH)
         try:
-            resp = await self._exchange(request, klass, host, url, started, info)
+            if self.cache is None:
+                resp = await self._exchange(request, klass, host, url, started, info)
+            else:  # a hit is answered before the pacer; a miss goes through _exchange, teed to disk
+                go = lambda: self._exchange(request, klass, host, url, started, info)  # noqa: E731
+                resp = await self.cache.exchange(request, klass, host, url, info, go)
             if not resp.prepared and info["held"]:  # our own answer (it has Via): how long it was held
                 held(resp.headers, info["wait"], info["pipeline"])  # type: ignore[arg-type]
         except asyncio.CancelledError:
@@ -180,6 +186,7 @@ class Forwarder:
                 pipeline=info["pipeline"],
                 path=info["path"],
                 retries=info["retries"],
+                cache=info.get("cache"),
             )
         )
 
