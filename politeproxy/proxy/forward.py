@@ -27,8 +27,8 @@ from politeproxy.policy.backoff import Delay, retry_after_seconds
 from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.retry import decide_retry
-from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.cached import CacheFront
+from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.events import AccessRecord, ProxyEvents, access_path
 from politeproxy.proxy.passage import held
 from politeproxy.proxy.relay import relay
