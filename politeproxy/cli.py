@@ -15,6 +15,7 @@ from politeproxy.logs import error_line, setup_logging
 from politeproxy.policy.fairness import clean_name
 
 EXIT_CONFIG = 2
+DOCTOR_URL = "https://index.commoncrawl.org/collinfo.json"  # politeproxy doctor's one paced request
 
 
 def _config_path(args: argparse.Namespace) -> str | None:
@@ -135,6 +136,12 @@ def cmd_ca(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from politeproxy import doctor
+
+    return doctor.main(args)
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     try:
         cfg = load(args.file, env_overrides())  # the POLITEPROXY_* variables `run` would apply too
@@ -219,6 +226,9 @@ def parser() -> argparse.ArgumentParser:
     cache.add_argument("action", choices=("stats", "clear"))
     common(cache)
     cache.set_defaults(func=cmd_cache)
+    doc = sub.add_parser("doctor", help="check this shell's proxy settings; send one request through it")
+    doc.add_argument("--url", default=DOCTOR_URL, help=f"a paced https URL to fetch (default {DOCTOR_URL})")
+    doc.set_defaults(func=cmd_doctor)
     chk = sub.add_parser("check-config", help="validate a config file")
     chk.add_argument("file")
     chk.set_defaults(func=cmd_check_config)

@@ -1,0 +1,148 @@
+"""``politeproxy doctor`` against a real proxy and the fake upstream (issue 13).
+
+The good environment is the one ``eval "$(politeproxy env)"`` makes in a real bash; the broken ones change
+one thing each: no proxy variable, a CA bundle without the proxy's CA, no_proxy covering Common Crawl,
+the proxy down, one case of a variable missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shlex
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import certifi
+import pytest
+
+from politeproxy import doctor
+from tests.conftest import (
+    NO_ROBOTS,
+    POLITEPROXY,
+    ROOT,
+    Certs,
+    ProxyProc,
+    Upstream,
+    free_port,
+    start_proxy,
+    start_upstream,
+)
+
+URL = "https://index.commoncrawl.org/collinfo.json"
+
+
+@pytest.fixture(scope="module")
+def up(certs: Certs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Upstream]:
+    u = start_upstream(certs, tmp_path_factory.mktemp("doctor-up"))
+    yield u
+    u.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(up: Upstream, certs: Certs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProc]:
+    fast_index = '[hosts."index.commoncrawl.org"]\ninterval = "0s"\n'  # one request per test, no 1 s gap
+    p = start_proxy(tmp_path_factory.mktemp("doctor"), up, certs, NO_ROBOTS + fast_index)
+    yield p
+    p.stop()
+
+
+def _env_lines(proxy: ProxyProc) -> str:
+    cmd = [*POLITEPROXY, "env", "--data-dir", str(proxy.data_dir), "--listen", f"127.0.0.1:{proxy.port}"]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+@pytest.fixture(scope="module")
+def env_out(proxy: ProxyProc) -> str:
+    return _env_lines(proxy)
+
+
+@pytest.fixture
+def good(env_out: str) -> dict[str, str]:
+    """The variables `politeproxy env` exports, read as a shell reads them (a fresh copy per test)."""
+    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    for line in env_out.splitlines():
+        if line.startswith("export "):
+            k, _, v = line[len("export ") :].partition("=")
+            env[k] = shlex.split(v)[0]
+    return env
+
+
+def _run(env: dict[str, str], url: str = URL) -> tuple[int, str]:
+    out = io.StringIO()
+    return doctor.run(env, url, out), out.getvalue()
+
+
+def test_good_environment_from_the_real_env_output(proxy: ProxyProc, up: Upstream) -> None:
+    """In bash, after eval "$(politeproxy env)": every check passes and one request went upstream."""
+    up.reset()
+    clean = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
+    script = f'eval "$({shlex.join(POLITEPROXY)} env --data-dir {shlex.quote(str(proxy.data_dir))} '
+    script += f'--listen 127.0.0.1:{proxy.port})" && {shlex.join(POLITEPROXY)} doctor'
+    r = subprocess.run(
+        ["bash", "-c", script], cwd=ROOT, env=clean, capture_output=True, text=True, timeout=90
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all checks passed" in r.stdout and "FAIL" not in r.stdout
+    assert f"GET {URL} through the proxy: 200, Via: 1.1 politeproxy" in r.stdout
+    arrivals = [a for a in up.log() if a["path"] == "/collinfo.json"]
+    assert [a["host"] for a in arrivals] == ["index.commoncrawl.org"]  # one request, through the proxy
+
+
+def test_no_proxy_variable(good: dict[str, str]) -> None:
+    env = good
+    del env["HTTPS_PROXY"], env["https_proxy"]
+    code, out = _run(env)
+    assert code == 1
+    assert "FAIL  neither HTTPS_PROXY nor https_proxy is set" in out
+    assert 'fix: eval "$(politeproxy env)"' in out
+
+
+def test_one_case_missing(good: dict[str, str]) -> None:
+    env = good
+    del env["https_proxy"], env["no_proxy"]
+    code, out = _run(env)
+    assert code == 1
+    assert "FAIL  https_proxy is not set" in out and "FAIL  no_proxy is not set" in out
+    assert "Via: 1.1 politeproxy" in out  # the request still went through (HTTPS_PROXY)
+
+
+def test_wrong_ca_bundle(good: dict[str, str], tmp_path: Path) -> None:
+    env = good
+    for var in doctor.BUNDLE_VARS:
+        env[var] = certifi.where()  # the public roots only: the proxy's leaves do not verify
+    env["CURL_CA_BUNDLE"] = str(tmp_path / "gone.pem")
+    code, out = _run(env)
+    assert code == 1
+    assert f"FAIL  SSL_CERT_FILE={certifi.where()} does not hold this proxy's CA" in out
+    assert f"FAIL  CURL_CA_BUNDLE={tmp_path / 'gone.pem'} does not exist" in out
+    assert f"FAIL  GET {URL} through the proxy failed" in out and "CERTIFICATE_VERIFY_FAILED" in out
+
+
+def test_no_proxy_covering_common_crawl(good: dict[str, str]) -> None:
+    env = good
+    env["no_proxy"] = env["no_proxy"] + ",.commoncrawl.org"
+    env["NO_PROXY"] = env["NO_PROXY"] + ",*.amazonaws.com:443"
+    code, out = _run(env)
+    assert code == 1
+    assert "FAIL  no_proxy sends commoncrawl.org, data.commoncrawl.org, index.commoncrawl.org around" in out
+    assert "FAIL  NO_PROXY sends commoncrawl.s3.amazonaws.com around the proxy" in out
+
+
+def test_proxy_down(good: dict[str, str]) -> None:
+    env = good
+    dead = f"http://127.0.0.1:{free_port()}"
+    for var in ("HTTPS_PROXY", "https_proxy"):
+        env[var] = dead
+    code, out = _run(env)
+    assert code == 1
+    assert f"FAIL  no proxy answers at 127.0.0.1:{dead.rsplit(':', 1)[1]}" in out
+    assert "fix: start it: politeproxy run" in out
+    assert "GET " not in out  # nothing to send through
+
+
+def test_bad_url_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert doctor.main(argparse.Namespace(url="http://index.commoncrawl.org/")) == 2
+    assert "an https:// URL" in capsys.readouterr().err
