@@ -137,6 +137,8 @@ def test_config_errors_name_the_key_in_process(tmp_path: Path) -> None:
 
 
 def test_env_prints_every_export_line(tmp_path: Path) -> None:
+    from politeproxy.envlines import NO_PROXY
+
     d = tmp_path / "d"
     r = cli(tmp_path, "env", "--data-dir", str(d), "--listen", "127.0.0.1:4567")
     assert r.returncode == 0, r.stderr
@@ -147,13 +149,14 @@ def test_env_prints_every_export_line(tmp_path: Path) -> None:
         assert key in exports, (key, r.stdout)
     # Every export line, its value written out here (not read back from the output): a wrong, missing or
     # extra line fails.
-    proxy, bundle = "http://127.0.0.1:4567", str(d / "ca-bundle.pem")
+    proxy, bundle = "http://127.0.0.1:4567", str(d / "trust-bundle.pem")  # system roots + certifi + CA
     expected = {
         "HTTPS_PROXY": proxy,
         "HTTP_PROXY": proxy,
         "https_proxy": proxy,
         "http_proxy": proxy,
-        "NO_PROXY": "localhost,127.0.0.1,::1",
+        "NO_PROXY": NO_PROXY,
+        "no_proxy": NO_PROXY,
         "SSL_CERT_FILE": bundle,
         "REQUESTS_CA_BUNDLE": bundle,
         "CURL_CA_BUNDLE": bundle,
@@ -163,9 +166,10 @@ def test_env_prints_every_export_line(tmp_path: Path) -> None:
     assert exports == expected, r.stdout
     duck = [x for x in r.stdout.splitlines() if x.startswith("# duckdb:")]
     assert duck == [
-        f"# duckdb: SET http_proxy = '127.0.0.1:4567'; SET ca_cert_file = '{d / 'ca-bundle.pem'}';"
+        f"# duckdb: SET http_proxy = '127.0.0.1:4567'; SET ca_cert_file = '{bundle}';"
+        " SET enable_server_cert_verification = true;"
     ]
-    assert (d / "ca.pem").is_file() and (d / "ca-bundle.pem").is_file()
+    assert (d / "ca.pem").is_file() and (d / "ca-bundle.pem").is_file() and Path(bundle).is_file()
     # Every line is either a comment or an export a POSIX shell accepts.
     sh = need_tool("sh")
     out = subprocess.run(
@@ -183,12 +187,12 @@ def test_defaults_and_environment_variables(tmp_path: Path) -> None:
     r = cli(tmp_path, "env")
     assert r.returncode == 0, r.stderr
     assert "export HTTPS_PROXY=http://127.0.0.1:3128" in r.stdout
-    assert f"export SSL_CERT_FILE={tmp_path / 'xdg' / 'politeproxy' / 'ca-bundle.pem'}" in r.stdout
+    assert f"export SSL_CERT_FILE={tmp_path / 'xdg' / 'politeproxy' / 'trust-bundle.pem'}" in r.stdout
     # POLITEPROXY_LISTEN and POLITEPROXY_DATA_DIR.
     d = tmp_path / "envdata"
     r = cli(tmp_path, "env", POLITEPROXY_LISTEN="127.0.0.1:5555", POLITEPROXY_DATA_DIR=str(d))
     assert "export HTTPS_PROXY=http://127.0.0.1:5555" in r.stdout
-    assert f"export SSL_CERT_FILE={d / 'ca-bundle.pem'}" in r.stdout
+    assert f"export SSL_CERT_FILE={d / 'trust-bundle.pem'}" in r.stdout
     # Flags win over the environment.
     r = cli(tmp_path, "env", "--listen", "127.0.0.1:6666", POLITEPROXY_LISTEN="127.0.0.1:5555")
     assert "export HTTPS_PROXY=http://127.0.0.1:6666" in r.stdout
@@ -197,7 +201,7 @@ def test_defaults_and_environment_variables(tmp_path: Path) -> None:
     cfg.write_text(f'listen = "127.0.0.1:7777"\ndata_dir = "{tmp_path / "cfgdata"}"\n')
     r = cli(tmp_path, "env", POLITEPROXY_CONFIG=str(cfg))
     assert "export HTTPS_PROXY=http://127.0.0.1:7777" in r.stdout
-    assert f"export SSL_CERT_FILE={tmp_path / 'cfgdata' / 'ca-bundle.pem'}" in r.stdout
+    assert f"export SSL_CERT_FILE={tmp_path / 'cfgdata' / 'trust-bundle.pem'}" in r.stdout
     r = cli(tmp_path, "env", POLITEPROXY_CONFIG=str(cfg), POLITEPROXY_LISTEN="127.0.0.1:5555")
     assert "export HTTPS_PROXY=http://127.0.0.1:5555" in r.stdout
 
