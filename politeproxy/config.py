@@ -21,7 +21,7 @@ from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.cacherules import CacheLimits, CacheRule, default_rules
 from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
 from politeproxy.policy.fairness import PipelineRule, clean_name
-from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS
+from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS, S3_PATH_STYLE_HOSTS
 from politeproxy.policy.redis_url import check_redis_url
 from politeproxy.policy.settings import (
     ConfigError,
@@ -146,6 +146,7 @@ SCHEMA: dict[str, Any] = {
     "paced_hosts": (_list(_pattern), list(DEFAULT_PACED_HOSTS)),
     "tunnel_ports": (_list(_int(1, 65535)), list(d.TUNNEL_PORTS)),
     "allow_private_destinations": (_bool, d.ALLOW_PRIVATE_DESTINATIONS),
+    "intercept_s3_path_style": (_bool, d.INTERCEPT_S3_PATH_STYLE),
     "auth": {"users": (_table_of(_str), {})},
     "client": {
         "handshake_timeout": (_dur, d.HANDSHAKE_TIMEOUT),
@@ -240,7 +241,9 @@ class Config:
 
     @property
     def paced_hosts(self) -> list[str]:
-        return list(self.raw["paced_hosts"])
+        """paced_hosts, plus S3's own endpoints with intercept_s3_path_style (only /commoncrawl/ paced)."""
+        path_style = list(S3_PATH_STYLE_HOSTS) if self.raw.get("intercept_s3_path_style") else []
+        return list(self.raw["paced_hosts"]) + path_style
 
     def exempt_rules(self) -> tuple[ExemptRule, ...]:
         rules = self.raw["exempt"]["rules"]

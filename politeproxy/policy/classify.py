@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import unquote
 
-from politeproxy.policy.hosts import HostSet, host_matches
+from politeproxy.policy.hosts import S3_PATH_STYLE_HOSTS, HostSet, host_matches
+
+BUCKET = "commoncrawl"  # the S3 bucket whose path-style requests are paced
+_PATH_STYLE = HostSet(S3_PATH_STYLE_HOSTS)
 
 
 def normalize_path(path: str) -> str:
@@ -78,6 +81,25 @@ class Classifier:
     def classify(self, method: str, host: str, path: str, has_range: bool) -> Klass:
         if not self.hosts.matches(host):
             return Klass.PASSTHROUGH
+        if _PATH_STYLE.matches(host):  # intercepted only with intercept_s3_path_style (or listed by hand)
+            as_bucket = bucket_request(host, path)
+            if as_bucket is None:
+                return Klass.PASSTHROUGH  # another bucket: relayed as it came, never paced
+            host, path = as_bucket
         if any(r.matches(method, host, path, has_range) for r in self.rules):
             return Klass.EXEMPT
         return Klass.PACED
+
+
+def bucket_request(host: str, path: str) -> tuple[str, str] | None:
+    """A path-style S3 request (``s3[.region].amazonaws.com/commoncrawl/key``) as the bucket's own
+    virtual-hosted request (``commoncrawl.s3[.region].amazonaws.com/key``); None for any other bucket.
+
+    The path is the one S3 resolves (``normalize_path``: ``/x/../commoncrawl/`` and ``/common%63rawl/``
+    are the bucket too), and leading slashes are skipped: anything that may reach the bucket is paced.
+    """
+    rest = normalize_path(path).lstrip("/")
+    name, sep, key = rest.partition("/")
+    if name != BUCKET:
+        return None
+    return f"{BUCKET}.{host}", "/" + key

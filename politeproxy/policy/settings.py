@@ -64,6 +64,7 @@ LISTEN = "127.0.0.1:3128"
 LOG_FORMAT = "plain"
 TUNNEL_PORTS = (443,)
 ALLOW_PRIVATE_DESTINATIONS = False
+INTERCEPT_S3_PATH_STYLE = False  # s3[.<region>].amazonaws.com intercepted, /commoncrawl/ paced
 # [client]
 HANDSHAKE_TIMEOUT = 10.0
 HEADER_TIMEOUT = 15.0

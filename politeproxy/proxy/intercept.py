@@ -1,4 +1,9 @@
-"""TLS interception: answer the CONNECT, upgrade the client connection with a leaf for the target."""
+"""TLS interception: answer the CONNECT, upgrade the client connection with a leaf for the target.
+
+Bytes the client sent before the upgrade (after its CONNECT head, or a ClientHello the tunnel peeked at)
+start the TLS stream: ``loop.start_tls`` would lose them (CPython #142352, uvloop #707), so they are fed
+into an ``asyncio.sslproto.SSLProtocol`` before reading resumes.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,13 @@ import asyncio
 import inspect
 import logging
 import ssl
+from asyncio import sslproto
 from collections.abc import Awaitable, Callable
 
-from politeproxy.proxy.responses import plain_response
+from politeproxy.proxy.responses import RepeatLog, plain_response
 
 log = logging.getLogger("politeproxy")
+unsigned = RepeatLog(log)  # paced names the CA may not sign, rate-limited per name
 
 
 class _Pending(asyncio.Protocol):
@@ -20,6 +27,10 @@ class _Pending(asyncio.Protocol):
         self.chunks: list[bytes] = []
         self.eof = False
         self.lost = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # only from start_with (call_connection_made)
 
     def data_received(self, data: bytes) -> None:
         self.chunks.append(data)
@@ -38,19 +49,62 @@ async def _leaf_context(
     host: str,
     port: int,
     context_for: Callable[[str], Awaitable[ssl.SSLContext] | ssl.SSLContext],
+    answered: bool,
 ) -> ssl.SSLContext | None:
-    """The server context for ``host``, or None after answering the client why not."""
+    """The server context for ``host``, or None after telling the client why not (while it still
+    speaks HTTP: once answered, it is mid-handshake and only the connection's close can tell it)."""
     try:
         got = context_for(host)
         return await got if inspect.isawaitable(got) else got
     except ValueError as e:  # the CA refused the name (ca.NameRefused): the client's doing, one line
-        log.info("%s: CONNECT %s:%d refused: %s", client, host, port, e)
-        transport.write(plain_response(403, "Forbidden", "the CA may not sign this name"))
+        why = f"{e}: add {host} to paced_hosts and restart (a new CA; trust the new ca.pem)"
+        if unsigned.allow(host):
+            log.warning("%s: CONNECT %s:%d refused, not tunnelled: %s", client, host, port, why)
+        if not answered:
+            refusal = f"the CA may not sign {host}; see the proxy's log"
+            transport.write(plain_response(403, "Forbidden", refusal))
     except Exception as e:  # noqa: BLE001 - a bad leaf must not take the listener down
         log.error("%s: no leaf for %s: %s", client, host, e)
-        transport.write(plain_response(502, "Bad Gateway", f"cannot make a certificate for {host}"))
+        if not answered:
+            transport.write(plain_response(502, "Bad Gateway", f"cannot make a certificate for {host}"))
     transport.close()
     return None
+
+
+def _feed(proto: asyncio.BufferedProtocol, data: bytes) -> None:
+    """Hand ``data`` to a buffered protocol as if the transport had read it."""
+    view = memoryview(data)
+    while view:
+        buf = proto.get_buffer(len(view))
+        n = min(len(buf), len(view))
+        if n <= 0:
+            raise ConnectionError("the TLS layer took no bytes")
+        buf[:n] = view[:n]
+        proto.buffer_updated(n)
+        view = view[n:]
+
+
+async def start_with(
+    transport: asyncio.Transport, pending: _Pending, ctx: ssl.SSLContext, initial: bytes, timeout: float
+) -> asyncio.Transport | None:
+    """``loop.start_tls(server_side=True)`` for a connection whose first ``initial`` bytes were read
+    already: they go into the TLS layer before the transport reads again (reading is paused)."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    proto = sslproto.SSLProtocol(
+        loop, pending, ctx, waiter, server_side=True, call_connection_made=True, ssl_handshake_timeout=timeout
+    )
+    transport.pause_reading()
+    transport.set_protocol(proto)
+    proto.connection_made(transport)  # starts the handshake, which waits for the ClientHello
+    _feed(proto, initial)
+    transport.resume_reading()
+    try:
+        await waiter
+    except BaseException:
+        transport.close()
+        raise
+    return pending.transport
 
 
 async def upgrade(
@@ -63,32 +117,29 @@ async def upgrade(
     context_for: Callable[[str], Awaitable[ssl.SSLContext] | ssl.SSLContext],
     handshake_timeout: float,
     attach: Callable[[asyncio.Transport], asyncio.Protocol],
+    answered: bool = False,
 ) -> None:
-    """Answer 200, run the TLS handshake as the server for ``host``, then hand the TLS transport to the
-    protocol ``attach`` returns, with any application bytes that came with the end of the handshake.
+    """Answer 200 (unless ``answered``: the tunnel did), run the TLS handshake as the server for
+    ``host``, then hand the TLS transport to the protocol ``attach`` returns, with any application bytes
+    that came with the end of the handshake. ``leftover``: the client's bytes read so far, the start of
+    its TLS stream.
 
     ``context_for`` is ``CertificateAuthority.context`` (async: signing runs off the loop); a plain
     callable returning a context is still accepted."""
     loop = asyncio.get_running_loop()
-    if leftover:
-        # TLS bytes sent before our 200 would be lost to start_tls; refuse rather than corrupt.
-        log.info("%s: CONNECT %s:%d: data sent before the tunnel was open; closing", client, host, port)
-        transport.write(plain_response(400, "Bad Request", "data sent before CONNECT was answered"))
-        transport.close()
-        return
-    ctx = await _leaf_context(transport, client, host, port, context_for)
+    ctx = await _leaf_context(transport, client, host, port, context_for, answered)
     if ctx is None or transport.is_closing():  # refused, or the client left while its leaf was made
         return
-    transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+    if not answered:
+        transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
     pending = _Pending()
     try:
-        tls = await loop.start_tls(
-            transport,
-            pending,
-            ctx,
-            server_side=True,
-            ssl_handshake_timeout=handshake_timeout,
-        )
+        if leftover:
+            tls = await start_with(transport, pending, ctx, leftover, handshake_timeout)
+        else:
+            tls = await loop.start_tls(
+                transport, pending, ctx, server_side=True, ssl_handshake_timeout=handshake_timeout
+            )
     except (ssl.SSLError, OSError, TimeoutError, ConnectionError) as e:
         why = (
             "timed out"

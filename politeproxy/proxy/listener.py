@@ -24,10 +24,11 @@ from politeproxy.policy import settings as defaults
 from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.routing import Refusal, Route, Target
-from politeproxy.proxy import intercept, tunnel
+from politeproxy.proxy import fastnet, intercept, tunnel
 from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.forward import Forwarder, Handler
+from politeproxy.proxy.peek import PeekingTunnel
 from politeproxy.proxy.responses import (
     BadRequestOneLine,
     BoundedServer,
@@ -192,7 +193,8 @@ class FrontProtocol(asyncio.Protocol):
             who = self.proxy.access.pipeline(headers.get("proxy-authorization"), self.client)
             await self.proxy.intercept(self.transport, self.client, target.host, target.port, leftover, who)
         else:
-            await self.proxy.tunnel(self, target, leftover)
+            who = self.proxy.access.pipeline(headers.get("proxy-authorization"), self.client)
+            await self.proxy.tunnel(self, target, leftover, who)
 
 
 class Proxy:
@@ -236,6 +238,8 @@ class Proxy:
         self._sweep_at = 64
         self.tasks: set[asyncio.Task[None]] = set()
         self.pairs: set[tunnel._RelayPair] = set()
+        t = (upstream.connect_timeout, timeouts.handshake, timeouts.idle)  # the peek: handshake_timeout
+        self.peeker = PeekingTunnel(*t, self.hosts_paced, self._tunnel_change, self._bytes_seen, self.pairs)
         self.forwarder = Forwarder(
             classifier=classifier,
             pacer=pacer,
@@ -258,6 +262,8 @@ class Proxy:
 
     async def start(self, host: str, port: int) -> asyncio.Server:
         loop = asyncio.get_running_loop()
+        if (fast := fastnet.enable(loop)) is not None:  # optional extra [fast]: before any socket exists
+            log.info("transports: %s", fast)
         self.server = await loop.create_server(
             lambda: FrontProtocol(self), host, port, reuse_address=True, backlog=2048
         )
@@ -343,9 +349,10 @@ class Proxy:
 
     # -- CONNECT ------------------------------------------------------------------------------------
 
-    async def intercept(
-        self, transport: asyncio.Transport, client: str, host: str, port: int, leftover: bytes, who: str = ""
-    ) -> None:
+    async def intercept(  # the CONNECT's facts; answered: the peek sent the 200 already
+        self, transport: asyncio.Transport, client: str, host: str, port: int, leftover: bytes, who: str = "",
+        answered: bool = False,
+    ) -> None:  # fmt: skip
         def attach(tls: asyncio.Transport) -> asyncio.Protocol:
             proto = self.tunnel_server()
             self.tunnels[proto] = (host, port)
@@ -362,10 +369,15 @@ class Proxy:
             context_for=self.ca.context,
             handshake_timeout=self.timeouts.handshake,
             attach=attach,
+            answered=answered,
         )
 
-    async def tunnel(self, front: FrontProtocol, target: Target, leftover: bytes) -> None:
-        """A blind tunnel to a checked address of ``target`` (resolved here, once)."""
+    def _bytes_seen(self, from_client: bool, n: int) -> None:
+        self.events.bytes_relayed("client_to_upstream" if from_client else "upstream_to_client", n)
+
+    async def tunnel(self, front: FrontProtocol, target: Target, leftover: bytes, who: str = "") -> None:
+        """A tunnel to a checked address of ``target`` (resolved here, once): blind, unless the client's
+        TLS hello names a paced host (peek.py), which is then intercepted like a CONNECT to that host."""
         assert front.transport is not None
         try:
             dests = await self.destinations.for_tunnel(front.client, target)
@@ -378,19 +390,8 @@ class Proxy:
             front.refuse(dests)
             return
 
-        def bytes_seen(from_client: bool, n: int) -> None:
-            self.events.bytes_relayed("client_to_upstream" if from_client else "upstream_to_client", n)
+        async def by_name(transport: asyncio.Transport, name: str, initial: bytes) -> None:
+            await self.intercept(transport, front.client, name, target.port, initial, who, answered=True)
 
-        await tunnel.open_tunnel(
-            front.transport,
-            front.client,
-            target.host,
-            target.port,
-            leftover,
-            dests=dests,
-            connect_timeout=self.upstream.connect_timeout,
-            idle=self.timeouts.idle,
-            on_open=self._tunnel_change,
-            on_bytes=bytes_seen,
-            pairs=self.pairs,
-        )
+        where = (target.host, target.port)
+        await self.peeker.open(front.transport, front.client, where, leftover, dests, by_name)
