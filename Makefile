@@ -20,9 +20,11 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@ $(VENV)/.installed-run
 
+# ARGS go to both commands: `env` takes run's flags (--global-rate, -v, ...) and ignores those it does
+# not need, so --listen and --data-dir print the lines of the proxy that starts.
 run: $(VENV)/.installed-run
 	@$(BIN)/politeproxy env $(ARGS)
-	@echo "# paste the lines above into your shell (or: eval \"\$$($(BIN)/politeproxy env)\"); Ctrl-C stops the proxy"
+	@echo '# paste the lines above into your shell (or: eval "$$($(BIN)/politeproxy env $(ARGS))"); Ctrl-C stops the proxy'
 	exec $(BIN)/politeproxy run $(ARGS)
 
 test: $(VENV)/.installed-test
