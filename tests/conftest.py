@@ -135,6 +135,22 @@ def upstream(certs: Certs, tmp_path: Path) -> Iterator[Upstream]:
     up.stop()
 
 
+@pytest.fixture
+def files_dir(tmp_path: Path) -> Path:
+    """A directory the ``files_upstream`` serves (under /files/ and /cc-index/table/)."""
+    d = tmp_path / "files"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def files_upstream(certs: Certs, tmp_path: Path, files_dir: Path) -> Iterator[Upstream]:
+    """A fake upstream of its own that serves the files written into ``files_dir``."""
+    up = start_upstream(certs, tmp_path, files_dir=files_dir)
+    yield up
+    up.stop()
+
+
 def free_port() -> int:
     import socket
 
@@ -157,6 +173,7 @@ class ProxyProc:
     config_path: Path
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    log_mark: int = 0
 
     @property
     def url(self) -> str:
@@ -177,6 +194,28 @@ class ProxyProc:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def mark_log(self) -> None:
+        """Remember where the log ends now: ``log_since()`` then returns only what came after."""
+        self.log_mark = self.log_path.stat().st_size
+
+    def log_since(self) -> str:
+        """The log written since the last ``mark_log()`` (the whole log when never marked)."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_mark)
+            return f.read().decode(errors="replace")
+
+    def metric(self, name: str, labels: str = "") -> float:
+        """The sum of the /metrics samples of ``name`` whose labels hold every part of ``labels``
+        (like 'reason="auth",class="paced"'); 0 when absent. On a shared proxy compare before/after."""
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if line.startswith("#"):
+                continue
+            key, _, value = line.rpartition(" ")
+            if key.split("{", 1)[0] == name and all(part in key for part in labels.split(",") if part):
+                total += float(value)
+        return total
 
     def sighup(self) -> None:
         self.proc.send_signal(signal.SIGHUP)
@@ -275,12 +314,102 @@ def proxy_factory(tmp_path: Path, certs: Certs) -> Iterator[Callable[..., ProxyP
 
 
 NO_ROBOTS = "[robots]\nenabled = false\n"
+# Pacing is the next layer's business: the data-path tests run it off (memory store, no global gap).
+FAST = NO_ROBOTS + '[schedule]\nbackend = "memory"\nglobal_rate = "0"\n'
 
 
 @pytest.fixture
 def proxy(proxy_factory: Callable[..., ProxyProc], upstream: Upstream) -> ProxyProc:
     """One proxy in front of the fake upstream, robots off so arrival logs hold only the test's requests."""
     return proxy_factory(upstream, NO_ROBOTS)
+
+
+# -- once per module (see /work/notes/T-fixtures.md) ---------------------------------------------------
+# Starting a proxy costs about a second; a module whose cases only send requests shares one. A test that
+# changes config, sends SIGHUP, kills or restarts a process keeps its own (proxy_factory).
+
+
+@pytest.fixture(scope="module")
+def module_tmp(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory that lives as long as the module (configs, data dirs and logs of module proxies)."""
+    return tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+
+
+@pytest.fixture(scope="module")
+def module_upstream(certs: Certs, module_tmp: Path) -> Iterator[Upstream]:
+    """One fake upstream for the whole module. Tests take ``shared_upstream`` (reset first) instead."""
+    up = start_upstream(certs, module_tmp)
+    yield up
+    up.stop()
+
+
+@pytest.fixture(scope="module")
+def module_files_dir(module_tmp: Path) -> Path:
+    """``files_dir`` once per module (tests write files of distinct names into it)."""
+    d = module_tmp / "files"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture(scope="module")
+def module_files_upstream(certs: Certs, module_tmp: Path, module_files_dir: Path) -> Iterator[Upstream]:
+    """``files_upstream`` once per module, serving ``module_files_dir``. Call ``reset()`` in each test."""
+    up = start_upstream(certs, module_tmp, files_dir=module_files_dir)
+    yield up
+    up.stop()
+
+
+@pytest.fixture
+def shared_upstream(module_upstream: Upstream) -> Upstream:
+    """The module's upstream with an empty arrival log and no throttle, robots or capacity rule."""
+    module_upstream.reset()
+    return module_upstream
+
+
+@pytest.fixture(scope="module")
+def module_proxy_factory(module_tmp: Path, certs: Certs) -> Iterator[Callable[..., ProxyProc]]:
+    """``proxy_factory``'s call, but each proxy it starts lives until the module ends."""
+    started: list[ProxyProc] = []
+
+    def make(up: Upstream | None, extra_toml: str = "", **kw: Any) -> ProxyProc:
+        p = start_proxy(module_tmp, up, certs, extra_toml, **kw)
+        started.append(p)
+        return p
+
+    yield make
+    for p in started:
+        p.stop()
+
+
+@pytest.fixture(scope="module")
+def module_proxy(module_proxy_factory: Callable[..., ProxyProc], module_upstream: Upstream) -> ProxyProc:
+    """``proxy`` once per module: robots off, in front of ``module_upstream``. Use with shared_upstream."""
+    return module_proxy_factory(module_upstream, NO_ROBOTS)
+
+
+def for_this_test(p: ProxyProc) -> ProxyProc:
+    """A module's proxy handed to one more test: checked alive, its log marked for ``log_since()``."""
+    assert p.proc.poll() is None, f"the module's proxy died: {p.log()[-2000:]}"
+    p.mark_log()
+    return p
+
+
+@pytest.fixture(scope="module")
+def module_fast_proxy(module_proxy_factory: Callable[..., ProxyProc], module_upstream: Upstream) -> ProxyProc:
+    """A FAST proxy (memory store, no global gap, robots off) in front of ``module_upstream``, per module."""
+    return module_proxy_factory(module_upstream, FAST)
+
+
+@pytest.fixture
+def shared_fast_proxy(module_fast_proxy: ProxyProc) -> ProxyProc:
+    """``module_fast_proxy`` for one test (checked alive, log marked)."""
+    return for_this_test(module_fast_proxy)
+
+
+@pytest.fixture
+def shared_proxy(module_proxy: ProxyProc) -> ProxyProc:
+    """``module_proxy``, checked alive, its log marked so ``log_since()`` shows only this test's lines."""
+    return for_this_test(module_proxy)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -18,18 +18,32 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import POLITEPROXY, PY, ROOT, Certs, ProxyProc, Upstream, need_tool
-from tests.e2e import test_proxy_io
-from tests.e2e.test_proxy_io import ProxyFactory, arrivals, start_with
+from tests.conftest import POLITEPROXY, PY, ROOT, Certs, ProxyProc, Upstream, for_this_test, need_tool
+from tests.support.proxyio import ProxyFactory, arrivals, start_with
 
-# Fixtures shared with test_proxy_io (pytest finds fixtures by module attribute).
-files_dir = test_proxy_io.files_dir
-files_upstream = test_proxy_io.files_upstream
+# One files upstream and one proxy for the module: every client here only sends requests, each test
+# writes files of its own names, and the arrival log is reset before each test.
 
 
 @pytest.fixture
-def cp(proxy_factory: ProxyFactory, files_upstream: Upstream, certs: Certs) -> ProxyProc:
-    return start_with(proxy_factory, files_upstream, certs)
+def files_dir(module_files_dir: Path) -> Path:
+    return module_files_dir
+
+
+@pytest.fixture
+def files_upstream(module_files_upstream: Upstream) -> Upstream:
+    module_files_upstream.reset()
+    return module_files_upstream
+
+
+@pytest.fixture(scope="module")
+def module_cp(module_proxy_factory: ProxyFactory, module_files_upstream: Upstream, certs: Certs) -> ProxyProc:
+    return start_with(module_proxy_factory, module_files_upstream, certs)
+
+
+@pytest.fixture
+def cp(module_cp: ProxyProc, files_upstream: Upstream) -> ProxyProc:
+    return for_this_test(module_cp)
 
 
 def run_py(p: ProxyProc, code: str, extra_env: dict[str, str] | None = None) -> str:
