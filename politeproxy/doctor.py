@@ -256,8 +256,14 @@ def check_request(env: Mapping[str, str], proxy: ProxyAddr, url: str) -> Check:
     if VIA_ENTRY not in [v.strip() for v in via.split(",")]:
         why = f"GET {url}: {resp.status}, but no `Via: {VIA_ENTRY}` (Via: {via or 'none'})"
         return Check(False, why, "https_proxy names another proxy, or this one is not politeproxy")
-    held = f"held {resp.getheader(WAIT_HEADER) or '?'} s, pipeline {resp.getheader(PIPELINE_HEADER) or '?'}"
-    return Check(True, f"GET {url} through the proxy: {resp.status}, Via: {via} ({held})")
+    wait, pipeline, cache = (resp.getheader(h) for h in (WAIT_HEADER, PIPELINE_HEADER, "X-Politeproxy-Cache"))
+    notes = [
+        f"held {wait} s" if wait else "",
+        f"pipeline {pipeline}" if pipeline else "",
+        f"cache {cache}" if cache else "",
+    ]
+    more = f" ({', '.join(n for n in notes if n)})" if any(notes) else ""
+    return Check(True, f"GET {url} through the proxy: {resp.status}, Via: {via}{more}")
 
 
 def _auth(proxy: ProxyAddr) -> dict[str, str] | None:
