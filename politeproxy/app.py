@@ -29,7 +29,7 @@ from politeproxy.proxy.events import Tee
 from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
-from politeproxy.startup import announce_pacing, probe_redis
+from politeproxy.startup import announce_pacing, probe_store
 from politeproxy.status import StatusBoard, StatusEvents
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
@@ -195,8 +195,7 @@ class App:
         except ConfigError as e:  # POLITEPROXY_CLOCK_OFFSET; cli checks it first, this is the backstop
             raise StartupError(str(e)) from None
         self.store = store
-        if cfg["schedule"]["backend"] == "redis" and isinstance(store, FailoverStore):
-            await probe_redis(getattr(store.primary, "client", None), cfg["schedule"]["redis_url"])
+        await probe_store(store, cfg["schedule"])  # backend redis: names its address, reachable or not
         self.metrics.set_store((store if not isinstance(store, FailoverStore) else store.active).name, False)
         settings = cfg.pacing()
         self.metrics.prepare(hosts.concrete_hosts(), settings)  # their label sets at 0 from the start

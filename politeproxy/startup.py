@@ -78,3 +78,10 @@ async def probe_redis(client: Any, url: str, timeout: float = PROBE_TIMEOUT) -> 
         return False
     start_log.info("redis at %s is reachable", where)
     return True
+
+
+async def probe_store(store: Any, schedule: dict[str, Any]) -> None:
+    """The start-up probe of the redis backend: the failover store's primary, a RedisStore."""
+    client = getattr(getattr(store, "primary", None), "client", None)
+    if schedule["backend"] == "redis" and client is not None:
+        await probe_redis(client, schedule["redis_url"])
