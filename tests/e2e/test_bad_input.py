@@ -12,7 +12,7 @@ import certifi
 import pytest
 import requests
 
-from tests.conftest import Certs, ProxyProc, Upstream, free_port, wait_for
+from tests.conftest import Certs, ProxyProc, Upstream, for_this_test, free_port, wait_for
 from tests.e2e.test_proxy_io import (
     ProxyFactory,
     bundle,
@@ -31,10 +31,23 @@ SMALL_TIMEOUTS = '[client]\nhandshake_timeout = "1s"\nheader_timeout = "1s"\nidl
 WAIT = 30.0
 
 
+@pytest.fixture(scope="module")
+def module_bp(module_proxy_factory: ProxyFactory, module_upstream: Upstream, certs: Certs) -> ProxyProc:
+    """A proxy with small client timeouts and max_header_size 4096, shared by the module's bp cases:
+    each sends bad input and then checks the same proxy still serves (and never logged a traceback)."""
+    extra = SMALL_TIMEOUTS + "max_header_size = 4096\n"
+    return start_with(module_proxy_factory, module_upstream, certs, extra)
+
+
 @pytest.fixture
-def bp(proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs) -> ProxyProc:
-    """A proxy with small client timeouts and max_header_size 4096."""
-    return start_with(proxy_factory, upstream, certs, SMALL_TIMEOUTS + "max_header_size = 4096\n")
+def bp(module_bp: ProxyProc) -> ProxyProc:
+    return for_this_test(module_bp)
+
+
+@pytest.fixture
+def upstream(shared_upstream: Upstream) -> Upstream:
+    """The module's one fake upstream, reset before each test."""
+    return shared_upstream
 
 
 def raw(port: int, data: bytes) -> tuple[bytes, bytes]:
@@ -161,8 +174,8 @@ def test_non_tls_bytes_in_an_intercepted_tunnel(bp: ProxyProc, upstream: Upstrea
     closed_within(s)  # a clean close: no plain-text answer inside what should be TLS matters
     s.close()
     still_serves(bp)
-    wait_for(lambda: "TLS handshake for data.commoncrawl.org failed" in bp.log(), WAIT, "log line")
-    lines = [x for x in bp.log().splitlines() if "TLS handshake" in x]
+    wait_for(lambda: "TLS handshake for data.commoncrawl.org failed" in bp.log_since(), WAIT, "log line")
+    lines = [x for x in bp.log_since().splitlines() if "TLS handshake" in x]
     assert len(lines) == 1, lines
     assert [a["path"] for a in upstream.log()] == ["/echo?still=1"]
     no_tracebacks(bp)
@@ -175,9 +188,9 @@ def test_client_that_does_not_trust_the_ca(bp: ProxyProc, upstream: Upstream) ->
     with pytest.raises(ssl.SSLCertVerificationError):
         ctx.wrap_socket(s, server_hostname="data.commoncrawl.org")
     s.close()
-    wait_for(lambda: "TLS handshake for data.commoncrawl.org failed" in bp.log(), WAIT, "log line")
+    wait_for(lambda: "TLS handshake for data.commoncrawl.org failed" in bp.log_since(), WAIT, "log line")
     still_serves(bp)
-    lines = [x for x in bp.log().splitlines() if "TLS handshake" in x]
+    lines = [x for x in bp.log_since().splitlines() if "TLS handshake" in x]
     assert len(lines) == 1, lines
     assert "ca.pem" in lines[0]  # the line says what to do
     no_tracebacks(bp)
