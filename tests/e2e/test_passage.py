@@ -28,6 +28,7 @@ from tests.conftest import (
     need_tool,
     start_proxy,
     start_upstream,
+    wait_for,
 )
 from tests.e2e.test_proxy_io import exchange, tls_through_proxy
 
@@ -194,9 +195,12 @@ def test_a_refusal_while_blocked_says_via_wait_and_pipeline(proxy: ProxyProc, up
 
 def test_access_line_names_path_pipeline_and_retries(proxy: ProxyProc) -> None:
     _get(proxy, "https://index.commoncrawl.org/echo?url=example.com&X-Amz-Signature=secret", "cdx")
-    lines = [ln for ln in proxy.log().splitlines() if "politeproxy.access" in ln and "/echo?url=" in ln]
-    assert lines, proxy.log()[-2000:]
-    line = lines[-1]
+
+    def lines() -> list[str]:  # the access line is written just after the answer's last byte
+        return [ln for ln in proxy.log().splitlines() if "politeproxy.access" in ln and "/echo?url=" in ln]
+
+    wait_for(lambda: bool(lines()), 10, "access line")
+    line = lines()[-1]
     assert "index.commoncrawl.org/echo?url=example.com&X-Amz-Signature=*** paced" in line, line
     assert "retries=0" in line and "pipeline=cdx" in line and "status=200" in line
     assert "secret" not in line
