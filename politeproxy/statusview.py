@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
 import re
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -127,7 +129,14 @@ def _hosts(doc: Any) -> Table:
     t = Table(title="hosts", title_justify="left", expand=False)
     for name, right in (("host", False), ("state", False), ("left", True), ("interval", True),
                         ("queued", True), ("exempt", True), ("detail", False)):  # fmt: skip
-        t.add_column(name, justify="right" if right else "left", no_wrap=name != "detail")
+        # Every column keeps its header readable; the host name and the detail give way first.
+        t.add_column(
+            name,
+            justify="right" if right else "left",
+            no_wrap=name not in ("host", "detail"),  # these two give way (ellipsis, wrap) when narrow
+            min_width={"host": 12, "state": 11, "detail": 6}.get(name, len(name)),
+            overflow="ellipsis",
+        )
     rows = _get(doc, "hosts")
     for h in rows if isinstance(rows, list) else []:
         state = str(_get(h, "state"))
@@ -148,7 +157,7 @@ def _pipelines(doc: Any) -> Table:
     cols = ("pipeline", "queued", "grants/min", "share", "weight", "wait p50", "next wait", "next host")
     for name in cols:
         right = name not in ("pipeline", "next host")
-        t.add_column(name, justify="right" if right else "left", no_wrap=True)
+        t.add_column(name, justify="right" if right else "left", no_wrap=True, min_width=len(name))
     rows = _get(doc, "pipelines")
     for p in rows if isinstance(rows, list) else []:
         share = _num(_get(p, "share"))
@@ -196,7 +205,8 @@ def run(url: str, watch: bool = False, interval: float = DEFAULT_INTERVAL, as_js
         console: Console | None = None) -> int:  # fmt: skip
     """Print the status once, or (``watch``) until Ctrl-C. Exit 1 with one line when the proxy does not
     answer the first time; later misses show in the view while it keeps asking."""
-    console = console or Console()
+    # A pipe or a file gets 140 columns (rich's default there is 80), unless COLUMNS says otherwise.
+    console = console or Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 140)
     err = Console(stderr=True)
     if not (math.isfinite(interval) and MIN_INTERVAL <= interval <= MAX_INTERVAL):
         err.print(

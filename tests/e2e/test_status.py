@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -146,9 +147,33 @@ def test_status_document_shows_hosts_pipelines_and_overall(live: Live) -> None:
     assert all(r["wait_p50_s"] is not None and r["wait_p50_s"] >= 0 for r in served), served
 
 
+def on_a_terminal(*args: str) -> tuple[subprocess.Popen[bytes], int]:
+    """``politeproxy status ARGS`` with a pseudo-terminal for its output (as a user runs it); the
+    caller reads the terminal's side from the returned descriptor and closes it."""
+    master, slave = os.openpty()
+    env = {**os.environ, "COLUMNS": "150", "TERM": "xterm"}
+    proc = subprocess.Popen(
+        [*POLITEPROXY, "status", *args], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave
+    )
+    os.close(slave)
+    return proc, master
+
+
+def read_until(fd: int, want: bytes, count: int, timeout: float) -> bytes:
+    out, end = b"", time.monotonic() + timeout
+    while out.count(want) < count and time.monotonic() < end:
+        if select.select([fd], [], [], 0.1)[0]:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:  # the other side closed
+                break
+    return out
+
+
 def test_cli_view_json_watch_and_one_line_when_nothing_answers(live: Live) -> None:
-    """The text view (non-tty), --json, --watch stopped by Ctrl-C, and a refused connection: four
-    processes at once."""
+    """The text view (non-tty), --json, --watch on a pipe and on a terminal stopped by Ctrl-C, and a
+    refused connection: five processes at once."""
+    top, term = on_a_terminal("--admin", live.proxy.url, "--watch", "--interval", "0.5")
     text = cli("--admin", live.proxy.url)
     js = cli("--admin", live.side, "--json")  # --metrics-listen answers the same
     dead = cli("--admin", f"http://127.0.0.1:{free_port()}")
@@ -176,10 +201,18 @@ def test_cli_view_json_watch_and_one_line_when_nothing_answers(live: Live) -> No
         watch.send_signal(signal.SIGINT)
         _out, werr = watch.communicate(timeout=10)
         assert watch.returncode == 0 and "Traceback" not in werr, werr
+        # On a terminal: a full-screen view redrawn in place (like top), left cleanly on Ctrl-C.
+        screen = read_until(term, b"alpha", 2, 20)  # the pipelines table of two frames
+        assert screen.count(b"politeproxy 0.1") >= 2 and b"\x1b[?1049h" in screen, screen[-2000:]
+        top.send_signal(signal.SIGINT)
+        assert top.wait(10) == 0
+        rest = read_until(term, b"\x1b[?1049l", 1, 5)
+        assert b"\x1b[?1049l" in rest and b"Traceback" not in rest, rest[-2000:]
     finally:
-        for proc in (text, js, dead, watch):
+        for proc in (text, js, dead, watch, top):
             if proc.poll() is None:
                 proc.kill()
+        os.close(term)
 
 
 def test_status_page_on_both_admin_addresses(live: Live) -> None:
