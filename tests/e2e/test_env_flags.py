@@ -112,8 +112,9 @@ def test_the_effective_pace_is_printed_at_start_without_v(quiet: Quiet) -> None:
 
 
 def test_a_rate_flag_paces_at_that_rate(quiet: Quiet, up: Upstream) -> None:
-    """--global-rate 10/s: six requests sent at once reach the upstream at most 10 a second (their span is
-    at least five gaps of 100 ms, less the arrival log's jitter)."""
+    """--global-rate 10/s: eight requests sent at once reach the upstream at most 10 a second: their span
+    is at least seven gaps of 100 ms, less one gap of slack for the arrival log's jitter (each request
+    opens its own upstream connection, whose TLS set-up delays its arrival by a varying time)."""
     bundle = str(quiet.data_dir / "ca-bundle.pem")
     proxies = {"https": f"http://127.0.0.1:{quiet.port}"}
     tag = f"/size/1?flags={time.monotonic_ns()}"
@@ -122,11 +123,14 @@ def test_a_rate_flag_paces_at_that_rate(quiet: Quiet, up: Upstream) -> None:
         r = requests.get(f"https://data.commoncrawl.org{tag}-{i}", proxies=proxies, verify=bundle, timeout=30)
         return r.status_code
 
-    with ThreadPoolExecutor(6) as pool:
-        assert list(pool.map(get, range(6))) == [200] * 6
+    # One request first: the first upstream connection of a fresh proxy (TLS set-up) would delay the
+    # first arrival and shorten the first measured gap.
+    assert requests.get(f"https://data.commoncrawl.org/size/1?warm={tag}", proxies=proxies, verify=bundle).ok
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(get, range(8))) == [200] * 8
     times = sorted(a["t"] for a in up.log() if a["path"].startswith(tag))
-    assert len(times) == 6
-    assert times[-1] - times[0] >= 5 * 0.1 - 0.03, times
+    assert len(times) == 8
+    assert times[-1] - times[0] >= 6 * 0.1, times
 
 
 def run_cli(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
