@@ -18,6 +18,7 @@ from politeproxy import config as config_mod
 from politeproxy.config import Config, ConfigError, changes, env_number, parse_hostport
 from politeproxy.logs import AccessLog
 from politeproxy.metrics import Metrics
+from politeproxy.pacing.base import RepeatLog
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.access import Access, is_loopback
 from politeproxy.policy.classify import Classifier
@@ -57,23 +58,6 @@ RESTART_ONLY = (
 
 class StartupError(Exception):
     """The proxy cannot start; the message is one line for the user (exit 2)."""
-
-
-class RepeatLog:
-    """One warning line for an error, then at most one a minute for repeats, with how many there were."""
-
-    def __init__(self, what: str, every: float = 60.0) -> None:
-        self.what, self.every = what, every
-        self.last: float | None = None
-        self.repeats = 0
-
-    def report(self, exc: BaseException, now: float) -> None:
-        if self.last is not None and now - self.last < self.every:
-            self.repeats += 1
-            return
-        more = f" ({self.repeats} more since the last line)" if self.repeats else ""
-        log.warning("%s: %s: %s%s", self.what, type(exc).__name__, one_line(str(exc)), more)
-        self.last, self.repeats = now, 0
 
 
 def wall_clock() -> Callable[[], float]:
@@ -300,7 +284,7 @@ class App:
         """Backoff remaining per host comes from the store, which may be remote: read it once a second.
 
         A failure skips that host for this round and is logged (one line, then once a minute)."""
-        errors = RepeatLog("backoff gauge refresh failed")
+        errors = RepeatLog(log, time.monotonic, level=logging.WARNING, tracebacks=False)
         while True:
             await asyncio.sleep(1.0)
             for host in list(self.pacer.known_hosts()):
@@ -310,7 +294,7 @@ class App:
                     s = self.pacer.settings
                     self.metrics.set_host_interval(host, view.interval(max(s.gap, s.interval_for(host))))
                 except Exception as e:  # noqa: BLE001 - a gauge must not kill the loop
-                    errors.report(e, time.monotonic())
+                    errors.error("backoff gauge refresh failed", e)
 
     async def _watch_config(self) -> None:
         """Reload when the file changes, once it has stopped changing; nothing in a reload ends the watch."""

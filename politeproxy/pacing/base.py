@@ -1,7 +1,11 @@
-"""What the pacing modules share: settings, the refusal, and the events Protocol that metrics implements."""
+"""What the pacing modules share: settings, the refusal, the events Protocol that metrics implements, and
+a log that does not flood on a persistent error."""
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -9,6 +13,7 @@ from politeproxy.policy.backoff import DEFAULT_BLOCK_CODES, DEFAULT_THROTTLE_COD
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import PipelineRule
 from politeproxy.policy.hosts import host_matches
+from politeproxy.stores.base import StoreError
 
 INDEX_HOST_INTERVAL = 1.0
 # Waiters one proxy holds at most (paced lines plus exempt places together). Each client connection holds
@@ -84,3 +89,61 @@ class NoEvents:
 
     def exempt_changed(self, host: str, in_flight: int) -> None:
         pass
+
+
+class RepeatLog:
+    """One line per distinct error, then a count of its repeats at most once per ``every`` seconds.
+
+    Errors differing only in numbers count as one; at most ``cap`` distinct errors are remembered. Every
+    line is logged at ``level``. The first line of an error carries its traceback when ``tracebacks`` is
+    on, except for the ``plain`` exceptions (a store that cannot answer is an expected fault: its message
+    says enough)::
+
+        errors = RepeatLog(log, time.monotonic, level=logging.WARNING, tracebacks=False)
+        try:
+            await refresh()
+        except Exception as e:
+            errors.error("gauge refresh failed", e)
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        monotonic: Callable[[], float],
+        every: float = 60.0,
+        cap: int = 32,
+        level: int = logging.ERROR,
+        tracebacks: bool = True,
+        plain: tuple[type[BaseException], ...] = (StoreError,),
+    ) -> None:
+        self.log = logger
+        self.monotonic = monotonic
+        self.every = every
+        self.cap = cap
+        self.level = level
+        self.tracebacks = tracebacks
+        self.plain = plain
+        self._seen: dict[str, list[float]] = {}  # key -> [repeats not yet logged, time of the last line]
+
+    def error(self, what: str, exc: BaseException) -> None:
+        text = f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        key = re.sub(r"\d+", "#", text)[:300]
+        now = self.monotonic()
+        seen = self._seen.get(key)
+        if seen is None:
+            if len(self._seen) >= self.cap:
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[key] = [0, now]
+            trace = self.tracebacks and not isinstance(exc, self.plain)
+            self.log.log(self.level, "%s", text, exc_info=exc if trace else None)
+            return
+        seen[0] += 1
+        if now - seen[1] >= self.every:
+            self.log.log(self.level, "%s (%d more times in %.0fs)", text, int(seen[0]), now - seen[1])
+            seen[0], seen[1] = 0, now
+
+    def recovered(self, what: str) -> None:
+        if self._seen:
+            repeats = int(sum(s[0] for s in self._seen.values()))
+            self.log.warning("%s: recovered (%d repeated errors not logged)", what, repeats)
+            self._seen.clear()

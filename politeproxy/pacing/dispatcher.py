@@ -1,4 +1,4 @@
-"""The one async loop that hands out paced slots, and a log that does not flood on a persistent error.
+"""The one async loop that hands out paced slots.
 
 The dispatcher holds at most one reserved slot at a time: it claims, sleeps until the slot, hands it to the
 request, and claims again. Several proxies sharing a store therefore interleave on one schedule, and a
@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Callable
 
-from politeproxy.pacing.base import PacerEvents, PacingSettings, WaitTooLong
+from politeproxy.pacing.base import PacerEvents, PacingSettings, RepeatLog, WaitTooLong
 from politeproxy.pacing.state import QueueState, Waiter
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.slots import Claim, Outcome
@@ -25,43 +24,6 @@ log = logging.getLogger("politeproxy.pacing.pacer")
 ERROR_BACKOFF_FIRST = 0.1  # seconds; doubled on each consecutive error
 ERROR_BACKOFF_CAP = 2.0  # a recovered store is used again within this long
 PRUNE_EVERY = 1.0  # seconds between sweeps of passed ready hints
-
-
-class RepeatLog:
-    """One line per distinct error: the first with its traceback, then a count of the repeats at most once
-    per ``every`` seconds. Errors differing only in numbers count as one."""
-
-    def __init__(
-        self, logger: logging.Logger, monotonic: Callable[[], float], every: float = 60.0, cap: int = 32
-    ) -> None:
-        self.log = logger
-        self.monotonic = monotonic
-        self.every = every
-        self.cap = cap
-        self._seen: dict[str, list[float]] = {}  # key -> [repeats not yet logged, time of the last line]
-
-    def error(self, what: str, exc: BaseException) -> None:
-        text = f"{what}: {type(exc).__name__}: {exc}"
-        key = re.sub(r"\d+", "#", text)[:300]
-        now = self.monotonic()
-        seen = self._seen.get(key)
-        if seen is None:
-            if len(self._seen) >= self.cap:
-                self._seen.pop(next(iter(self._seen)))
-            self._seen[key] = [0, now]
-            # A store that cannot answer is an expected fault: its message says enough.
-            self.log.error("%s", text, exc_info=None if isinstance(exc, StoreError) else exc)
-            return
-        seen[0] += 1
-        if now - seen[1] >= self.every:
-            self.log.error("%s (%d more times in %.0fs)", text, int(seen[0]), now - seen[1])
-            seen[0], seen[1] = 0, now
-
-    def recovered(self, what: str) -> None:
-        if self._seen:
-            repeats = int(sum(s[0] for s in self._seen.values()))
-            self.log.warning("%s: recovered (%d repeated errors not logged)", what, repeats)
-            self._seen.clear()
 
 
 class Report:

@@ -41,9 +41,10 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return resp
 
 
-class RepeatLog:
-    """Refusal log lines, at most ``burst`` per client in ``window`` seconds; the rest are counted and
-    summed up in one line when that client's next window opens. Remembers at most ``max_keys`` clients.
+class BurstLimitedLog:
+    """A per-key burst limiter for log lines (a key is a client or a host): at most ``burst`` lines per
+    key in ``window`` seconds; the rest are counted and summed up in one line when that key's next window
+    opens. Remembers at most ``max_keys`` keys.
 
     Lines go to the ``events`` child of the given logger (``politeproxy.events`` for the proxy's own),
     which ``logs.setup_logging`` keeps at INFO: refusals show at the default level, without ``-v``.
@@ -87,12 +88,15 @@ class RepeatLog:
             self.logger.info(msg, *args)
 
 
+RepeatLog = BurstLimitedLog  # the old name, until listener, intercept and eventlog import the new one
+
+
 class BadRequestOneLine(logging.Filter):
     """aiohttp logs a client's malformed request with a traceback at ERROR; make it one INFO line,
     rate-limited per client. Anything else (a real bug in a handler) keeps its traceback.
     """
 
-    def __init__(self, repeats: RepeatLog) -> None:
+    def __init__(self, repeats: BurstLimitedLog) -> None:
         super().__init__()
         self.repeats = repeats
 

@@ -4,7 +4,6 @@ and a listener that owns its connections, timers, tasks and tunnels until shutdo
 from __future__ import annotations
 
 import asyncio
-import logging
 import socket
 import ssl
 import threading
@@ -319,33 +318,3 @@ def metric_value_in(app: App, labels: str) -> float:
         for line in text.splitlines()
         if line.startswith("politeproxy_rejected_total{") and labels in line
     )
-
-
-def test_refusal_log_is_rate_limited_per_client_and_bounded() -> None:
-    """At most ``burst`` lines per client per window, a count of the rest, and a bounded table."""
-    from politeproxy.proxy.responses import RepeatLog
-
-    now = [0.0]
-    lines: list[str] = []
-
-    class Capture(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    logger = logging.getLogger("test.repeatlog")
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    logger.addHandler(Capture())
-    rl = RepeatLog(logger, clock=lambda: now[0], burst=3, window=10.0, max_keys=4)
-    for _ in range(50):
-        rl.info("10.0.0.1", "%s: 403 no", "10.0.0.1")
-    rl.info("10.0.0.2", "%s: 403 no", "10.0.0.2")  # another client is not held back
-    assert lines == ["10.0.0.1: 403 no"] * 3 + ["10.0.0.2: 403 no"]
-    now[0] = 10.5
-    rl.info("10.0.0.1", "%s: 403 no", "10.0.0.1")
-    assert lines[-2:] == ["10.0.0.1: 47 more refusals not logged (rate-limited)", "10.0.0.1: 403 no"]
-    for i in range(100):
-        rl.allow(f"192.0.2.{i}")
-    assert len(rl.seen) == 4
-    now[0] = float("nan")  # a broken clock opens a new window rather than muting a client for good
-    assert rl.allow("10.0.0.9")

@@ -316,19 +316,6 @@ async def test_a_file_store_locked_elsewhere_logs_one_line_and_recovers(
     await store.close()
 
 
-def test_repeat_log_counts_repeats_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
-    from politeproxy.pacing.dispatcher import RepeatLog
-
-    now = [0.0]
-    rl = RepeatLog(logging.getLogger("politeproxy.test"), lambda: now[0], every=60.0)
-    for i in range(131):  # one a second for 130 s
-        rl.error("store", RuntimeError(f"bad record {i}"))
-        now[0] += 1.0
-    lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 3, lines  # the first, then a count at 60 s and at 120 s
-    assert "60 more times" in lines[1]
-
-
 # -- the exempt places (issue 10's small resizable semaphore) ------------------------------------------------
 
 
