@@ -129,8 +129,9 @@ class PeekingTunnel:
         try:
             transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             transport.set_protocol(peek)
-            peek.connection_made(transport)
-            transport.resume_reading()
+            peek.connection_made(transport)  # the bytes sent with the CONNECT may decide already
+            if not peek.done.done():
+                transport.resume_reading()
             await asyncio.wait({peek.done}, timeout=self.peek_timeout)
             peek.finish()  # a client that sent nothing in time (or a server that spoke first): tunnel
         except BaseException:

@@ -209,8 +209,10 @@ def test_a_silent_client_is_tunnelled_after_the_peek_timeout(
         assert got == b"\x16\x03\x01"
 
 
-def test_a_hello_sent_with_the_connect_is_not_lost(proxy: ProxyProc, up: Upstream) -> None:
-    """The ClientHello in the same packet as the CONNECT (before the 200) still starts the TLS."""
+@pytest.mark.parametrize("by_ip", [True, False])
+def test_a_hello_sent_with_the_connect_is_not_lost(proxy: ProxyProc, up: Upstream, by_ip: bool) -> None:
+    """The ClientHello in the same packet as the CONNECT (before the 200) still starts the TLS: after the
+    peek (an IP literal) and on a CONNECT to the paced name itself (was a 400 before)."""
     ctx = ssl.create_default_context(cafile=str(proxy.data_dir / "ca.pem"))
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     obj = ctx.wrap_bio(incoming, outgoing, server_hostname="data.commoncrawl.org")
@@ -219,7 +221,7 @@ def test_a_hello_sent_with_the_connect_is_not_lost(proxy: ProxyProc, up: Upstrea
     hello = outgoing.read()
     s = socket.create_connection(("127.0.0.1", proxy.port), timeout=20)
     with s:
-        target = f"127.0.0.1:{up.port}"
+        target = f"127.0.0.1:{up.port}" if by_ip else "data.commoncrawl.org:443"
         s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode() + hello)
         buf = b""
         while b"\r\n\r\n" not in buf:
