@@ -84,11 +84,19 @@ def _ca(cfg: Config) -> Any:
         raise ConfigError(" ".join(f"the CA in {cfg.data_dir}: {e}".split())[:300]) from None
     if ca.missing:
         print(
-            f"politeproxy: warning: the CA in {cfg.data_dir} does not permit {', '.join(ca.missing)}; "
+            f"politeproxy: warning: the CA in {cfg.data_dir} does not permit {_names(ca.missing)}; "
             "`politeproxy run` with this config will make a new one (then run `politeproxy env` again)",
             file=sys.stderr,
         )
     return ca
+
+
+def _names(names: list[str], shown: int = 4) -> str:
+    """A list of host names for one line: the S3 endpoint forms make it run to hundreds."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    more = len(names) - shown
+    return f"{', '.join(names[:shown])} and {more} more ({len(names)} names; `politeproxy ca --all`)"
 
 
 def _config_and_ca(args: argparse.Namespace) -> tuple[Config, Any] | int:
@@ -132,7 +140,7 @@ def cmd_ca(args: argparse.Namespace) -> int:
     print(f"ca.pem        {ca.cert_path}")
     print(f"ca-key.pem    {ca.key_path}")
     print(f"ca-bundle.pem {ca.bundle_path}")
-    print(f"permits       {', '.join(ca.permitted)}")
+    print(f"permits       {', '.join(ca.permitted) if args.all else _names(ca.permitted)}")
     return 0
 
 
@@ -214,6 +222,7 @@ def parser() -> argparse.ArgumentParser:
     env.set_defaults(func=cmd_env)
     ca = sub.add_parser("ca", help="print the paths of the CA and the bundle (made if missing)")
     common(ca)
+    ca.add_argument("--all", action="store_true", help="list every name the CA permits")
     ca.set_defaults(func=cmd_ca)
     st = sub.add_parser("status", help="show queues, hosts, pipelines and rates (--watch: like top)")
     common(st)

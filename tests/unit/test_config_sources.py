@@ -196,3 +196,15 @@ def test_resolve_path_is_absolute_or_a_config_error(value: str) -> None:
         assert str(e).startswith("data_dir: ")
         return
     assert got == "" if not value else os.path.isabs(got) and os.path.normpath(got) == got
+
+
+def test_long_name_lists_are_summed_up_on_one_line() -> None:
+    """`politeproxy ca` and its missing-names warning: the S3 endpoint forms run to 183 names, so the
+    line shows four and a count (``ca --all`` lists them)."""
+    from politeproxy.cli import _names
+
+    names = [f"h{i}.example" for i in range(183)]
+    assert _names(names[:4]) == "h0.example, h1.example, h2.example, h3.example"
+    line = _names(names)
+    assert line.startswith("h0.example, h1.example, h2.example, h3.example and 179 more (183 names;")
+    assert "h4.example" not in line
