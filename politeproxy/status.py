@@ -246,9 +246,11 @@ class StatusBoard:
         if not hosts:
             return {}
         tasks = {asyncio.ensure_future(self.store.host_view(h)): h for h in hosts}
-        done, pending = await asyncio.wait(tasks, timeout=STORE_READ_TIMEOUT)
+        done, pending = await asyncio.wait(list(tasks), timeout=STORE_READ_TIMEOUT)
         for t in pending:
             t.cancel()
+            # A read that fails while being cancelled: its error is read here, not logged as unretrieved.
+            t.add_done_callback(lambda t: t.cancelled() or t.exception())
         out: dict[str, HostView] = {}
         for t in done:
             if not t.cancelled() and t.exception() is None:

@@ -38,7 +38,7 @@ from tests.conftest import (
 
 D = "data.commoncrawl.org"
 GAP = 1.0  # seconds between grants: the lines stay queued for the whole module
-QUEUED = {"alpha": 5, "beta": 3}  # requests sent per pipeline (one of them granted at once)
+QUEUED = {"alpha": 8, "beta": 5}  # requests sent per pipeline: 13 s of slots, longer than the module
 CONFIG = (
     f'{NO_ROBOTS}[schedule]\nbackend = "memory"\nglobal_rate = "{GAP:g}s"\n'
     '[pacing]\nmax_wait = "60s"\n[pipelines.alpha]\nweight = 2\n'
@@ -126,7 +126,7 @@ def test_status_document_shows_hosts_pipelines_and_overall(live: Live) -> None:
     h = hosts[D]
     assert h["state"] == "ok" and h["seconds_left"] == 0
     assert h["effective_interval_s"] == pytest.approx(GAP)  # the global gap bounds every host
-    assert h["queued"] == o["queued"] >= sum(QUEUED.values()) - 2 and h["exempt_in_flight"] == 0
+    assert h["queued"] == o["queued"] >= 3 and h["exempt_in_flight"] == 0
     assert "index.commoncrawl.org" in hosts  # configured hosts show even when idle
     assert hosts["index.commoncrawl.org"]["queued"] == 0
     rows = {p["pipeline"]: p for p in doc["pipelines"]}
