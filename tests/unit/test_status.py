@@ -33,7 +33,8 @@ from politeproxy.policy.backoff import BackoffPolicy, Kind
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import PipelineRule
 from politeproxy.status import History, StatusBoard, StatusEvents, host_state
-from politeproxy.stores.base import HostView
+from politeproxy.stores.base import HostView, StoreError
+from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.memory import MemoryStore
 
 D = "data.commoncrawl.org"
@@ -334,3 +335,28 @@ async def test_snapshot_busiest_host(board: StatusBoard) -> None:
     snap = snapshot.take(board.pacer)
     assert snap.busiest_host("a") == D and snap.busiest_host("b") is None
     assert snap.lines == {("a", I): 1, ("a", D): 2}
+
+
+class DownStore(MemoryStore):
+    """A shared store that does not answer (as Redis down): every read raises StoreError."""
+
+    name = "redis"
+
+    async def host_view(self, host: str) -> HostView:
+        raise StoreError("connection refused")
+
+
+async def test_a_failed_over_store_shows_as_degraded() -> None:
+    store = FailoverStore(DownStore(), MemoryStore(), probe_interval=60.0)
+    events = StatusEvents(Metrics())
+    pacer = Pacer(store, make_settings(), events)
+    b = StatusBoard(pacer, events, store, [D], "redis", step=5.0)
+    try:
+        before = b._overall(snapshot.take(pacer))["store"]
+        assert before == {"backend": "redis", "active": "redis", "degraded": False}
+        doc = await b.document()  # its host reads fail over to the local store
+        assert doc["overall"]["store"] == {"backend": "redis", "active": "memory", "degraded": True}
+        assert doc["hosts"][0]["state"] == "ok"  # answered by the fallback
+    finally:
+        await pacer.close()
+        await store.close()
