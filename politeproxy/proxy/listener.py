@@ -1,10 +1,10 @@
 """The listener: accepts client connections, reads the first request head, routes the connection.
 
 The first request on a connection is read with h11 (a sans-io parser) only to decide what it is: a CONNECT
-is handled here (intercepted for paced hosts, a blind tunnel for the rest); anything else hands the
-connection, bytes already read included, to aiohttp's low-level server. An intercepted tunnel upgrades the
-connection to TLS with a leaf for the CONNECT target and attaches another aiohttp protocol to the TLS
-transport, which then serves any number of HTTP/1.1 requests.
+is handled here (intercepted for paced hosts; for the rest, a tunnel that peek.py opens: blind, unless the
+client's TLS hello names a paced host); anything else hands the connection, bytes already read included,
+to aiohttp's low-level server. An intercepted tunnel upgrades the connection to TLS with a leaf for the
+CONNECT target and attaches another aiohttp protocol to the TLS transport, which serves HTTP/1.1 requests.
 """
 
 from __future__ import annotations

@@ -19,10 +19,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from politeproxy.proxy import sni
-from politeproxy.proxy.responses import plain_response
+from politeproxy.proxy.responses import RepeatLog, plain_response
 from politeproxy.proxy.tunnel import _RelayPair
 
 log = logging.getLogger("politeproxy")
+seen = RepeatLog(log)  # "intercepted on its SNI" lines, shown at the default level, rate-limited per client
 
 Intercept = Callable[[asyncio.Transport, str, bytes], Awaitable[None]]  # (transport, name, bytes read)
 
@@ -144,7 +145,8 @@ class PeekingTunnel:
             return
         if name is not None and self.paced(name):
             up.abort()
-            log.info("%s: CONNECT %s:%d names %s in its TLS hello: intercepted", client, *where, name)
+            line = "%s: CONNECT %s:%d names %s in its TLS hello: intercepted"
+            seen.info(client, line, client, *where, name)
             await intercept(transport, name, bytes(peek.buf))
             return
         self._relay(transport, client, where, up, held, peek)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from politeproxy.policy.hosts import valid_hostname
+from politeproxy.proxy.peek import _Peek
 from politeproxy.proxy.sni import MAX_HELLO, MORE, NONE, Peeked, server_name
 
 CLIENT = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no trust store: only its first flight is used
@@ -93,3 +95,49 @@ def test_mutated_hellos_never_raise(pos: list[int], byte: int) -> None:
         data[p] = byte
     got = server_name(bytes(data))
     assert got.name is None or valid_hostname(got.name)
+
+
+class _Transport:
+    """What _Peek uses of a transport: pausing."""
+
+    paused = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+
+def _peek(first: bytes, chunks: list[bytes]) -> tuple[_Peek, _Transport]:
+    async def run() -> tuple[_Peek, _Transport]:
+        peek, t = _Peek(first), _Transport()
+        peek.connection_made(t)  # type: ignore[arg-type]
+        for c in chunks:
+            peek.data_received(c)
+        return peek, t
+
+    return asyncio.run(run())
+
+
+@settings(max_examples=150, deadline=None)
+@given(first=st.binary(max_size=40), chunks=st.lists(st.binary(max_size=300), max_size=5))
+def test_the_peek_keeps_every_byte(first: bytes, chunks: list[bytes]) -> None:
+    """Any bytes with the CONNECT and after it, in any chunks: the peek keeps all of them in order (the
+    relay or the TLS gets them), never raises, and pauses the client once it has decided."""
+    peek, t = _peek(first, chunks)
+    assert bytes(peek.buf) == first + b"".join(chunks)
+    assert peek.done.done() == peek.result.done
+    if peek.done.done():
+        assert t.paused
+
+
+@settings(max_examples=100, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=len(DATA) - 1), min_size=1, max_size=4, unique=True))
+def test_a_hello_in_any_chunks_is_read_once_whole(cuts: list[int]) -> None:
+    """A real ClientHello split anywhere (the first piece sent with the CONNECT): the peek waits until the
+    last piece, then names the server, with every byte kept."""
+    edges = [0, *sorted(cuts), len(DATA)]
+    pieces = [DATA[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    partial, _ = _peek(pieces[0], pieces[1:-1])
+    assert not partial.done.done()
+    peek, t = _peek(pieces[0], pieces[1:])
+    assert peek.result == Peeked(True, "data.commoncrawl.org") and t.paused
+    assert bytes(peek.buf) == DATA
