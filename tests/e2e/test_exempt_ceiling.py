@@ -28,6 +28,7 @@ def config(extra: str = "") -> str:
         NO_ROBOTS
         + f'[exempt]\nrate = "{RATE}s"\nburst = {BURST}\nmax_in_flight = 16\n'
         + '[pacing]\nblock_hold = "2s"\nadaptive = false\n'
+        + "[cache]\nenabled = false\n"  # the scans repeat ranges: the ceiling is measured, not the cache
         + extra
     )
 
