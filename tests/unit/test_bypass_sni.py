@@ -141,3 +141,17 @@ def test_a_hello_in_any_chunks_is_read_once_whole(cuts: list[int]) -> None:
     peek, t = _peek(pieces[0], pieces[1:])
     assert peek.result == Peeked(True, "data.commoncrawl.org") and t.paused
     assert bytes(peek.buf) == DATA
+
+
+def test_an_old_tls_hello_still_names_its_server() -> None:
+    """A TLS 1.0 ClientHello (legacy version 3.1) naming a paced host: the peek reads its name anyway,
+    so the client is intercepted (and refused by the proxy's TLS 1.2 floor), not tunnelled blind."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname="data.commoncrawl.org")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    data = outgoing.read()
+    old = data[:9] + b"\x03\x01" + data[11:]  # record header (5), handshake header (4), client_version
+    assert server_name(old) == Peeked(True, "data.commoncrawl.org")
