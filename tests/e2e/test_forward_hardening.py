@@ -17,7 +17,16 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from politeproxy.proxy.upstream import loggable
-from tests.conftest import NO_ROBOTS, Certs, ProxyProc, Upstream, free_port, need_tool, wait_for
+from tests.conftest import (
+    NO_ROBOTS,
+    Certs,
+    ProxyProc,
+    Upstream,
+    for_this_test,
+    free_port,
+    need_tool,
+    wait_for,
+)
 from tests.e2e.test_backoff_e2e import arrivals, throttle
 from tests.e2e.test_proxy_io import (
     bundle,
@@ -58,6 +67,7 @@ def no_traceback(p: ProxyProc) -> None:
 # -- item 2: a malformed Retry-After ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # waits out backoff windows of 0.5 s and 1 s
 def test_malformed_retry_after_is_recorded_as_a_throttle_and_the_connection_released(
     proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs
 ) -> None:
@@ -84,6 +94,7 @@ def test_malformed_retry_after_is_recorded_as_a_throttle_and_the_connection_rele
 # -- item 4: an exempt read's retry waits the delay ---------------------------------------------------
 
 
+@pytest.mark.slow  # waits out a Retry-After of 2 s
 def test_exempt_read_retry_waits_out_retry_after_even_without_respect_backoff(
     proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs
 ) -> None:
@@ -99,6 +110,7 @@ def test_exempt_read_retry_waits_out_retry_after_even_without_respect_backoff(
 # -- item 5: feedback survives the client leaving -----------------------------------------------------
 
 
+@pytest.mark.slow  # waits out a Retry-After of 5 s
 def test_throttle_is_recorded_although_the_client_left_during_the_feedback(
     proxy_factory: ProxyFactory, upstream: Upstream
 ) -> None:
@@ -131,7 +143,19 @@ def test_throttle_is_recorded_although_the_client_left_during_the_feedback(
 # -- item 14: a cut close-delimited body --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.fixture(scope="module", params=["uvloop", "asyncio"])
+def loop(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def loop_proxy(
+    loop: str, module_proxy_factory: ProxyFactory, module_upstream: Upstream, certs: Certs
+) -> ProxyProc:
+    """One FAST proxy per event loop, shared by the four cut-body cases of that loop."""
+    return start_with(module_proxy_factory, module_upstream, certs, env={"POLITEPROXY_EVENT_LOOP": loop})
+
+
 @pytest.mark.parametrize(
     ("path", "cut"),
     [
@@ -142,10 +166,10 @@ def test_throttle_is_recorded_although_the_client_left_during_the_feedback(
     ],
 )
 def test_a_cut_upstream_body_reaches_curl_as_a_cut(
-    proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs, path: str, cut: bool, loop: str
+    loop_proxy: ProxyProc, path: str, cut: bool, loop: str
 ) -> None:
     """Each loop has its own TLS layer: the missing close_notify must be seen on both."""
-    p = start_with(proxy_factory, upstream, certs, env={"POLITEPROXY_EVENT_LOOP": loop})
+    p = for_this_test(loop_proxy)
     assert f"event loop: {loop}" in p.log()
     r = curl(p, "-o", "/dev/null", "-w", "%{http_code} %{size_download}", f"https://{DATA}{path}")
     if cut:
@@ -159,6 +183,7 @@ def test_a_cut_upstream_body_reaches_curl_as_a_cut(
 # -- item 17: a full local pool ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # holds the pool with 4 s answers
 def test_a_full_connection_pool_is_a_503_not_a_throttle_and_classes_do_not_starve(
     proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs
 ) -> None:
@@ -278,6 +303,7 @@ def test_upstream_failure_shapes_give_one_line_and_never_a_query_string(
 # -- item 9: robots only for hosts that answered --------------------------------------------------------
 
 
+@pytest.mark.slow  # waits 2.5 s past a backoff window
 def test_no_robots_fetch_for_a_host_that_never_answered(
     proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs
 ) -> None:
