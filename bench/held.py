@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> str:
             f'[schedule]\nglobal_rate = "{a.gap * 1000:g}ms"\nbackend = "{a.store}"\n'
             # The drain at the configured gap is what this figure measures; the adaptive interval (on by
             # default) would slow the host to 1 req/s after the 503: bench/storm.py measures that instead.
-            '[pacing]\nmax_wait = "300s"\nretries = 2\nadaptive = false\n'
-            '[client]\nheader_timeout = "300s"\nidle_timeout = "300s"\n'
+            # max_queue and client.max_connections: their defaults (1,024; 4,096) would refuse the rest.
+            f'[pacing]\nmax_wait = "300s"\nretries = 2\nadaptive = false\nmax_queue = {a.n + 100}\n'
+            f'[client]\nheader_timeout = "300s"\nidle_timeout = "300s"\nmax_connections = {a.n + 100}\n'
         )
         pp = start_politeproxy(b, up, toml)
         idle_rss = rss_mib(pp.pid)

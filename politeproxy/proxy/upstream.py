@@ -21,6 +21,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from politeproxy.policy import settings as defaults
+from politeproxy.proxy.fastnet import tls_object
 
 # RFC 9110 7.6.1 and the proxy-only fields: never forwarded in either direction.
 HOP_BY_HOP = frozenset(
@@ -100,14 +101,22 @@ class EndWatch:
     protocol's ``closed`` future as an exception; a TLS close without close_notify leaves the TLS object
     without a received shutdown, so a read on it says "want read" instead of "zero return". Both are probed
     after the body's end, when no application data can be left. Create it before reading the body.
+
+    A TLS transport without a readable ``SSLObject`` (aiofastnet's) is watched instead: every TLS transport
+    calls the protocol's ``eof_received`` on a close_notify, and never on a bare TCP close.
     """
+
+    __slots__ = ("closed", "notified", "tls")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
         conn = resp.connection
         proto = conn.protocol if conn is not None else None
         self.closed: asyncio.Future[None] | None = proto.closed if proto is not None else None
         tr = conn.transport if conn is not None else None
-        self.tls = tr.get_extra_info("ssl_object") if tr is not None else None
+        self.tls = tls_object(tr) if tr is not None else None
+        self.notified: list[bool] | None = None
+        if self.tls is not None and not hasattr(self.tls, "read") and proto is not None:
+            self.notified = _watch_close_notify(proto)
 
     def cut(self) -> str | None:
         """Why the body was cut short, or None when the upstream closed cleanly."""
@@ -119,6 +128,8 @@ class EndWatch:
         return None if self.tls is None else self._tls()
 
     def _tls(self) -> str | None:
+        if self.notified is not None:
+            return None if self.notified[0] else "TLS closed without close_notify"
         try:
             data = self.tls.read(1)  # type: ignore[union-attr]
         except ssl.SSLZeroReturnError:
@@ -126,6 +137,20 @@ class EndWatch:
         except (ssl.SSLError, ValueError, OSError, AttributeError):
             return "TLS closed without close_notify"
         return None if data == b"" else "TLS closed without close_notify"
+
+
+def _watch_close_notify(proto: asyncio.BaseProtocol) -> list[bool]:
+    """A flag set when ``proto`` hears a clean TLS close (its ``eof_received``): hooked on this one
+    protocol only, whose connection ends with the body (close-delimited: never pooled again)."""
+    seen = [False]
+    original = proto.eof_received  # type: ignore[attr-defined]
+
+    def eof_received() -> bool | None:
+        seen[0] = True
+        return original()  # type: ignore[no-any-return]
+
+    proto.eof_received = eof_received  # type: ignore[attr-defined]
+    return seen
 
 
 def strip_hop_by_hop(

@@ -1,0 +1,97 @@
+"""The proxy's own CPU time per request, for source trees side by side: the steady figure on a shared box.
+
+``.venv/bin/python bench/cpu_per_request.py TREE [TREE ...] [--mode off|exempt|bulk] [--conc 1,64]
+[-n 4000] [--rounds 4] [--no-keepalive]`` starts one fake upstream and one politeproxy per source tree
+(pacing off), warms each up, then drives them with ``hey -n N`` in interleaved rounds (ABAB, then BABA, ...)
+and reads each proxy's utime+stime from /proc before and after. ``--mode bulk`` asks for 64 MiB answers,
+so its µs/request is µs per 64 MiB. Wall-clock throughput on a box shared with other work swings by tens
+of percent; CPU seconds per request move much less, so this is the figure to compare. Prints one line per
+measurement and a table: per tree the median µs/request, and the ratio of each tree against the first,
+per round pair (median and range).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import DATA_HOST, PACING_OFF, Bench, make_certs, start_politeproxy, start_upstream  # noqa: E402
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process, in seconds (fields 14 and 15 of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def hey(url: str, proxy: str, n: int, c: int, headers: list[str], keepalive: bool) -> float:
+    cmd = ["hey", "-n", str(n), "-c", str(c), "-t", "20", "-x", proxy]
+    for h in headers:
+        cmd += ["-H", h]
+    if not keepalive:
+        cmd.append("-disable-keepalive")
+    out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=600).stdout
+    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    return float(m.group(1)) if m else 0.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("trees", nargs="+", type=Path)
+    p.add_argument("--mode", choices=("off", "exempt", "bulk"), default="off")
+    p.add_argument("--conc", default="1,64")
+    p.add_argument("-n", type=int, default=4000)
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--no-keepalive", action="store_true")
+    a = p.parse_args()
+    conc = [int(c) for c in a.conc.split(",")]
+    if a.mode == "off":
+        path, headers, extra = "/size/1024", [], PACING_OFF
+    elif a.mode == "bulk":  # 64 MiB per request: the per-byte cost (read -n 10 -c 1 as 640 MiB)
+        path, headers, extra = f"/size/{64 * 2**20}", [], PACING_OFF
+    else:
+        path, headers = "/cc-index/table/small.bin", ["Range: bytes=0-1023"]
+        extra = PACING_OFF + "[exempt]\nmax_in_flight = 64\n"
+    url = f"https://{DATA_HOST}{path}"
+    with Bench() as b:
+        certs = make_certs(b.tmp)
+        up = start_upstream(b, certs)
+        names = [str(t) for t in a.trees]
+        pxs = [start_politeproxy(b, up, extra, src=t.resolve()) for t in a.trees]
+        for px in pxs:
+            hey(url, px.url, 2 if a.mode == "bulk" else 1000, 16, headers, True)
+        us: dict[tuple[str, int], list[float]] = {}
+        for r in range(a.rounds):
+            for c in conc:
+                order = list(zip(names, pxs, strict=True))
+                for name, px in order if r % 2 == 0 else order[::-1]:
+                    c0 = cpu_seconds(px.pid)
+                    rps = hey(url, px.url, a.n, c, headers, not a.no_keepalive)
+                    per = 1e6 * (cpu_seconds(px.pid) - c0) / a.n
+                    us.setdefault((name, c), []).append(per)
+                    print(f"round {r} c={c} {name}: {per:.0f} us/req, {rps:.0f} req/s", flush=True)
+        print(f"\nmode {a.mode}, n={a.n}, {a.rounds} rounds, keepalive={not a.no_keepalive}")
+        print("| conc | tree | µs/req median (range) | ratio vs first, median (range) |\n|---|---|---|---|")
+        for c in conc:
+            base = us[(names[0], c)]
+            for name in names:
+                v = us[(name, c)]
+                rs = [x / y for x, y in zip(v, base, strict=True)]
+                print(
+                    f"| {c} | {name} | {statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f}) | "
+                    f"{statistics.median(rs):.3f} ({min(rs):.3f}-{max(rs):.3f}) |"
+                )
+
+
+if __name__ == "__main__":
+    main()
