@@ -14,13 +14,9 @@ panel reads them).
 
 from __future__ import annotations
 
-import math
-import os
 import platform
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Generic, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -35,19 +31,24 @@ from prometheus_client.registry import Collector
 
 from politeproxy import __version__
 from politeproxy.cache.base import RESULTS, CacheEvents
+from politeproxy.metricparts import (
+    FREE_HOST_LABELS,
+    OTHER,
+    PINNED_HOSTS,
+    RATE_WINDOW,
+    HostLabelled,
+    HostLabels,
+    RateWindow,
+)
 from politeproxy.pacing.base import PacerEvents, PacingSettings
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, FREE_PIPELINES, PipelineNames
 from politeproxy.policy.settings import MAX_PIPELINES
 from politeproxy.proxy.events import AccessRecord, ProxyEvents
 
-# The achieved-rate gauge's window; POLITEPROXY_RATE_WINDOW shortens it (tests, quick dashboards).
-RATE_WINDOW = float(os.environ.get("POLITEPROXY_RATE_WINDOW", "60") or 60)
-RATE_BUCKETS = 100  # the window's resolution: the gauge is within 1% of an exact count
+__all__ = ["FREE_HOST_LABELS", "OTHER", "PINNED_HOSTS", "Metrics", "RateWindow", "code_class"]
+
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60)
-OTHER = "other"  # the host label of every non-paced host, and of paced names beyond the cap
-PINNED_HOSTS = ("index.commoncrawl.org", "data.commoncrawl.org")
-FREE_HOST_LABELS = 50  # names beyond the pinned ones that get a label of their own, first come
 STATUS_GROUPS = ("2xx", "3xx", "4xx", "5xx", "error")  # the code label of requests_total
 HELD_CLASSES = (Klass.PACED.value, Klass.EXEMPT.value)  # the classes a configured host's requests take
 ZERO_REASONS = ("max_wait", "queue_full")  # refusals worth a 0 line per configured host
@@ -57,67 +58,6 @@ disable_created_metrics()  # process-wide; the proxy's only registry is this mod
 
 def code_class(status: int | None) -> str:
     return "error" if status is None else f"{status // 100}xx"
-
-
-class HostLabels:
-    """Maps a host to its label value: itself while the cap allows, else ``other``."""
-
-    def __init__(self, pinned: Iterable[str] = PINNED_HOSTS, free: int = FREE_HOST_LABELS) -> None:
-        self.pinned = {OTHER, *pinned}
-        self.free = free
-        self.seen: set[str] = set()
-
-    def pin(self, hosts: Iterable[str]) -> None:
-        self.pinned.update(hosts)
-
-    def __call__(self, host: str) -> str:
-        if host in self.pinned or host in self.seen:
-            return host
-        if len(self.seen) < self.free:
-            self.seen.add(host)
-            return host
-        return OTHER
-
-
-M = TypeVar("M", Counter, Gauge, Histogram)
-
-
-class _HostLabelled(Generic[M]):
-    """A labelled metric whose first label is a host, capped by ``HostLabels``."""
-
-    def __init__(self, metric: M, label: HostLabels) -> None:
-        self.metric = metric
-        self.label = label
-
-    def labels(self, host: str, *rest: str) -> M:
-        return self.metric.labels(self.label(host), *rest)
-
-
-class RateWindow:
-    """Events per second over the last ``window`` seconds, in ``buckets`` slices: memory stays bounded
-    whatever the rate, and nothing depends on a scrape to trim it."""
-
-    def __init__(self, window: float = RATE_WINDOW, buckets: int = RATE_BUCKETS) -> None:
-        self.window = window
-        self.width = window / buckets
-        self.slices: deque[list[int]] = deque()  # [slice index, events in it], oldest first
-
-    def add(self, now: float) -> None:
-        idx = math.floor(now / self.width)
-        if self.slices and self.slices[-1][0] == idx:
-            self.slices[-1][1] += 1
-        else:
-            self.slices.append([idx, 1])
-        self.trim(now)
-
-    def trim(self, now: float) -> None:
-        oldest = math.floor((now - self.window) / self.width)
-        while self.slices and self.slices[0][0] <= oldest:
-            self.slices.popleft()
-
-    def count(self, now: float) -> int:
-        self.trim(now)
-        return sum(n for _i, n in self.slices)
 
 
 class _RateCollector(Collector):
@@ -169,7 +109,7 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
         self.registry.register(_RateCollector(self))
 
     def _host_metrics(self, r: CollectorRegistry, lab: HostLabels) -> None:
-        self.requests = _HostLabelled(
+        self.requests = HostLabelled(
             Counter(
                 "politeproxy_requests",
                 "Answered requests by upstream status class",
@@ -178,14 +118,14 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
             ),
             lab,
         )
-        self.grants = _HostLabelled(
+        self.grants = HostLabelled(
             Counter("politeproxy_grants", "Slots granted", ["host", "pipeline"], registry=r), lab
         )
-        self.retries = _HostLabelled(
+        self.retries = HostLabelled(
             Counter("politeproxy_retries", "Throttled requests retried by the proxy", ["host"], registry=r),
             lab,
         )
-        self.wait = _HostLabelled(
+        self.wait = HostLabelled(
             Histogram(
                 "politeproxy_wait_seconds",
                 "Time held before going upstream",
@@ -195,7 +135,7 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
             ),
             lab,
         )
-        self.lateness = _HostLabelled(
+        self.lateness = HostLabelled(
             Histogram(
                 "politeproxy_grant_lateness_seconds",
                 "How late a grant was handed out after its slot",
@@ -205,13 +145,13 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
             ),
             lab,
         )
-        self.queue_depth = _HostLabelled(
+        self.queue_depth = HostLabelled(
             Gauge("politeproxy_queue_depth", "Requests waiting now", ["host", "pipeline"], registry=r), lab
         )
-        self.throttles = _HostLabelled(
+        self.throttles = HostLabelled(
             Counter("politeproxy_throttles", "Throttle answers", ["host", "code"], registry=r), lab
         )
-        self.backoff = _HostLabelled(
+        self.backoff = HostLabelled(
             Gauge(
                 "politeproxy_backoff_seconds",
                 "Time until the host may be sent to again",
@@ -220,17 +160,17 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
             ),
             lab,
         )
-        self.rejections = _HostLabelled(
+        self.rejections = HostLabelled(
             Counter("politeproxy_rejected", "Requests refused", ["host", "reason", "pipeline"], registry=r),
             lab,
         )
-        self.exempt_in_flight = _HostLabelled(
+        self.exempt_in_flight = HostLabelled(
             Gauge("politeproxy_exempt_in_flight", "Exempt reads in flight", ["host"], registry=r), lab
         )
 
     def _interval_metric(self, r: CollectorRegistry, lab: HostLabels) -> None:
         # issue 12: the adaptive (AIMD) interval every proxy on the store applies to the host now
-        self.host_interval = _HostLabelled(
+        self.host_interval = HostLabelled(
             Gauge(
                 "politeproxy_host_interval_seconds",
                 "The host's effective interval (raised by throttles, stepping back to the configured one)",
