@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
 from tests.slow.test_pacing_accuracy import tunnel_get
 
@@ -46,6 +48,7 @@ def arrivals(up: Upstream, host: str) -> list[dict[str, Any]]:
     )
 
 
+@pytest.mark.slow  # a Retry-After of 2 s, then a 1 s backoff, with an index stream measured meanwhile
 def test_retry_after_holds_one_host_while_another_flows_and_success_resets(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream
 ) -> None:
@@ -102,6 +105,7 @@ def test_retry_after_holds_one_host_while_another_flows_and_success_resets(
     assert host_record(p.data_dir, DATA)["throttles"] == 0
 
 
+@pytest.mark.slow  # waits out a Retry-After of 6 s across a restart
 def test_restarted_proxy_honours_a_retry_after_seen_before_kill_9(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream, tmp_path: Path
 ) -> None:
@@ -135,6 +139,7 @@ def test_post_is_never_replayed(proxy_factory: Callable[..., ProxyProc], upstrea
     assert [a["method"] for a in arrivals(upstream, DATA)] == ["POST"]
 
 
+@pytest.mark.slow  # waits out a Retry-After of 1 s, more than once
 def test_get_retried_within_max_wait_and_refused_beyond_it(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream
 ) -> None:

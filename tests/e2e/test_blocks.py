@@ -14,6 +14,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream
 from tests.slow.test_pacing_accuracy import tunnel_get
 
@@ -74,6 +76,7 @@ def assert_retry_after(results: list[Result]) -> None:
             assert headers.get("retry-after", "").isdigit(), (status, headers, path)
 
 
+@pytest.mark.slow  # block_hold of 2 s and more, then the probe
 def test_a_403_holds_the_host_then_one_probe_goes_alone_then_traffic_resumes(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream
 ) -> None:
@@ -98,6 +101,7 @@ def test_a_403_holds_the_host_then_one_probe_goes_alone_then_traffic_resumes(
     assert_retry_after(results)
 
 
+@pytest.mark.slow  # block_hold of 2 s and more, then the probe
 def test_a_403_on_the_probe_doubles_the_hold(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream
 ) -> None:
@@ -116,6 +120,7 @@ def test_a_403_on_the_probe_doubles_the_hold(
     assert_retry_after(results)
 
 
+@pytest.mark.slow  # block_hold of 2 s and more, then the probe
 def test_two_proxies_on_one_store_hold_together_and_send_one_probe(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream, tmp_path: Path
 ) -> None:
@@ -135,6 +140,7 @@ def test_two_proxies_on_one_store_hold_together_and_send_one_probe(
     assert_retry_after(results)
 
 
+@pytest.mark.slow  # sleeps out each Retry-After it is given
 def test_every_throttle_answer_carries_retry_after(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream
 ) -> None:

@@ -65,6 +65,7 @@ def expected() -> list[int]:
     return [len(matching), sum(matching)]
 
 
+@pytest.mark.slow  # a duckdb scan against a saturated schedule (seconds)
 def test_duckdb_scan_bypasses_a_saturated_schedule_within_max_in_flight(
     proxy_factory: Callable[..., ProxyProc], table_upstream: Upstream, tmp_path: Path
 ) -> None:
@@ -119,6 +120,7 @@ def test_duckdb_scan_bypasses_a_saturated_schedule_within_max_in_flight(
     assert read_lock(p.data_dir)[1] == n_paced
 
 
+@pytest.mark.slow  # many concurrent held range reads (seconds)
 def test_many_concurrent_range_reads_never_exceed_max_in_flight(
     proxy_factory: Callable[..., ProxyProc], table_upstream: Upstream
 ) -> None:

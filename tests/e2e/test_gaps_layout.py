@@ -12,10 +12,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import NO_ROBOTS, POLITEPROXY, ROOT, Certs, ProxyProc, Upstream, free_port, wait_for
 from tests.e2e.test_proxy_io import connect_tunnel, proc_mem_kib
 
 
+@pytest.mark.slow  # a 3 s stall of a reader, by design
 def test_blind_tunnel_applies_flow_control(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream, certs: Certs
 ) -> None:
@@ -43,6 +46,7 @@ def test_blind_tunnel_applies_flow_control(
     tls.close()
 
 
+@pytest.mark.slow  # a rate: requests at 1 per second
 def test_index_host_defaults_to_one_request_a_second(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream
 ) -> None:

@@ -24,7 +24,17 @@ import aiohttp
 import pytest
 import requests
 
-from tests.conftest import NO_ROBOTS, POLITEPROXY, ROOT, Certs, ProxyProc, Upstream, start_upstream, wait_for
+from tests.conftest import (
+    NO_ROBOTS,
+    POLITEPROXY,
+    ROOT,
+    Certs,
+    ProxyProc,
+    Upstream,
+    for_this_test,
+    start_upstream,
+    wait_for,
+)
 from tests.support.measure import max_in_window, run_clients
 
 D = "data.commoncrawl.org"
@@ -66,6 +76,7 @@ def metric_lines(p: ProxyProc, name: str) -> list[str]:
     return [line for line in p.metrics().splitlines() if line.startswith(name + "{")]
 
 
+@pytest.mark.slow  # fair shares measured over a flood of paced slots (seconds)
 def test_a_single_request_goes_within_two_slots_behind_a_greedy_pipeline(
     proxy_factory: Factory, upstream: Upstream
 ) -> None:
@@ -93,6 +104,7 @@ def test_a_single_request_goes_within_two_slots_behind_a_greedy_pipeline(
     assert len(ahead) <= 2, f"{len(ahead)} greedy grants went first; {queued} came after"
 
 
+@pytest.mark.slow  # fair shares measured over a flood of paced slots (seconds)
 def test_weights_1_1_2_share_the_slots_25_25_50(proxy_factory: Factory, upstream: Upstream) -> None:
     p = proxy_factory(upstream, config(0.02, extra="[pipelines.c]\nweight = 2\n"))
     clients = [run_clients(named(p, name), f"https://{D}/p/{name}/", 400, 16) for name in ("a", "b", "c")]
@@ -113,6 +125,7 @@ def test_weights_1_1_2_share_the_slots_25_25_50(proxy_factory: Factory, upstream
         assert abs(share.get(name, 0.0) - want) <= 5.0, share
 
 
+@pytest.mark.slow  # fair shares measured over a flood of paced slots (seconds)
 def test_three_floods_share_the_budget_and_refusals_come_only_beyond_a_share(
     proxy_factory: Factory, upstream: Upstream
 ) -> None:
@@ -161,6 +174,7 @@ async def _flood(port: int, name: str, n: int) -> tuple[aiohttp.ClientSession, l
     return s, tasks
 
 
+@pytest.mark.slow  # fair shares measured over a flood of paced slots (seconds)
 def test_a_new_pipeline_is_not_refused_while_another_has_1000_queued(
     proxy_factory: Factory, upstream: Upstream
 ) -> None:
@@ -220,6 +234,7 @@ def table_upstream(certs: Certs, tmp_path: Path) -> Iterator[Upstream]:
     up.stop()
 
 
+@pytest.mark.slow  # columnar reads held 0.4 s each, many rounds
 def test_exempt_places_are_shared_between_pipelines(proxy_factory: Factory, table_upstream: Upstream) -> None:
     p = proxy_factory(table_upstream, config(0.2, extra="[exempt]\nmax_in_flight = 2\n"))
     ctx = ssl.create_default_context(cafile=p.env["SSL_CERT_FILE"])
@@ -330,8 +345,14 @@ def test_with_users_the_user_name_is_credential_and_pipeline(
     assert any('pipeline="urls"' in line for line in metric_lines(p, "politeproxy_grants_total"))
 
 
-def test_env_pipeline_names_the_pipeline(proxy_factory: Factory, upstream: Upstream, tmp_path: Path) -> None:
-    p = proxy_factory(upstream, config(0.0))
+@pytest.fixture(scope="module")
+def env_proxy(module_proxy_factory: Factory, module_upstream: Upstream) -> ProxyProc:
+    """One proxy with no global gap for the two `env --pipeline` cases (each names its own pipeline)."""
+    return module_proxy_factory(module_upstream, config(0.0))
+
+
+def test_env_pipeline_names_the_pipeline(env_proxy: ProxyProc, tmp_path: Path) -> None:
+    p = for_this_test(env_proxy)
     out = subprocess.run(
         [
             *POLITEPROXY,
@@ -389,11 +410,11 @@ print(con.execute("SELECT content FROM read_text('https://data.commoncrawl.org/p
 """
 
 
-def test_duckdb_names_its_pipeline_with_the_env_lines(proxy_factory: Factory, upstream: Upstream) -> None:
+def test_duckdb_names_its_pipeline_with_the_env_lines(env_proxy: ProxyProc) -> None:
     """The duckdb settings `env --pipeline` prints make duckdb's requests count as that pipeline."""
     pytest.importorskip("duckdb")
     pytest.importorskip("duckdb_ext")
-    p = proxy_factory(upstream, config(0.0))
+    p = for_this_test(env_proxy)
     out = subprocess.run(
         [
             *POLITEPROXY,

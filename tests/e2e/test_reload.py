@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
 from tests.slow.test_pacing_accuracy import arrival_stats, run_clients, warm_upstream_pool
 
@@ -32,6 +34,7 @@ def phase_rate(p: ProxyProc, up: Upstream, tmp: Path, phase: str, n: int) -> flo
     return arrival_stats(times).rate
 
 
+@pytest.mark.slow  # several reload rounds of the 1 s file watch, rates measured after each
 def test_global_rate_follows_the_file_and_sighup_and_survives_a_broken_file(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream, tmp_path: Path
 ) -> None:
@@ -83,6 +86,7 @@ def count(p: ProxyProc, needle: str) -> int:
     return sum(needle in ln for ln in p.log().splitlines())
 
 
+@pytest.mark.slow  # several reload rounds of the 1 s file watch
 def test_bad_files_on_reload_are_rejected_and_the_watch_lives_on(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream
 ) -> None:
