@@ -41,12 +41,12 @@ from politeproxy.policy.cacherules import (
 )
 from politeproxy.policy.classify import Klass
 from politeproxy.proxy.passage import stamp
-from politeproxy.proxy.upstream import CHUNK
 
 log = logging.getLogger("politeproxy")
 T = TypeVar("T")
 IO_WORKERS = 8  # disk reads and writes; bounded, so a slow disk queues work instead of growing threads
 LOCK_WORKERS = 16  # threads waiting on another process's stripe lock (each bounded by max_wait)
+HIT_CHUNK = 1 << 20  # a hit reads 1 MiB per thread hop (measured: fewer hops, same RSS order)
 IO_TIMEOUT = 30.0  # a disk call that takes longer is given up (the answer goes upstream or is cut)
 Go = Callable[[], Awaitable[web.StreamResponse]]
 
@@ -247,15 +247,18 @@ class CacheFront:
         stamp(headers)
         info["status"] = meta.status
         out = web.StreamResponse(status=meta.status, headers=headers)
+        ahead: asyncio.Task[bytes] | None = None
         try:
             await out.prepare(request)
             left = meta.length
-            while left > 0:
-                chunk = await self.run(found.f.read, min(CHUNK, left))
+            ahead = self._read(found, left)
+            while ahead is not None:
+                chunk = await ahead
                 if not chunk:  # the file changed under us (never expected): a cut, never a short body
                     raise OSError("cache entry ended early")
-                await out.write(chunk)
                 left -= len(chunk)
+                ahead = self._read(found, left)  # the next read runs while this chunk goes out
+                await out.write(chunk)
                 info["bytes"] += len(chunk)
             await out.write_eof()
         except (ConnectionError, aiohttp.ClientError):
@@ -266,8 +269,16 @@ class CacheFront:
             if request.transport is not None:
                 request.transport.abort()
         finally:
-            self._bg(found.f.close)
+            if ahead is not None:
+                ahead.cancel()
+            self._bg(found.f.close)  # a read still in a thread ends with EBADF or its bytes, unused
         return out
+
+    def _read(self, found: Found, left: int) -> asyncio.Task[bytes] | None:
+        """The next chunk's read as a task (one MiB at most), None when nothing is left."""
+        if left <= 0:
+            return None
+        return asyncio.ensure_future(self.run(found.f.read, min(HIT_CHUNK, left)))
 
     def _bg(self, fn: Callable[[], object]) -> None:
         """A small disk call nobody waits for (close, unlink); dropped once the pool is shut down."""

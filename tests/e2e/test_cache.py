@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from politeproxy.cache.store import key_name
-from tests.conftest import Certs, ProxyProc, Upstream, start_proxy, start_upstream
+from tests.conftest import Certs, ProxyProc, Upstream, start_proxy, start_upstream, wait_for
 from tests.e2e.test_cache_upstream import CACHE_TOML, D, fetch
 from tests.e2e.test_proxy_io import upstream_toml
 
@@ -166,6 +166,7 @@ def test_a_corrupt_entry_is_dropped_and_fetched_again(env: Env) -> None:
     _s, _h, good = fetch(env.a, D, path)
     name = key_name(f"GET data {path} *")  # the key the rules give it (tests/unit/test_cache_rules.py)
     newest = env.a.data_dir / "cache" / "objects" / name[:2] / name
+    wait_for(newest.exists, 10, "the entry renamed into place")  # the commit follows the client's last byte
     raw = bytearray(newest.read_bytes())
     raw[3] ^= 0x20  # one bit of the body: same length, only the checksum sees it
     newest.write_bytes(bytes(raw))
