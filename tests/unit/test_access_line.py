@@ -13,8 +13,11 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from politeproxy.logs import PLAIN_FORMAT, AccessLog, JsonFormatter, error_line
+from politeproxy.policy.backoff import Delay
+from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.events import PATH_LIMIT, AccessRecord, access_path
 from politeproxy.proxy.passage import PIPELINE_HEADER, VIA_ENTRY, WAIT_HEADER, add_via, stamp, wait_text
+from politeproxy.proxy.upstream import PoolFull
 
 
 def _render(formatter: logging.Formatter, record: AccessRecord) -> str:
@@ -95,3 +98,58 @@ def test_error_line_is_json_in_json_mode() -> None:
     obj = json.loads(error_line("cannot listen on 127.0.0.1:1: in use", "json"))
     assert (obj["level"], obj["message"]) == ("error", "cannot listen on 127.0.0.1:1: in use")
     assert error_line("x", "plain") == "politeproxy: error: x"
+
+
+def _oplog() -> tuple[OperatorLog, list[tuple[str, str]], list[float]]:
+    now = [0.0]
+    lines: list[tuple[str, str]] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append((record.levelname, record.getMessage()))
+
+    logger = logging.getLogger(f"politeproxy.events.test{id(lines)}")
+    logger.handlers[:] = [Capture()]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    return OperatorLog(logger, clock=lambda: now[0]), lines, now
+
+
+def test_operator_lines_for_backoff_block_and_probe() -> None:
+    op, lines, _now = _oplog()
+    op.answered("index.commoncrawl.org", 503, Delay(2.0), probe=False)
+    op.answered("data.commoncrawl.org", 403, Delay(120.0, block=True), probe=False)
+    op.probe("data.commoncrawl.org", "GET", "/crawl-data/x")
+    op.answered("data.commoncrawl.org", 200, None, probe=True)
+    op.answered("data.commoncrawl.org", 200, None, probe=False)  # the usual success: no line
+    assert [m for _lvl, m in lines] == [
+        "index.commoncrawl.org: 503 from upstream: backing off 2.0s",
+        "data.commoncrawl.org: 403 from upstream: blocked for 120.0s, then one probe request",
+        "data.commoncrawl.org: sending the probe after a block: GET /crawl-data/x",
+        "data.commoncrawl.org: the probe after a block got 200; the host is paced again",
+    ]
+    assert {lvl for lvl, _m in lines} == {"INFO"}
+
+
+def test_operator_lines_are_rate_limited_and_bounded() -> None:
+    op, lines, now = _oplog()
+    for _ in range(50):
+        op.answered("index.commoncrawl.org", 503, Delay(1.0), probe=False)
+        op.refused("10.0.0.1", 503, "would wait")
+    assert len(lines) == 10  # 5 per key per window
+    now[0] = 11.0
+    op.refused("10.0.0.1", 421, "misdirected")
+    assert lines[-2:] == [
+        ("INFO", "10.0.0.1: 45 more refusals not logged (rate-limited)"),
+        ("INFO", "10.0.0.1: refused 421: misdirected"),
+    ]
+    for i in range(100):
+        op.pool_full(PoolFull(f"pool{i}", 4))
+    assert len(op._pool_full) <= 16
+    before = len(lines)
+    for _ in range(5):
+        op.pool_full(PoolFull("paced", 4))  # within 10 s of its first line: held back and counted
+    assert len(lines) == before + 1
+    now[0] = 30.0
+    op.pool_full(PoolFull("paced", 4))
+    assert lines[-1][1].endswith("(4 more since the last line)")
