@@ -1,0 +1,362 @@
+"""Issue 9 items of the pacer, in process: feedback survives cancellation (5), bounded tables and labels (9),
+metrics memory without scrapes (15), a bounded queue (21), a dispatcher that neither floods the log nor spins
+on a store error (24), and the exempt places. Real asyncio and a MemoryStore; a store that fails or stalls is
+a small subclass, as the store is the unit's dependency. Items 9 and 21 through a real proxy are in
+tests/e2e/test_pacing_hardening.py."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import re
+import time
+import tracemalloc
+from collections import deque
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from politeproxy import metrics as metrics_mod
+from politeproxy.metrics import Metrics
+from politeproxy.pacing import pacer as pacer_mod
+from politeproxy.pacing.pacer import Pacer, PacingSettings, WaitTooLong
+from politeproxy.policy.backoff import BackoffPolicy
+from politeproxy.policy.classify import Klass
+from politeproxy.stores.base import StoreError
+from politeproxy.stores.memory import MemoryStore
+
+A = "data.commoncrawl.org"
+# The label cap's parts, read this way so that the test also runs (and fails) against the code before it.
+PINNED_HOSTS: tuple[str, ...] = getattr(metrics_mod, "PINNED_HOSTS", ("index.commoncrawl.org", A))
+FREE_HOST_LABELS: int = getattr(metrics_mod, "FREE_HOST_LABELS", 50)
+TABLE_CAP = 256  # what the pacer promises for any per-host table (state.HINT_CAP)
+
+
+def settings(**kw: object) -> PacingSettings:
+    base: dict[str, object] = dict(
+        gap=0.001, max_wait=5.0, host_intervals=(), backoff=BackoffPolicy(jitter=0)
+    )
+    base.update(kw)
+    return PacingSettings(**base)  # type: ignore[arg-type]
+
+
+class SlowStore(MemoryStore):
+    """Each throttle write takes ``hold`` seconds: the window in which a client may leave."""
+
+    def __init__(self, hold: float) -> None:
+        super().__init__(rand=lambda: 0.0)
+        self.hold = hold
+
+    async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy, *rest):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(self.hold)
+        return await super().throttled(host, retry_after, policy, *rest)
+
+
+class BrokenStore(MemoryStore):
+    """Claims raise while ``broken``; each message carries a different number, as real ones do."""
+
+    def __init__(self, exc: type[Exception] = StoreError) -> None:
+        super().__init__(rand=lambda: 0.0)
+        self.broken = True
+        self.claims = 0
+        self.exc = exc
+
+    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None):  # type: ignore[no-untyped-def]
+        self.claims += 1
+        if self.broken:
+            raise self.exc(f"ratelimit.lock: bad record {self.claims * 7919} at offset {self.claims}")
+        return await super().claim(host, gap, interval, max_wait)
+
+
+class Recorder:
+    """PacerEvents that remember the rejections."""
+
+    def __init__(self) -> None:
+        self.rejections: list[tuple[str, str]] = []
+
+    def granted(self, host: str, lateness: float) -> None: ...
+    def waited(self, host: str, klass: Klass, seconds: float) -> None: ...
+    def throttled(self, host: str, code: int, delay: float) -> None: ...
+    def queue_changed(self, host: str, depth: int) -> None: ...
+    def exempt_changed(self, host: str, in_flight: int) -> None: ...
+
+    def rejected(self, host: str, reason: str) -> None:
+        self.rejections.append((host, reason))
+
+
+@pytest.fixture
+async def closing() -> AsyncIterator[list[Pacer]]:
+    made: list[Pacer] = []
+    yield made
+    for p in made:
+        await p.close()
+
+
+# -- item 5: feedback survives the caller's cancellation -------------------------------------------------
+
+
+async def test_a_throttle_is_recorded_although_the_client_left_during_answered(closing: list[Pacer]) -> None:
+    store = SlowStore(0.2)
+    pacer = Pacer(store, settings())
+    closing.append(pacer)
+    started = asyncio.Event()
+
+    async def client() -> None:
+        async with pacer.permit(A, Klass.PACED) as p:
+            started.set()
+            await p.answered(429, "30")
+
+    task = asyncio.create_task(client())
+    await started.wait()
+    await asyncio.sleep(0.05)  # answered() runs; the store write is in flight
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (await store.host_view(A)).throttles == 0  # not yet written when the client left
+    await asyncio.sleep(0.3)
+    view = await store.host_view(A)
+    assert view.throttles == 1 and view.backoff_in > 25  # the Retry-After: 30 holds
+
+
+async def test_close_waits_for_feedback_in_flight(closing: list[Pacer]) -> None:
+    store = SlowStore(0.3)
+    pacer = Pacer(store, settings())
+    async with pacer.permit(A, Klass.PACED) as p:
+        task = asyncio.create_task(p.answered(503, "20"))
+        await asyncio.sleep(0.02)
+        task.cancel()
+    await pacer.close()  # shutdown right after the client left: the throttle must still be written
+    assert (await store.host_view(A)).throttles == 1
+
+
+async def test_close_is_bounded_when_a_feedback_write_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pacer_mod, "FEEDBACK_CLOSE_TIMEOUT", 0.2, raising=False)
+    pacer = Pacer(SlowStore(3600.0), settings())
+    async with pacer.permit(A, Klass.PACED) as p:
+        task = asyncio.create_task(p.answered(503, None))
+        await asyncio.sleep(0.02)
+        task.cancel()
+    t0 = time.monotonic()
+    await pacer.close()
+    assert time.monotonic() - t0 < 3.0  # bounded, not the store's hour
+    leftover = [t for t in asyncio.all_tasks() if "record" in repr(t.get_coro())]
+    assert not leftover, "a feedback task outlived close()"
+
+
+# -- item 9: 500 names leave bounded tables and bounded label series -------------------------------------
+
+
+def table_sizes(*objs: object) -> dict[str, int]:
+    """Every dict, set and deque held by the given objects (one level down), by attribute name."""
+    sizes = {}
+    for obj in objs:
+        for name, value in vars(obj).items():
+            if isinstance(value, dict | set | deque):
+                sizes[f"{type(obj).__name__}.{name}"] = len(value)
+    return sizes
+
+
+def host_labels(text: str) -> set[str]:
+    return set(re.findall(r'host="([^"]*)"', text))
+
+
+async def test_500_names_leave_bounded_tables_and_label_series(closing: list[Pacer]) -> None:
+    metrics = Metrics()
+    store = MemoryStore(rand=lambda: 0.0)
+    pacer = Pacer(store, settings(exempt_respect_backoff=False), metrics)
+    closing.append(pacer)
+    names = [f"n{i}.commoncrawl.org" for i in range(500)]
+    for host in names:
+        async with pacer.permit(host, Klass.PACED) as p:
+            await p.answered(503, "60")  # every name ends in a backoff this process remembers
+        metrics.answered(host, "paced", 503)
+        async with pacer.permit(host, Klass.EXEMPT) as p:
+            await p.answered(200, None)
+        metrics.answered(host, "exempt", 200)
+    assert pacer.depth() == 0
+    parts = [getattr(pacer, name) for name in ("state", "places", "dispatcher") if hasattr(pacer, name)]
+    sizes = table_sizes(pacer, *parts)
+    assert max(sizes.values()) <= TABLE_CAP, sizes
+    assert len(pacer.known_hosts()) <= TABLE_CAP
+    labels = host_labels(metrics.render().decode())
+    assert len(labels) <= len(PINNED_HOSTS) + FREE_HOST_LABELS + 1, len(labels)
+    assert "other" in labels
+
+
+async def test_pinned_hosts_keep_their_label_and_other_sums_its_hosts() -> None:
+    m = Metrics()
+    getattr(m, "pin_hosts", lambda _hosts: None)(["commoncrawl.s3.amazonaws.com"])  # the configured host
+    for i in range(FREE_HOST_LABELS):
+        m.granted(f"early{i}.commoncrawl.org", 0.0)
+    for host in (*PINNED_HOSTS, "commoncrawl.s3.amazonaws.com"):
+        m.granted(host, 0.0)
+    m.line_changed("late1.commoncrawl.org", "default", 3)
+    m.line_changed("late2.commoncrawl.org", "default", 4)
+    m.line_changed("late1.commoncrawl.org", "default", 0)
+    text = m.render().decode()
+    assert {*PINNED_HOSTS, "commoncrawl.s3.amazonaws.com"} <= host_labels(text)
+    assert "late1.commoncrawl.org" not in text
+    assert 'politeproxy_queue_depth{host="other",pipeline="default"} 4.0' in text  # late2's 4, late1's 0
+
+
+# -- item 15: metrics memory without a scrape --------------------------------------------------------------
+
+
+def test_grants_without_a_scrape_keep_metrics_memory_flat() -> None:
+    now = [1000.0]
+    m = Metrics(clock=lambda: now[0])
+    window = metrics_mod.RATE_WINDOW
+
+    def grants(n: int) -> None:
+        for _ in range(n):  # 100 grants/s, never scraped
+            now[0] += 0.01
+            m.granted(A, 0.0)
+
+    grants(int(window * 100) + 1000)  # fill a whole window first: what a steady rate keeps
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        grants(30_000)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert grown < 20_000, f"{grown} more bytes kept after 30k more grants"
+    rate = re.search(r'politeproxy_achieved_rate\{scope="global"\} (\S+)', m.render().decode())
+    assert rate is not None
+    assert float(rate.group(1)) == pytest.approx(100.0, rel=0.02)
+
+
+# -- item 21: every queue is bounded -----------------------------------------------------------------------
+
+
+async def test_waiters_beyond_the_cap_are_refused_at_once(closing: list[Pacer]) -> None:
+    events = Recorder()
+    store = MemoryStore(rand=lambda: 0.0)
+    # Pacing off and the host backing off: nothing but the cap limits the line.
+    pacer = Pacer(store, settings(gap=0.0, max_wait=20.0, exempt_max_in_flight=1), events)
+    closing.append(pacer)
+    await pacer.record(A, 503, 10.0)
+    n = pacer_mod.DEFAULT_MAX_QUEUE if hasattr(pacer_mod, "DEFAULT_MAX_QUEUE") else 1024
+    t0 = time.monotonic()
+    tasks = [asyncio.create_task(pacer.wait_paced(A)) for _ in range(n + 76)]
+    await asyncio.sleep(0.2)
+    refused = [t for t in tasks if t.done()]
+    assert pacer.depth() == n
+    assert len(refused) == 76
+    for t in refused:
+        e = t.exception()
+        assert isinstance(e, WaitTooLong) and e.reason == "queue_full" and e.wait >= 1.0
+    assert events.rejections.count((A, "queue_full")) == 76
+    assert time.monotonic() - t0 < 5.0  # refused at once, not after max_wait
+    # Exempt reads that would have to wait count too; one with a free place does not wait.
+    other = "index.commoncrawl.org"
+    async with pacer.permit(other, Klass.EXEMPT):
+        with pytest.raises(WaitTooLong) as e:
+            async with pacer.permit(other, Klass.EXEMPT):
+                pass
+    assert e.value.reason == "queue_full"
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert pacer.depth() == 0
+
+
+# -- item 24: a persistent dispatcher error -----------------------------------------------------------------
+
+
+@pytest.mark.slow  # watches the dispatcher's error backoff for 1.6 s, then its recovery
+@pytest.mark.parametrize("exc", [StoreError, RuntimeError])
+async def test_a_failing_store_logs_once_and_the_dispatcher_backs_off(
+    exc: type[Exception], caplog: pytest.LogCaptureFixture, closing: list[Pacer]
+) -> None:
+    caplog.set_level(logging.INFO, logger="politeproxy")
+    store = BrokenStore(exc)
+    pacer = Pacer(store, settings(max_wait=10.0))
+    closing.append(pacer)
+    waiter = asyncio.create_task(pacer.wait_paced(A))
+    await asyncio.sleep(1.6)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]  # one line; repeats are counted, not logged
+    assert sum(r.exc_info is not None for r in errors) == (0 if exc is StoreError else 1)
+    # Backing off 0.1, 0.2, 0.4, 0.8 s: about 5 claims in 1.6 s, where a fixed 0.1 s retry made 16.
+    assert store.claims <= 8
+    store.broken = False
+    async with asyncio.timeout(4.0):  # the backoff is capped: a recovered store is used again soon
+        await waiter
+    assert any("recovered" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow  # holds the lock 2 s, then waits for the recovery
+async def test_a_file_store_locked_elsewhere_logs_one_line_and_recovers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, closing: list[Pacer]
+) -> None:
+    """The same with a real FileStore whose ratelimit.lock another holder keeps flocked."""
+    from politeproxy.stores.file import FileStore
+
+    caplog.set_level(logging.INFO, logger="politeproxy")
+    store = FileStore(tmp_path)
+    store.lock_timeout = 0.1  # each claim gives up after 0.1 s instead of 5 s
+    holder = os.open(tmp_path / "ratelimit.lock", os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another open file description: the store's own flock blocks
+    pacer = Pacer(store, settings(max_wait=15.0))
+    closing.append(pacer)
+    try:
+        waiter = asyncio.create_task(pacer.wait_paced(A))
+        await asyncio.sleep(2.0)
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len(errors) == 1 and "ratelimit.lock" in errors[0], errors
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        os.close(holder)
+    async with asyncio.timeout(6.0):
+        await waiter
+    assert await store.grants() == 1
+    await store.close()
+
+
+# -- the exempt places (issue 10's small resizable semaphore) ------------------------------------------------
+
+
+async def test_an_exempt_place_handed_to_a_waiter_that_left_passes_on() -> None:
+    from politeproxy.pacing.exempt import ExemptPlaces
+
+    limit = [1]
+    places = ExemptPlaces(lambda: limit[0])
+    await places.acquire(A)
+    first = asyncio.create_task(places.acquire(A))
+    second = asyncio.create_task(places.acquire(A))
+    await asyncio.sleep(0.01)
+    assert places.waiting == 2
+    places.release(A)  # hands the place to the first waiter ...
+    first.cancel()  # ... which leaves before it runs: the place must go to the second
+    await asyncio.sleep(0.01)
+    assert second.done() and first.cancelled()
+    assert places.in_flight(A) == 1 and places.waiting == 0
+    places.release(A)
+    assert places.snapshot() == {}  # an idle host keeps no entry
+    # Resizing lets waiters in at once.
+    holders = [asyncio.create_task(places.acquire(A)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    assert places.in_flight(A) == 1
+    limit[0] = 3
+    places.resize()
+    await asyncio.sleep(0.01)
+    assert all(t.done() for t in holders) and places.in_flight(A) == 3
+
+
+async def test_an_exempt_read_survives_a_store_that_cannot_answer(closing: list[Pacer]) -> None:
+    class NoView(MemoryStore):
+        async def host_view(self, host: str):  # type: ignore[no-untyped-def]
+            raise StoreError("redis: connection refused")
+
+    store = NoView(rand=lambda: 0.0)
+    pacer = Pacer(store, settings())
+    closing.append(pacer)
+    async with pacer.permit(A, Klass.EXEMPT) as p:  # no backoff known anywhere: it goes
+        await p.answered(503, "0.3")  # the store records it; the local hint holds it too
+    t0 = time.monotonic()
+    async with pacer.permit(A, Klass.EXEMPT):
+        assert time.monotonic() - t0 >= 0.25  # the local hint still applied the backoff
