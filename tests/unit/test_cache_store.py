@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from politeproxy.cache.entry import Corrupt, open_entry
+from politeproxy.cache.entry import MAGIC, TRAILER, Corrupt, open_entry
 from politeproxy.cache.store import DiskStore, Found, key_name
-from politeproxy.policy.cacherules import CacheLimits
+from politeproxy.policy.cacherules import STORED_HEADERS, CacheLimits
 
 HEADERS = [("Content-Type", "application/octet-stream"), ("Content-Length", "1000")]
 
@@ -156,19 +156,60 @@ def test_clear(store: DiskStore) -> None:
     assert store.lookup("a") == "absent" and store.totals() == (0, 0)
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.binary(max_size=4096))
-def test_any_bytes_in_an_entry_file_are_corrupt_or_absent_never_an_error(
-    tmp_path_factory, data: bytes
-) -> None:
-    """Whatever bytes sit at an entry's path (a damaged disk, another program), lookup answers "corrupt"
-    (and drops the file) or serves a verified entry; it never raises."""
-    s = DiskStore(tmp_path_factory.mktemp("c"), CacheLimits())
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> DiskStore:
+    return DiskStore(tmp_path_factory.mktemp("c"), CacheLimits())
+
+
+def _lookup_never_raises(s: DiskStore, data: bytes) -> None:
     path = s.path_for(key_name("k"))
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(data)
     got = s.lookup("k")
     if isinstance(got, Found):
         got.f.close()
+        assert {h for h, _v in got.meta.headers} <= set(STORED_HEADERS)
     else:
-        assert got == "corrupt"
+        assert got == "corrupt" and not path.exists()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=4096))
+def test_any_bytes_in_an_entry_file_are_corrupt_never_an_error(shared: DiskStore, data: bytes) -> None:
+    """Whatever bytes sit at an entry's path (a damaged disk, another program), lookup answers "corrupt"
+    (and drops the file) or serves a verified entry; it never raises."""
+    _lookup_never_raises(shared, data)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.binary(max_size=64),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "key": st.sampled_from(["k", "other"]) | _JSON,
+            "status": st.sampled_from([200, 206, 500]) | _JSON,
+            "headers": st.lists(st.lists(st.text(max_size=20), min_size=2, max_size=2), max_size=3) | _JSON,
+            "length": st.integers(-5, 100) | _JSON,
+            "crc": st.integers(-5, 2**33) | _JSON,
+            "stored": st.floats() | _JSON,
+        },
+    ),
+)
+def test_any_head_behind_a_valid_trailer_is_corrupt_or_verified(
+    shared: DiskStore, body: bytes, head: dict
+) -> None:
+    """An entry whose trailer is well formed but whose JSON head holds anything (wrong types, NaN, huge
+    ints, unknown header names, control characters) is dropped as corrupt or served verified; never an
+    exception, never a header outside the stored set."""
+    import json
+
+    raw = json.dumps(head).encode()
+    _lookup_never_raises(shared, body + raw + TRAILER.pack(len(raw), MAGIC))
