@@ -36,7 +36,7 @@ numbers = st.one_of(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(
     value=st.one_of(rate_text, numbers, st.text(max_size=30)),
     key=st.sampled_from(RATE_KEY_NAMES + OTHER_KEYS),
