@@ -199,6 +199,7 @@ def test_block_probe_and_refusal_show_without_v(jproxy: Quiet, up: Upstream) -> 
         assert any(w in x["message"] and x["level"] == "info" for x in events), (w, events)
 
 
+@pytest.mark.slow  # a proxy of its own, and the Redis client's failure before the switch
 def test_store_switch_over_shows_without_v(up: Upstream, certs: Certs, tmp: Path) -> None:
     """A Redis store that does not answer: the fall back to the file store is one INFO line."""
     dead = free_port()

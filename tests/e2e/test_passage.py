@@ -18,7 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
+from politeproxy import __version__
 from tests.conftest import (
     CC_HOSTS,
     OTHER_HOSTS,
@@ -204,3 +206,24 @@ def test_access_line_names_path_pipeline_and_retries(proxy: ProxyProc) -> None:
     assert "index.commoncrawl.org/echo?url=example.com&X-Amz-Signature=*** paced" in line, line
     assert "retries=0" in line and "pipeline=cdx" in line and "status=200" in line
     assert "secret" not in line
+
+
+def test_metrics_are_tidy(proxy: ProxyProc) -> None:
+    """build_info; no _created; the configured hosts' label sets exist at 0 (pipeline "default" is never
+    a real client's here, so its lines stay 0 whatever the other tests sent)."""
+    text = proxy.metrics()
+    assert "_created" not in text
+    samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+    info = [s for s in samples if s.name == "politeproxy_build_info"]
+    assert len(info) == 1 and info[0].labels["version"] == __version__ and info[0].value == 1
+    for host in ("data.commoncrawl.org", "index.commoncrawl.org", "commoncrawl.org"):
+        for name in ("politeproxy_requests_total", "politeproxy_grants_total", "politeproxy_rejected_total"):
+            zero = [
+                s.value
+                for s in samples
+                if s.name == name
+                and s.labels["host"] == host
+                and s.labels["pipeline"] == "default"
+                and s.labels.get("reason") in (None, "max_wait", "queue_full")  # 421s count as "default"
+            ]
+            assert zero and all(v == 0 for v in zero), (name, host)

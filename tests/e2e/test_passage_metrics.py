@@ -1,47 +1,18 @@
-"""Metrics hygiene on a live proxy, and the alert for a proxy that is down (issue 13 item 8).
-
-/metrics of a proxy that has served nothing yet: build info, the configured hosts' label sets at 0, no
-``_created`` series. deploy/alerts.yml's PoliteproxyDown through ``promtool check rules`` and a
-``promtool test rules`` case (fires after 2 minutes of ``up == 0`` for the politeproxy job only).
+"""The alert for a proxy that is down (issue 13 item 8): deploy/alerts.yml's PoliteproxyDown through
+``promtool check rules`` and a ``promtool test rules`` case (fires after 2 minutes of ``up == 0`` for the
+politeproxy job only). The live /metrics hygiene check is in test_passage.py (it shares that proxy).
 """
 
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from politeproxy import __version__
-from tests.conftest import NO_ROBOTS, ROOT, ProxyProc, need_tool, start_proxy
+from tests.conftest import ROOT, need_tool
 
 ALERTS = ROOT / "deploy" / "alerts.yml"
-
-
-@pytest.fixture(scope="module")
-def idle_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProc]:
-    p = start_proxy(tmp_path_factory.mktemp("hygiene"), None, None, NO_ROBOTS)
-    yield p
-    p.stop()
-
-
-def test_fresh_proxy_metrics_are_tidy(idle_proxy: ProxyProc) -> None:
-    text = idle_proxy.metrics()
-    assert "_created" not in text
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-    }
-    info = [k for k in samples if k[0] == "politeproxy_build_info"]
-    assert len(info) == 1 and ("version", __version__) in info[0][1] and samples[info[0]] == 1
-    for host in ("data.commoncrawl.org", "index.commoncrawl.org"):
-        for name in ("politeproxy_requests_total", "politeproxy_grants_total", "politeproxy_throttles_total"):
-            mine = [v for (n, labels), v in samples.items() if n == name and ("host", host) in labels]
-            assert mine and all(v == 0 for v in mine), (name, host)
 
 
 def _expected_annotations(rule: dict, instance: str) -> dict[str, str]:
