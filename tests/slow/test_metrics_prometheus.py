@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, free_port, need_tool, wait_for
-from tests.e2e.test_deploy_files import dashboard_queries, load_dashboard, metric_names, template_variables
+from tests.support.deploy import dashboard_queries, load_dashboard, metric_names, template_variables
 from tests.support.measure import results, run_clients
 
 WINDOW = 10  # seconds: the achieved-rate gauge's window and the PromQL rate window
