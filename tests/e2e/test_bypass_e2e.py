@@ -41,7 +41,7 @@ from tests.conftest import (
 )
 from tests.e2e.test_proxy_io import connect_tunnel, exchange, upstream_toml
 
-GAP = 0.25  # the global gap the paced requests must keep
+GAP = 0.15  # the global gap the paced requests must keep
 PEEK = 1.5  # handshake_timeout, which bounds the peek
 BANNER = b"220 server speaks first\r\n"
 
