@@ -78,7 +78,10 @@ class CacheFront:
             log.warning("%s; running without the cache", e)
             return None
         front = cls(store, events, max_wait)
-        await front.run(store.sweep)
+        try:
+            await front.run(store.sweep)  # parts of writers killed mid-write, files the index lost
+        except Exception as e:  # noqa: BLE001 - a failed sweep leaves garbage, never a wrong answer
+            log.warning("cache sweep of %s failed: %s", store.root, e)
         await front.report_size()
         return front
 
