@@ -16,7 +16,15 @@ from politeproxy.logs import PLAIN_FORMAT, AccessLog, JsonFormatter, error_line
 from politeproxy.policy.backoff import Delay
 from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.events import PATH_LIMIT, AccessRecord, access_path
-from politeproxy.proxy.passage import PIPELINE_HEADER, VIA_ENTRY, WAIT_HEADER, add_via, stamp, wait_text
+from politeproxy.proxy.passage import (
+    MAX_VIA,
+    PIPELINE_HEADER,
+    VIA_ENTRY,
+    WAIT_HEADER,
+    add_via,
+    stamp,
+    wait_text,
+)
 from politeproxy.proxy.upstream import PoolFull
 
 
@@ -153,3 +161,14 @@ def test_operator_lines_are_rate_limited_and_bounded() -> None:
     now[0] = 30.0
     op.pool_full(PoolFull("paced", 4))
     assert lines[-1][1].endswith("(4 more since the last line)")
+
+
+@given(
+    st.lists(st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=3000), max_size=5)
+)
+def test_add_via_never_raises_and_stays_bounded(upstream_vias: list[str]) -> None:
+    """Any upstream Via field lines: one line comes out, ours last, at most MAX_VIA plus our entry."""
+    h: CIMultiDict[str] = CIMultiDict([("Via", v) for v in upstream_vias])
+    add_via(h)
+    (value,) = h.getall("Via")
+    assert value.endswith(VIA_ENTRY) and len(value) <= MAX_VIA + len(VIA_ENTRY) + 2
