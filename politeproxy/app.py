@@ -53,6 +53,7 @@ RESTART_ONLY = (
     "auth",
     "client",
     "upstream",
+    "cache",  # the cache's store and limits are opened at start (issue 14)
 )
 
 
