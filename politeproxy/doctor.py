@@ -63,13 +63,14 @@ class ProxyAddr:
 
 
 def parse_proxy(url: str) -> ProxyAddr | None:
-    """The proxy a tool would use from an HTTPS_PROXY value (scheme-less means http://), or None."""
+    """The proxy a tool would use from an HTTPS_PROXY value (scheme-less means http://), or None when it
+    is not a plain-HTTP proxy URL (politeproxy speaks plain HTTP to its clients: no https://, no socks)."""
     try:
         u = urlsplit(url if "://" in url else f"http://{url}")
-        port = u.port or (443 if u.scheme == "https" else 80)
+        port = u.port or 80
     except ValueError:
         return None
-    if u.scheme not in ("http", "https") or not u.hostname:
+    if u.scheme != "http" or not u.hostname:
         return None
     auth = None
     if u.username is not None:
@@ -93,7 +94,8 @@ def check_proxy_vars(env: Mapping[str, str]) -> tuple[list[Check], ProxyAddr | N
         out.append(Check(False, f"HTTPS_PROXY={upper} but https_proxy={lower}: tools disagree", FIX_ENV))
     proxy = parse_proxy(value)
     if proxy is None:
-        out.append(Check(False, f"https_proxy={value!r} is not an http:// proxy URL", FIX_ENV))
+        why = f"the proxy URL {_masked(value)!r} is not http://HOST:PORT (politeproxy speaks plain HTTP)"
+        out.append(Check(False, why, FIX_ENV))
         return out, None
     if not out:
         out.append(Check(True, f"HTTPS_PROXY and https_proxy: {_masked(value)}"))

@@ -146,3 +146,12 @@ def test_proxy_down(good: dict[str, str]) -> None:
 def test_bad_url_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert doctor.main(argparse.Namespace(url="http://index.commoncrawl.org/")) == 2
     assert "an https:// URL" in capsys.readouterr().err
+
+
+def test_a_proxy_url_politeproxy_does_not_speak(good: dict[str, str]) -> None:
+    env = good
+    for var in ("HTTPS_PROXY", "https_proxy"):
+        env[var] = "socks5://127.0.0.1:1080"
+    code, out = _run(env)
+    assert code == 1
+    assert "FAIL  the proxy URL 'socks5://127.0.0.1:1080' is not http://HOST:PORT" in out
