@@ -23,6 +23,7 @@ from politeproxy.pacing.base import (
 )
 from politeproxy.pacing.dispatcher import Dispatcher, RepeatLog
 from politeproxy.pacing.exempt import ExemptPlaces
+from politeproxy.pacing.permit import Permit
 from politeproxy.pacing.rest import RestNotes, exempt_slot
 from politeproxy.pacing.state import HINT_CAP, QueueState, Waiter
 from politeproxy.policy.backoff import Delay, Kind, answer_delay, parse_retry_after
@@ -45,29 +46,6 @@ log = logging.getLogger("politeproxy.pacing.pacer")
 
 SUCCESS_RECHECK = 1.0  # seconds between store resets of a host's throttle count on success
 FEEDBACK_CLOSE_TIMEOUT = 5.0  # close() waits this long for feedback still being recorded
-
-
-class Permit:
-    """One request's turn, from ``Pacer.permit``: how long it was held, and where its answer goes."""
-
-    __slots__ = ("_pacer", "host", "klass", "pipeline", "waited")
-
-    def __init__(
-        self, pacer: Pacer, host: str, klass: Klass, waited: float, pipeline: str = DEFAULT_PIPELINE
-    ) -> None:
-        self._pacer = pacer
-        self.host = host
-        self.klass = klass
-        self.waited = waited
-        self.pipeline = pipeline  # the name it counted as (bounded: configured, first 50 seen, "other")
-
-    async def answered(self, status: int | None, retry_after: str | None) -> Delay | None:
-        """Feed the upstream's answer back (``status`` None: the connection failed or timed out).
-
-        The store write runs in a task the pacer owns and is awaited through ``asyncio.shield``: a caller
-        cancelled here (its client left) never loses a throttle the upstream already sent.
-        """
-        return await self._pacer.feedback(self.host, status, retry_after)
 
 
 class Pacer:
@@ -263,6 +241,15 @@ class Pacer:
     ) -> AsyncIterator[float]:
         """Hold one of the host's exempt places for the whole exchange (shared fairly between pipelines);
         yields seconds waited."""
+        waited = await self.exempt_enter(host, arrived, pipeline)
+        try:
+            yield waited
+        finally:
+            self.places.release(host, pipeline)
+
+    async def exempt_enter(self, host: str, arrived: float | None, pipeline: str) -> float:
+        """Wait for the exempt slot and one of the host's places; seconds waited. The caller releases the
+        place (``places.release``); on WaitTooLong nothing is held."""
         now = self.monotonic()
         arrived = now if arrived is None else arrived
         deadline = arrived + self.settings.max_wait
@@ -285,9 +272,10 @@ class Pacer:
             n = self.places.in_flight(host)
             raise WaitTooLong(1.0, f"{host} has {n} exempt reads in flight") from None
         try:
-            yield self._waited(host, Klass.EXEMPT, arrived, pipeline)
-        finally:
+            return self._waited(host, Klass.EXEMPT, arrived, pipeline)
+        except BaseException:
             self.places.release(host, pipeline)
+            raise
 
     async def _backoff_in(self, host: str, now: float) -> float:
         """The host's backoff left, from the store; from the local hint when the store cannot answer."""
@@ -299,21 +287,14 @@ class Pacer:
 
     # -- the facade ---------------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def permit(
+    def permit(
         self, host: str, klass: Klass, arrived: float | None = None, pipeline: str | None = None
-    ) -> AsyncIterator[Permit]:
-        """Hold the request until it may go (a slot, or an exempt place); raises WaitTooLong.
+    ) -> Permit:
+        """Hold the request until it may go (a slot, or an exempt place); raises WaitTooLong on entering.
 
         ``pipeline`` names who asks (the proxy user name, else the client address); it is mapped to a
         bounded name (``Pacer.pipeline``), and slots and exempt places are shared fairly between them."""
-        name = self.pipeline(pipeline)
-        if klass is Klass.EXEMPT:
-            async with self.exempt(host, arrived, name) as waited:
-                yield Permit(self, host, klass, waited, name)
-        else:
-            waited = await self.wait_paced(host, arrived, name)
-            yield Permit(self, host, klass, waited, name)
+        return Permit(self, host, klass, 0.0, self.pipeline(pipeline), arrived)
 
     async def feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None:
         """Record an answer in a task of our own, shielded from the caller's cancellation."""

@@ -10,7 +10,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,20 +244,19 @@ class Forwarder:
         probe = p is not None and self.pacer.store.probing(p.host)  # the one request after a block
         if probe:
             self.oplog.probe(t.host, method, info["path"])
-        async with AsyncExitStack() as stack:
-            try:
-                upstream = await stack.enter_async_context(
-                    self.upstream.exchange(
-                        method, str(t.url), t.headers, t.body, pool, self.upstream.connect_timeout
-                    )
-                )
-            except PoolFull as e:
-                self.events.rejected(t.host if p is not None else "other", "pool_full")
-                info["status"], info["note"] = 503, "pool_full"
-                self.oplog.pool_full(e)
-                return error_response(503, f"{e}; try again shortly", {"Retry-After": "1"})
-            except Exception as e:  # noqa: BLE001 - every upstream failure shape is one line, never a traceback
-                return await self._failed(request, p, t, e, info)
+        exchange = self.upstream.exchange(
+            method, str(t.url), t.headers, t.body, pool, self.upstream.connect_timeout
+        )
+        try:
+            upstream = await exchange.__aenter__()  # no AsyncExitStack per request (issue 15: hot path)
+        except PoolFull as e:
+            self.events.rejected(t.host if p is not None else "other", "pool_full")
+            info["status"], info["note"] = 503, "pool_full"
+            self.oplog.pool_full(e)
+            return error_response(503, f"{e}; try again shortly", {"Retry-After": "1"})
+        except Exception as e:  # noqa: BLE001 - every upstream failure shape is one line, never a traceback
+            return await self._failed(request, p, t, e, info)
+        try:
             if p is not None:
                 delay = await self._answered(p, upstream.status, upstream.headers.get("Retry-After"))
                 self.oplog.answered(t.host, upstream.status, delay, probe)
@@ -287,7 +285,8 @@ class Forwarder:
                     return d.after
             info["status"] = upstream.status
             return await relay(request, upstream, info, self.events)
-        raise AssertionError("unreachable")  # pragma: no cover - AsyncExitStack never swallows here
+        finally:
+            await exchange.__aexit__(None, None, None)
 
     async def _answered(self, p: Permit, status: int | None, retry_after: str | None) -> Delay | None:
         """Feed the answer back (shielded inside the facade); a Retry-After nobody can parse still counts."""

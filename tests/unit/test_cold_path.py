@@ -1,0 +1,166 @@
+"""Issue 15, the cold path: the shortcuts taken for speed give the same answers as the general code, the
+permit is one small object per request, and the optional aiofastnet transports fall back cleanly.
+Answers and structure, never speed."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from politeproxy.pacing.pacer import Pacer, PacingSettings, Permit, WaitTooLong
+from politeproxy.policy.classify import Klass
+from politeproxy.policy.slots import MAX_THROTTLES, Bounds, HostState, bounded_host, sane_host
+from politeproxy.proxy import fastnet
+from politeproxy.proxy.upstream import _watch_close_notify
+from politeproxy.stores.memory import MemoryStore
+
+H = "data.commoncrawl.org"
+NOW = 1.7e9
+
+TIMES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(min_value=0.0, max_value=NOW),  # the usual record: every time in the past
+    st.floats(min_value=NOW - 10, max_value=NOW + 10),
+    st.just(0.0),
+)
+COUNTS = st.one_of(st.integers(min_value=-5, max_value=MAX_THROTTLES + 5), st.just(0))
+RECORDS = st.builds(
+    HostState, TIMES, TIMES, COUNTS, TIMES, TIMES, COUNTS, COUNTS, TIMES, TIMES, TIMES, TIMES, TIMES
+)
+BOUNDS = st.builds(
+    Bounds,
+    st.one_of(st.floats(min_value=-10, max_value=1e6), st.just(math.nan)),
+    st.floats(min_value=0, max_value=1e6),
+    st.one_of(st.floats(min_value=-10, max_value=1e6), st.just(math.nan)),
+)
+
+
+@given(RECORDS, st.one_of(st.just(NOW), st.floats(min_value=0.0, max_value=2e9)), BOUNDS)
+def test_sane_host_shortcut_gives_the_bounded_answer(h: HostState, now: float, b: Bounds) -> None:
+    """Any record a store may hold (NaN, inf, negative, far-future times, counts out of range) and any
+    bounds: ``sane_host`` with its all-in-the-past shortcut returns what the full per-field check returns,
+    never raises, and every time it returns is finite."""
+    fast, full = sane_host(h, now, b), bounded_host(h, now, b)
+    assert fast == full  # a sane record holds no NaN, so equality is exact
+    for t in (fast[0].next_allowed, fast[0].backoff_until, fast[0].tat, fast[0].probe_until):
+        assert math.isfinite(t)
+
+
+def test_sane_host_returns_the_same_record_when_it_is_at_rest() -> None:
+    h = HostState(next_allowed=NOW - 1, tat=NOW - 2)
+    out, ok = sane_host(h, NOW, Bounds())
+    assert ok and out is h  # no new record built for the usual case
+
+
+def settings(**kw: Any) -> PacingSettings:
+    return PacingSettings(gap=0.0, host_intervals=(), **kw)
+
+
+async def test_permit_is_one_small_object_not_a_generator() -> None:
+    """``Pacer.permit`` returns the Permit itself (no @asynccontextmanager per request); entering gives it."""
+    pacer = Pacer(MemoryStore(rand=lambda: 0.0), settings())
+    try:
+        cm = pacer.permit(H, Klass.PACED, None, "me")
+        assert type(cm) is Permit
+        async with cm as p:
+            assert p is cm and p.pipeline == "me" and p.waited >= 0.0
+            assert await p.answered(200, None) is None
+    finally:
+        await pacer.close()
+
+
+async def test_an_exempt_permit_gives_its_place_back_on_every_way_out() -> None:
+    pacer = Pacer(MemoryStore(rand=lambda: 0.0), settings(exempt_max_in_flight=1))
+    try:
+        async with pacer.permit(H, Klass.EXEMPT) as p:
+            assert pacer.places.in_flight(H) == 1 and p.klass is Klass.EXEMPT
+        assert pacer.places.in_flight(H) == 0
+        with pytest.raises(RuntimeError):
+            async with pacer.permit(H, Klass.EXEMPT):
+                raise RuntimeError("the exchange failed")
+        assert pacer.places.in_flight(H) == 0
+        # A place held elsewhere: a waiter that times out holds nothing afterwards.
+        async with pacer.permit(H, Klass.EXEMPT):
+            pacer.settings = settings(exempt_max_in_flight=1, max_wait=0.05)
+            with pytest.raises(WaitTooLong):
+                async with pacer.permit(H, Klass.EXEMPT):
+                    pass
+            assert pacer.places.in_flight(H) == 1
+        assert pacer.places.in_flight(H) == 0
+    finally:
+        await pacer.close()
+
+
+async def test_fastnet_off_by_environment_leaves_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("POLITEPROXY_FASTNET", "0")
+    loop = asyncio.get_running_loop()
+    before = loop.create_connection
+    assert fastnet.enable(loop) is None
+    assert loop.create_connection == before
+
+
+async def test_fastnet_absent_falls_back_to_the_loops_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POLITEPROXY_FASTNET", raising=False)
+    real = importlib.import_module
+
+    def no_fastnet(name: str, *a: Any) -> Any:
+        if name == "aiofastnet":
+            raise ImportError("not installed")
+        return real(name, *a)
+
+    monkeypatch.setattr(fastnet.importlib, "import_module", no_fastnet)
+    loop = asyncio.get_running_loop()
+    before = loop.start_tls
+    assert fastnet.enable(loop) is None
+    assert loop.start_tls == before
+
+
+async def test_fastnet_that_cannot_patch_warns_and_falls_back(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv("POLITEPROXY_FASTNET", raising=False)
+
+    class Broken:
+        @staticmethod
+        def patch_loop(loop: object) -> None:
+            raise RuntimeError("unsupported loop")
+
+    monkeypatch.setattr(fastnet.importlib, "import_module", lambda name, *a: Broken)
+    with caplog.at_level(logging.WARNING, logger="politeproxy"):
+        assert fastnet.enable(asyncio.get_running_loop()) is None
+    assert "could not patch" in caplog.text
+
+
+def test_fastnet_patches_a_loop_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("aiofastnet")
+    monkeypatch.delenv("POLITEPROXY_FASTNET", raising=False)
+    loop = asyncio.new_event_loop()
+    try:
+        before = loop.create_server
+        assert (fastnet.enable(loop) or "").startswith("aiofastnet ")
+        assert loop.create_server != before
+    finally:
+        loop.close()
+
+
+def test_close_notify_watch_sees_only_eof_received() -> None:
+    """aiofastnet offers no SSLObject to probe: a clean TLS close is heard as the protocol's eof_received."""
+    calls: list[str] = []
+
+    class Proto(asyncio.Protocol):
+        def eof_received(self) -> bool | None:
+            calls.append("eof")
+            return None
+
+    proto = Proto()
+    seen = _watch_close_notify(proto)
+    assert seen == [False]
+    proto.eof_received()
+    assert seen == [True] and calls == ["eof"]  # the protocol's own handler still runs
