@@ -36,8 +36,6 @@ from tests.faults.common import (
     throttled_arrival,
 )
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow]
-
 NS = 1_000_000_000
 HOST = struct.Struct(">QQQQQ")  # next_allowed, backoff_until, robots_expires (UnixNano), throttles, delay
 

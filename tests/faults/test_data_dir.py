@@ -14,8 +14,6 @@ import pytest
 
 from tests.conftest import POLITEPROXY, ROOT, free_port
 
-pytestmark = [pytest.mark.faults]
-
 
 def can_bind_mount() -> bool:
     unshare = shutil.which("unshare")

@@ -11,8 +11,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import ProxyProc, Upstream, wait_for
 from tests.faults.common import (
     CC,
@@ -29,8 +27,6 @@ from tests.faults.common import (
     throttled_arrival,
     wait_arrivals,
 )
-
-pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 RETRY_AFTER = 6.0
 

@@ -34,8 +34,6 @@ from tests.faults.common import (
 )
 from tests.support.redis_server import RedisServer, running_redis
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow]
-
 OUTAGE = 5.0
 # Recorded in Redis 1.5 s before the outage, so every proxy had time to see it (a claim refused for it, or a
 # once-a-second read of the host's state) before Redis went; it spans the switch to the fallback.

@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import Certs, ProxyProc, Upstream, need_tool
 from tests.faults.common import (
     CC,
@@ -31,8 +29,6 @@ from tests.faults.common import (
     upstream_toml,
     wait_arrivals,
 )
-
-pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 READ_TIMEOUT = 2.0
 BACKOFF_BASE = 1.0
