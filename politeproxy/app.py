@@ -30,7 +30,7 @@ from politeproxy.proxy.events import Tee
 from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
-from politeproxy.startup import announce_pacing, probe_store
+from politeproxy.startup import announce_pacing, format_gap, probe_store
 from politeproxy.status import StatusBoard, StatusEvents
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
@@ -251,7 +251,7 @@ class App:
     def _announce(self, gap: float, ca_path: Path) -> None:
         assert self.proxy is not None
         host, port = self.cfg.listen[0], self.proxy.port
-        rate = f"{1.0 / gap:g} req/s (one slot per {gap * 1000:g} ms)" if gap else "off"
+        rate = format_gap(gap)  # "200ms (5/s)", as in the pacing lines
         log.info(
             "politeproxy listening on %s:%d; global rate %s; store %s; data dir %s; CA %s",
             host,
