@@ -1,36 +1,24 @@
-"""RedisStore against a real redis-server: the claim semantics, shared backoff, TTLs, outages, concurrency."""
+"""RedisStore against a real redis-server: the claim semantics, shared backoff, keys, TTLs and scripts.
+Outages: test_redis_outages.py; many processes on one schedule: test_redis_processes.py."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.slots import Outcome
-from politeproxy.stores.base import StoreError
-from politeproxy.stores.failover import FailoverStore
-from politeproxy.stores.memory import MemoryStore
 from politeproxy.stores.redis_store import RedisStore
-from tests.support.redis_server import RedisServer, redis_fixture, running_redis, server_kinds
+from tests.support.redis_server import RedisServer, running_redis, server_kinds
 
-ROOT = Path(__file__).resolve().parents[2]
 HOST = "data.commoncrawl.org"
 OTHER = "index.commoncrawl.org"
-EPS = 1e-6
 
 # One server for the module (fast); the outage tests take their own so killing it harms no one else.
-own_redis = redis_fixture("own_redis", scope="function")
 KINDS = server_kinds()
 
 
@@ -257,176 +245,3 @@ async def test_recovers_after_script_flush(store: RedisStore, raw: aioredis.Redi
     await store.set_crawl_delay(HOST, 1.0, 60.0)
     assert (await store.host_view(HOST)).crawl_delay == 1.0
     assert await store.grants() == 2
-
-
-# -- outages ----------------------------------------------------------------------------------------------
-
-
-async def test_store_error_is_quick_when_the_server_dies(own_redis: RedisServer) -> None:
-    s = RedisStore(own_redis.url, prefix="pp-kill:")
-    try:
-        assert (await s.claim(HOST, 0.01, 0.0, None)).granted
-        own_redis.kill()
-        calls: list[Any] = [
-            lambda: s.claim(HOST, 0.01, 0.0, None),
-            lambda: s.throttled(HOST, 1.0, BackoffPolicy()),
-            lambda: s.succeeded(HOST),
-            lambda: s.set_crawl_delay(HOST, 1.0, 60.0),
-            lambda: s.host_view(HOST),
-            lambda: s.grants(),
-        ]
-        for call in calls:
-            t0 = time.monotonic()
-            with pytest.raises(StoreError):
-                await call()
-            assert time.monotonic() - t0 < 3.0
-    finally:
-        await s.close()
-
-
-async def test_store_error_is_bounded_when_the_server_hangs(own_redis: RedisServer) -> None:
-    s = RedisStore(own_redis.url, prefix="pp-hang:", socket_timeout=0.3)
-    try:
-        assert (await s.claim(HOST, 0.01, 0.0, None)).granted
-        own_redis.pause()  # connections stay open but nothing answers
-        t0 = time.monotonic()
-        with pytest.raises(StoreError):
-            await s.claim(HOST, 0.01, 0.0, None)
-        assert time.monotonic() - t0 < 1.5
-    finally:
-        own_redis.resume()
-        await s.close()
-
-
-async def test_password_in_the_url(own_redis: RedisServer) -> None:
-    admin = aioredis.from_url(own_redis.url)
-    await admin.config_set("requirepass", "s3cret")
-    await admin.aclose()
-    good = RedisStore(f"redis://:s3cret@127.0.0.1:{own_redis.port}/0", prefix="pp-auth:")
-    bad = RedisStore(f"redis://:wrong@127.0.0.1:{own_redis.port}/0", prefix="pp-auth:")
-    try:
-        assert (await good.claim(HOST, 0.01, 0.0, None)).granted
-        with pytest.raises(StoreError):  # a wrong password fails over like an outage, it does not crash
-            await bad.claim(HOST, 0.01, 0.0, None)
-    finally:
-        await good.close()
-        await bad.close()
-
-
-async def test_failover_paces_locally_then_returns_to_redis(own_redis: RedisServer) -> None:
-    primary = RedisStore(own_redis.url, prefix="pp-failover:", socket_timeout=0.5)
-    fs = FailoverStore(primary, MemoryStore(), gap_multiplier=3, probe_interval=0.1)
-    try:
-        for _ in range(3):
-            assert (await fs.claim(HOST, 0.05, 0.0, None)).granted
-        assert fs.name == "redis" and await primary.grants() == 3
-
-        own_redis.kill()
-        t0 = time.monotonic()
-        # The first local grant waits one widened gap after the last shared slot: the three claims above
-        # reserved slots up to 0.1 s ahead, so the hold runs to about 0.1 + 0.15 s from the switch.
-        held = await fs.claim(HOST, 0.05, 0.0, None)
-        assert time.monotonic() - t0 < 3.0
-        assert fs.degraded and fs.name == "memory"
-        assert held.outcome is Outcome.HOST_NOT_READY and 0.15 < held.wait <= 0.25
-        await asyncio.sleep(held.wait)
-        local = [await fs.claim(HOST, 0.05, 0.0, None) for _ in range(4)]
-        assert all(c.granted for c in local)
-        # Pacing alone, the proxy keeps three times the gap so N proxies together stay in the budget.
-        assert [round(b.at - a.at, 6) for a, b in zip(local, local[1:], strict=False)] == [0.15] * 3
-
-        own_redis.restart()
-        deadline = time.monotonic() + 5.0
-        while fs.degraded and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert not fs.degraded and fs.name == "redis"
-        # The local slots above run up to 0.45 s ahead: the first shared grant waits a widened gap after them.
-        back = await fs.claim(HOST, 0.05, 0.0, None)
-        if not back.granted:
-            assert back.outcome is Outcome.HOST_NOT_READY and back.wait <= 0.45 + 0.15
-            await asyncio.sleep(back.wait)
-            back = await fs.claim(HOST, 0.05, 0.0, None)
-        assert back.granted
-        assert await primary.grants() == 1  # the restarted server (no persistence) counts afresh
-    finally:
-        await fs.close()
-
-
-# -- many processes, one schedule --------------------------------------------------------------------------
-
-# Each process claims n slots one after another, sleeping until each; it prints the slots as JSON.
-CLAIMER = r"""
-import asyncio, json, sys, time
-url, prefix, n, gap, skew, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), \
-    float(sys.argv[5]), float(sys.argv[6])
-from politeproxy.stores.redis_store import RedisStore
-real = time.time
-while real() < start:  # a common start line, so the processes contend rather than take turns
-    time.sleep(0.002)
-if skew:
-    time.time = lambda: real() + skew  # this machine's clock is off; the schedule must not care
-async def main():
-    store = RedisStore(url, prefix=prefix)
-    out = []
-    for _ in range(n):
-        c, server_at = await store.claim_with_server_time("data.commoncrawl.org", gap, 0.0, None)
-        out.append({"granted": c.granted, "wait": c.wait, "at": c.at, "server_at": server_at})
-        await asyncio.sleep(c.wait)
-    await store.close()
-    print(json.dumps(out))
-asyncio.run(main())
-"""
-
-
-def run_claimers(url: str, prefix: str, n: int, gap: float, skews: list[float]) -> list[list[dict[str, Any]]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    start = time.time() + 1.0  # room for the interpreters to start and import
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CLAIMER, url, prefix, str(n), str(gap), str(skew), str(start)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=ROOT,
-            env=env,
-        )
-        for skew in skews
-    ]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 0, err.decode(errors="replace")
-        results.append(json.loads(out))
-    return results
-
-
-def assert_spaced(slots: list[float], gap: float) -> None:
-    slots = sorted(slots)
-    gaps = [b - a for a, b in zip(slots, slots[1:], strict=False)]
-    assert min(gaps) >= gap - EPS, min(gaps)
-
-
-async def test_three_processes_share_one_exact_schedule(shared_redis: RedisServer, prefix: str) -> None:
-    results = await asyncio.to_thread(run_claimers, shared_redis.url, prefix, 40, 0.02, [0.0, 0.0, 0.0])
-    claims = [c for r in results for c in r]
-    assert len(claims) == 120 and all(c["granted"] for c in claims)
-    assert_spaced([c["server_at"] for c in claims], 0.02)
-    # The processes really contended: at some point each had to wait behind the others.
-    assert all(max(c["wait"] for c in r) > 0.02 for r in results)
-    s = RedisStore(shared_redis.url, prefix=prefix)
-    try:
-        assert await s.grants() == 120
-    finally:
-        await s.close()
-
-
-async def test_skewed_clocks_share_the_server_schedule(shared_redis: RedisServer, prefix: str) -> None:
-    results = await asyncio.to_thread(run_claimers, shared_redis.url, prefix, 20, 0.02, [0.0, 5.0])
-    claims = [c for r in results for c in r]
-    assert len(claims) == 40 and all(c["granted"] for c in claims)
-    assert_spaced([c["server_at"] for c in claims], 0.02)
-    # Had the schedule used the skewed local clock, the other process would wait ~5 s for a slot.
-    assert max(c["wait"] for c in claims) < 0.5
-    # ``at`` is in each process's own clock: the skewed one is 5 s ahead of the server, the other not.
-    straight, skewed = results
-    assert all(abs(c["at"] - c["server_at"]) < 0.5 for c in straight)
-    assert all(abs(c["at"] - c["server_at"] - 5.0) < 0.5 for c in skewed)
