@@ -7,6 +7,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Protocol
 
 from politeproxy.policy.backoff import DEFAULT_BLOCK_CODES, DEFAULT_THROTTLE_CODES, BackoffPolicy
@@ -41,10 +42,16 @@ class PacingSettings:
     exempt_burst: int = 100
 
     def interval_for(self, host: str) -> float:
-        for pattern, interval in self.host_intervals:
-            if host_matches(host, pattern):
-                return interval
-        return 0.0
+        return _interval_for(self.host_intervals, host)
+
+
+@lru_cache(maxsize=4096)  # asked twice per paced request (issue 15); bounded: hosts are client-chosen
+def _interval_for(host_intervals: tuple[tuple[str, float], ...], host: str) -> float:
+    """The interval of the first pattern ``host`` matches, else 0 (a pure function of its arguments)."""
+    for pattern, interval in host_intervals:
+        if host_matches(host, pattern):
+            return interval
+    return 0.0
 
 
 class WaitTooLong(Exception):

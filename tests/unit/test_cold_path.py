@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from politeproxy.pacing.pacer import Pacer, PacingSettings, Permit, WaitTooLong
 from politeproxy.policy.classify import Klass
+from politeproxy.policy.hosts import host_matches
 from politeproxy.policy.slots import MAX_THROTTLES, Bounds, HostState, bounded_host, sane_host
 from politeproxy.proxy import fastnet
 from politeproxy.proxy.upstream import _watch_close_notify
@@ -164,3 +165,21 @@ def test_close_notify_watch_sees_only_eof_received() -> None:
     assert seen == [False]
     proto.eof_received()
     assert seen == [True] and calls == ["eof"]  # the protocol's own handler still runs
+
+
+@given(
+    st.text(max_size=40),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["index.commoncrawl.org", "*.commoncrawl.org", "x.y", "*"]), st.floats(0, 10)
+        ),
+        max_size=3,
+    ),
+)
+def test_interval_for_memo_gives_the_pattern_scan_answer(host: str, table: list[tuple[str, float]]) -> None:
+    """Any client-chosen host and interval table: the memoised ``interval_for`` returns the first matching
+    pattern's interval, as the plain scan does, asked twice (the second answer from the cache)."""
+    s = PacingSettings(host_intervals=tuple(table))
+    want = next((i for p, i in table if host_matches(host, p)), 0.0)
+    assert s.interval_for(host) == want
+    assert s.interval_for(host) == want
