@@ -25,21 +25,18 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from politeproxy.cache.base import CacheError, CacheEvents
-from politeproxy.cache.entry import Corrupt, Writer
 from politeproxy.cache.store import DiskStore, Found, key_name
 from politeproxy.policy.cacherules import (
-    STORED_HEADERS,
     Bypass,
     Cacheable,
     CacheLimits,
-    Store,
     accepts,
     age_seconds,
     fresh,
     request_decision,
-    response_decision,
 )
 from politeproxy.policy.classify import Klass
+from politeproxy.proxy.cachetee import Tee
 from politeproxy.proxy.passage import stamp
 
 log = logging.getLogger("politeproxy")
@@ -139,7 +136,7 @@ class CacheFront:
         try:
             found = await self.run(self.store.lookup, d.key)
         except Exception as e:  # noqa: BLE001 - a disk or index failure is a miss, never an error answer
-            self._disk_problem(e)
+            self.disk_problem(e)
             return "error"
         if not isinstance(found, Found):
             return found
@@ -150,7 +147,7 @@ class CacheFront:
         if why is None and not accepts(req_headers.get("Accept-Encoding"), coding):
             why = "encoding"
         if why is not None:
-            self._bg(found.f.close)
+            self.bg(found.f.close)
             return why
         return found
 
@@ -198,7 +195,7 @@ class CacheFront:
             fut.add_done_callback(lambda f: _release_late(self.store, f))
             raise
         except Exception as e:  # noqa: BLE001 - no lock file: single flight in this process only
-            self._disk_problem(e)
+            self.disk_problem(e)
             return None
 
     async def _fetch(
@@ -209,7 +206,7 @@ class CacheFront:
         go: Go,
         flight: _Flight | None = None,
     ) -> web.StreamResponse:
-        tee = _Tee(self, d)
+        tee = Tee(self, d)
         info["tee"] = tee
         try:
             resp = await go()
@@ -227,7 +224,7 @@ class CacheFront:
         await asyncio.shield(self._commit(tee, ok, flight))  # waiters look as soon as it is in place
         return resp
 
-    def _commit(self, tee: _Tee, ok: bool, flight: _Flight | None) -> asyncio.Task[None]:
+    def _commit(self, tee: Tee, ok: bool, flight: _Flight | None) -> asyncio.Task[None]:
         """The commit as a task that outlives its request (referenced here until done); the flight's
         waiters and lock are let go only when it is done, so they find the entry in place."""
         task = asyncio.get_running_loop().create_task(tee.finish(ok))
@@ -274,7 +271,7 @@ class CacheFront:
         finally:
             if ahead is not None:
                 ahead.cancel()
-            self._bg(found.f.close)  # a read still in a thread ends with EBADF or its bytes, unused
+            self.bg(found.f.close)  # a read still in a thread ends with EBADF or its bytes, unused
         return out
 
     def _read(self, found: Found, left: int) -> asyncio.Task[bytes] | None:
@@ -283,14 +280,14 @@ class CacheFront:
             return None
         return asyncio.ensure_future(self.run(found.f.read, min(HIT_CHUNK, left)))
 
-    def _bg(self, fn: Callable[[], object]) -> None:
+    def bg(self, fn: Callable[[], object]) -> None:
         """A small disk call nobody waits for (close, unlink); dropped once the pool is shut down."""
         try:
             self.io.submit(fn)
         except RuntimeError:
             pass
 
-    def _disk_problem(self, e: BaseException) -> None:
+    def disk_problem(self, e: BaseException) -> None:
         now = time.monotonic()
         if now - self._disk_warned > 60.0:  # one line a minute: a full disk repeats on every request
             self._disk_warned = now
@@ -323,66 +320,3 @@ def _release_late(store: DiskStore, f: asyncio.Future[tuple[int, bool] | None]) 
         got = f.result()
         if got is not None:
             store.unlock(got[0])
-
-
-class _Tee:
-    """Fed by relay() with the answer's head and each chunk; writes a storable answer to a temp file."""
-
-    def __init__(self, front: CacheFront, d: Cacheable) -> None:
-        self.front, self.d = front, d
-        self.writer: Writer | None = None
-        self.expected = 0
-        self.status = 0
-        self.headers: list[tuple[str, str]] = []
-
-    async def start(self, method: str, status: int, headers: Mapping[str, str]) -> None:
-        decision = response_decision(self.front.limits, self.d, method, status, headers)
-        if not isinstance(decision, Store):
-            return
-        kept = [(h, headers[h]) for h in STORED_HEADERS if h in headers]
-        if any(len(v) > 8192 or not v.isprintable() for _h, v in kept):
-            return
-        try:
-            self.writer = await self.front.run(self.front.store.writer, self.d.key)
-        except Exception as e:  # noqa: BLE001 - the answer still goes to the client
-            self.front._disk_problem(e)
-            return
-        self.expected, self.status, self.headers = decision.length, status, kept
-
-    async def write(self, chunk: bytes) -> None:
-        w = self.writer
-        if w is None:
-            return
-        try:
-            await self.front.run(w.write, chunk)
-        except Exception as e:  # noqa: BLE001 - a full disk stops the copy, not the answer
-            self.front._disk_problem(e)
-            self.discard()
-
-    async def finish(self, ok: bool) -> None:
-        """Rename into place when ``ok`` and every expected byte came through; else drop the temp file."""
-        w, self.writer = self.writer, None
-        if w is None:
-            return
-        if not ok:
-            self.front._bg(w.discard)
-            return
-        store = self.front.store
-        try:
-            evicted = await self.front.run(
-                store.commit, w, self.d.key, self.status, self.headers, self.expected
-            )
-        except Corrupt:
-            return  # short or long: discarded in the commit, as it must be
-        except Exception as e:  # noqa: BLE001
-            self.front._disk_problem(e)
-            self.front._bg(w.discard)
-            return
-        if evicted:
-            self.front.events.cache_evicted(len(evicted))
-        await self.front.report_size()
-
-    def discard(self) -> None:
-        w, self.writer = self.writer, None
-        if w is not None:
-            self.front._bg(w.discard)

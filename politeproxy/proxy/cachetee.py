@@ -1,0 +1,77 @@
+"""The tee of a cache miss: relay() feeds it the answer's head and each chunk as they go to the client; it
+writes a storable answer to a temporary file, and its commit renames the file into place only when every
+announced byte came through (proxy/cached.py makes and finishes it)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from politeproxy.cache.entry import Corrupt, Writer
+from politeproxy.policy.cacherules import STORED_HEADERS, Cacheable, Store, response_decision
+
+if TYPE_CHECKING:
+    from politeproxy.proxy.cached import CacheFront
+
+
+class Tee:
+    """Fed by relay() with the answer's head and each chunk; writes a storable answer to a temp file."""
+
+    def __init__(self, front: CacheFront, d: Cacheable) -> None:
+        self.front, self.d = front, d
+        self.writer: Writer | None = None
+        self.expected = 0
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+
+    async def start(self, method: str, status: int, headers: Mapping[str, str]) -> None:
+        decision = response_decision(self.front.limits, self.d, method, status, headers)
+        if not isinstance(decision, Store):
+            return
+        kept = [(h, headers[h]) for h in STORED_HEADERS if h in headers]
+        if any(len(v) > 8192 or not v.isprintable() for _h, v in kept):
+            return
+        try:
+            self.writer = await self.front.run(self.front.store.writer, self.d.key)
+        except Exception as e:  # noqa: BLE001 - the answer still goes to the client
+            self.front.disk_problem(e)
+            return
+        self.expected, self.status, self.headers = decision.length, status, kept
+
+    async def write(self, chunk: bytes) -> None:
+        w = self.writer
+        if w is None:
+            return
+        try:
+            await self.front.run(w.write, chunk)
+        except Exception as e:  # noqa: BLE001 - a full disk stops the copy, not the answer
+            self.front.disk_problem(e)
+            self.discard()
+
+    async def finish(self, ok: bool) -> None:
+        """Rename into place when ``ok`` and every expected byte came through; else drop the temp file."""
+        w, self.writer = self.writer, None
+        if w is None:
+            return
+        if not ok:
+            self.front.bg(w.discard)
+            return
+        store = self.front.store
+        try:
+            evicted = await self.front.run(
+                store.commit, w, self.d.key, self.status, self.headers, self.expected
+            )
+        except Corrupt:
+            return  # short or long: discarded in the commit, as it must be
+        except Exception as e:  # noqa: BLE001
+            self.front.disk_problem(e)
+            self.front.bg(w.discard)
+            return
+        if evicted:
+            self.front.events.cache_evicted(len(evicted))
+        await self.front.report_size()
+
+    def discard(self) -> None:
+        w, self.writer = self.writer, None
+        if w is not None:
+            self.front.bg(w.discard)
