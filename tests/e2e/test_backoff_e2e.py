@@ -129,6 +129,7 @@ def test_restarted_proxy_honours_a_retry_after_seen_before_kill_9(
     assert after[0]["t"] >= t503 + 6.0 - 0.01
 
 
+@pytest.mark.slow  # watches 1.5 s past a Retry-After of 1 s for a replay
 def test_post_is_never_replayed(proxy_factory: Callable[..., ProxyProc], upstream: Upstream) -> None:
     p = proxy_factory(upstream, config())
     throttle(upstream, DATA, 1, "1")
@@ -165,6 +166,7 @@ def test_get_retried_within_max_wait_and_refused_beyond_it(
     assert "max_wait" in p.metrics()
 
 
+@pytest.mark.slow  # a rate: four requests 0.5 s apart (Crawl-delay)
 def test_robots_crawl_delay_raises_the_hosts_interval(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream
 ) -> None:

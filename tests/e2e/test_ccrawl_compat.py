@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import NO_ROBOTS, ROOT, ProxyProc, Upstream
 from tests.slow.test_pacing_accuracy import arrival_stats, read_lock, start_clients, warm_upstream_pool
 
@@ -43,6 +45,7 @@ print(json.dumps(out), flush=True)
 """
 
 
+@pytest.mark.slow  # a rate: ccrawl-style processes and the proxy on one schedule
 def test_ccrawl_and_proxy_share_one_schedule(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream, tmp_path: Path
 ) -> None:

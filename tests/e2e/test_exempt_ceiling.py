@@ -95,6 +95,7 @@ def test_two_proxies_on_one_redis_share_the_exempt_ceiling(
     assert_within_ceiling(table_arrivals(upstream))
 
 
+@pytest.mark.slow  # a 2 s block hold, then 3.5 s of scans
 def test_a_block_stops_exempt_reads_too(proxy_factory: Callable[..., ProxyProc], upstream: Upstream) -> None:
     p = proxy_factory(upstream, config())
     upstream.control({"throttle": {"host": DATA, "count": 1, "status": 403, "retry_after": None}})

@@ -271,6 +271,7 @@ def test_a_client_leaving_mid_body_is_logged_as_the_client(
     no_traceback(p)
 
 
+@pytest.mark.slow  # five failure shapes, a 1 s read timeout and block holds between them
 def test_upstream_failure_shapes_give_one_line_and_never_a_query_string(
     proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs
 ) -> None:
