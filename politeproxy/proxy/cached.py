@@ -170,7 +170,9 @@ class CacheFront:
         flight = _Flight(self, name)
         try:
             flight.lock = await self._lock(d.key)
-            if flight.lock is not None and flight.lock[1]:  # another proxy held it: it may have stored it
+            # Look again with the lock held, contended or not: another proxy (or a flight here that ended
+            # while we looked the first time) may have stored it since.
+            if flight.lock is not None:
                 found = await self._lookup(d, request.headers)
                 if isinstance(found, Found):
                     flight.release()
