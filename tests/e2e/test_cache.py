@@ -242,3 +242,20 @@ def test_filling_past_max_size_evicts_the_least_recently_used(
     finally:
         p.stop()
         up.stop()
+
+
+@pytest.mark.slow  # its own proxy
+def test_cache_enabled_false_turns_it_off(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> None:
+    tmp = tmp_path_factory.mktemp("off")
+    up = start_upstream(certs, tmp)
+    p = start_proxy(tmp, None, None, CACHE_TOML + "[cache]\nenabled = false\n" + upstream_toml(up, certs))
+    try:
+        path = "/crawl-data/CC-MAIN-2024-10/off.warc.gz"
+        for _ in range(2):
+            assert fetch(p, D, path)[0] == 200
+        assert sum(1 for x in up.log() if x["path"] == path) == 2
+        assert not (p.data_dir / "cache").exists()
+        assert "politeproxy_cache_requests_total{" not in p.metrics()
+    finally:
+        p.stop()
+        up.stop()
