@@ -132,7 +132,7 @@ async def _status_503(_r: web.Request) -> web.StreamResponse:
 
 
 async def _hang(_r: web.Request) -> web.StreamResponse:
-    await asyncio.sleep(3)  # beyond the client's 0.5 s read timeout
+    await asyncio.sleep(1.5)  # three times the client's 0.5 s read timeout (teardown waits it out)
     return web.Response(text="late")
 
 
