@@ -282,7 +282,9 @@ def maybe_mitmdump(bench: Bench, up: Upstream, enabled: bool) -> Proxy | None:
 # -- comparing paths -------------------------------------------------------------------------
 
 
-PACING_OFF = '[schedule]\nglobal_rate = "0"\n'
+# The forwarding path alone: no pacing, and no cache (on by default since issue 14, it would answer the
+# repeated reads of these figures from disk; bench/cache_bench.py measures the cache).
+PACING_OFF = '[schedule]\nglobal_rate = "0"\n[cache]\nenabled = false\n'
 
 
 def add_compare_args(p: argparse.ArgumentParser) -> None:
