@@ -121,14 +121,16 @@ def cmd_env(args: argparse.Namespace) -> int:
     if name is not None and (not name or ":" in name or clean_name(name) != name):
         return _fail(f"--pipeline {name!r}: 1-64 printable characters, no spaces, quotes or ':'")
     try:
-        bundle, _system = trust_bundle(cfg.data_dir, ca.pem())
+        bundle, system = trust_bundle(cfg.data_dir, ca.pem())
+        roots = f"the system's roots ({system}), " if system else "no system roots found, "
     except OSError as e:  # a data dir this user cannot write: the CA's own bundle still works
         print(
             f"politeproxy: warning: cannot write the trust bundle ({e.strerror}); using {ca.bundle_path}",
             file=sys.stderr,
         )
-        bundle = ca.bundle_path
-    print("\n".join(export_lines(cfg, ca, bundle, name)))
+        bundle, roots = ca.bundle_path, "no system roots (not writable), "
+    lines = export_lines(cfg, ca, bundle, name)
+    print("\n".join([*lines, f"# {bundle.name}: {roots}certifi's roots and the proxy's CA"]))
     return 0
 
 

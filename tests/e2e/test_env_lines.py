@@ -109,6 +109,10 @@ def test_env_takes_run_flags_and_checks_them(tmp_path: Path) -> None:
         timeout=60,
     )
     assert ok.returncode == 0 and "export HTTPS_PROXY=" in ok.stdout, ok.stderr
+    system = system_roots(tmp_path / "d")
+    # A comment says what the bundle holds, so a missing corporate chain can be traced.
+    want = f"the system's roots ({system})" if system else "no system roots found"
+    assert f"# trust-bundle.pem: {want}, certifi's roots and the proxy's CA" in ok.stdout, ok.stdout
     bad = subprocess.run([*base, "--global-rate", "5"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "write 5/s for a rate or 5s for a gap" in bad.stderr
 
