@@ -238,3 +238,41 @@ def test_config_keys_and_rules_override() -> None:
     for bad in ({"rules": [{"hosts": [D]}]}, {"max_size": "lots"}, {"surprise": 1}):
         with pytest.raises(ConfigError):
             build({"cache": bad})
+
+
+@given(
+    st.sampled_from(["GET", "HEAD", "POST", "get"]),
+    st.sampled_from([D, "index.commoncrawl.org", "commoncrawl.s3.eu-west-1.amazonaws.com", "x.org"]),
+    st.text(max_size=60).map(lambda s: "/crawl-data/" + s),
+    st.dictionaries(
+        st.sampled_from(["Range", "Cache-Control", "Pragma", "If-Range", "Accept-Encoding"]),
+        st.text(max_size=40),
+        max_size=3,
+    ),
+)
+def test_request_decision_never_raises(method: str, host: str, path: str, headers: dict[str, str]) -> None:
+    """Any path and header text a client sends gives None, a bypass reason or a key; the key is text that
+    the store hashes (never a path), and a cacheable request never carries a query."""
+    d = request_decision(L, method, host, path, headers, False)
+    assert d is None or isinstance(d, Bypass | Cacheable)
+    if isinstance(d, Cacheable):
+        assert "?" not in path and d.key.startswith(("GET ", "HEAD "))
+
+
+@given(
+    st.sampled_from([None, "bytes=0-9", "bytes=5-", "bytes=-3"]),
+    st.integers(100, 600),
+    st.dictionaries(
+        st.sampled_from(["Content-Length", "Content-Range", "Cache-Control", "Vary", "Set-Cookie"]),
+        st.text(max_size=40),
+        max_size=4,
+    ),
+)
+def test_response_decision_never_raises(rng: str | None, status: int, headers: dict[str, str]) -> None:
+    """Any upstream status and header text gives a store (with a non-negative length within the limits)
+    or a reason; only a 200 or 206 is ever stored."""
+    got = response_decision(L, _c(rng), "GET", status, headers)
+    if isinstance(got, Store):
+        assert status in (200, 206) and 0 <= got.length <= L.max_object
+    else:
+        assert isinstance(got, DontStore)
