@@ -4,6 +4,9 @@ One validator, ``check_number``, is the only way a number gets in: it refuses Na
 values and values beyond the key's bound, with one line naming the key. ``float("nan")`` is a valid
 float that makes every ``gap > 0`` test false, so an unchecked NaN switches pacing off.
 
+Durations need a unit ("200ms", "1.5s"); keys that space grants also take a rate ("5/s" = a 200 ms gap).
+A bare number other than 0 is refused with a hint, since "5" could mean either (``parse_duration``).
+
 Policy core: no I/O. Environment values are passed in as a mapping.
 """
 
