@@ -201,6 +201,8 @@ def start_politeproxy(
     cmd += ["--listen", f"127.0.0.1:{port}"] + (["-v"] if verbose else [])
     # POLITEPROXY_BENCH_SRC: run politeproxy from another source tree, to measure a candidate change.
     src = src or Path(os.environ.get("POLITEPROXY_BENCH_SRC") or ROOT)
+    if not (src / "politeproxy" / "cache").is_dir():  # a tree from before issue 14 knows no [cache] table
+        cfg.write_text(politeproxy_config(up, extra_toml.replace(CACHE_OFF, "")))
     proc = bench.spawn(cmd, f"politeproxy-{n}.log", cwd=src)
 
     def healthy() -> bool:
@@ -284,7 +286,8 @@ def maybe_mitmdump(bench: Bench, up: Upstream, enabled: bool) -> Proxy | None:
 
 # The forwarding path alone: no pacing, and no cache (on by default since issue 14, it would answer the
 # repeated reads of these figures from disk; bench/cache_bench.py measures the cache).
-PACING_OFF = '[schedule]\nglobal_rate = "0"\n[cache]\nenabled = false\n'
+CACHE_OFF = "[cache]\nenabled = false\n"
+PACING_OFF = '[schedule]\nglobal_rate = "0"\n' + CACHE_OFF
 
 
 def add_compare_args(p: argparse.ArgumentParser) -> None:
