@@ -8,6 +8,7 @@ layer (politeproxy/cache) does the I/O, and tests/unit/test_cache_rules.py runs 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -35,11 +36,18 @@ class CacheRule:
     ranges: bool = True
 
     def matches(self, host: str, path: str) -> bool:
-        if not any(host_matches(host, h) for h in self.hosts):
-            return False
+        return any(host_matches(host, h) for h in self.hosts) and self.path_matches(path)
+
+    def path_matches(self, path: str) -> bool:
         if self.exact:
             return path in self.paths
         return any(path.startswith(p) for p in self.paths)
+
+
+@functools.lru_cache(maxsize=4096)  # bounded: host names are the client's choice
+def rules_for(rules: tuple[CacheRule, ...], host: str) -> tuple[CacheRule, ...]:
+    """The rules whose hosts match ``host``: host matching once per name, not per request (issue 15)."""
+    return tuple(r for r in rules if any(host_matches(host, h) for h in r.hosts))
 
 
 DATA_HOSTS = ("data.commoncrawl.org", "commoncrawl.s3.amazonaws.com", "commoncrawl.s3.*.amazonaws.com")
@@ -160,8 +168,11 @@ def request_decision(
     """
     if not limits.enabled:
         return None
+    rules = rules_for(limits.rules, host)
+    if not rules:
+        return None
     path = normalize_path(raw_path)
-    rule = next((r for r in limits.rules if r.matches(host, path)), None)
+    rule = next((r for r in rules if r.path_matches(path)), None)
     if rule is None:
         return None
     if method not in ("GET", "HEAD"):
