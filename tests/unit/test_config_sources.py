@@ -211,3 +211,19 @@ def test_long_name_lists_are_summed_up_on_one_line() -> None:
     line = _names(names)
     assert line.startswith("h0.example, h1.example, h2.example, h3.example and 179 more (183 names;")
     assert "h4.example" not in line
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.text(alphabet=st.sampled_from("ab:, \n\tQZ\x00é"), max_size=40))
+def test_auth_users_from_any_text_is_a_table_or_an_error_without_passwords(value: str) -> None:
+    """POLITEPROXY_AUTH_USERS: any text gives non-empty names and passwords, or a ConfigError naming the
+    key that shows no part of the value (passwords are in it)."""
+    try:
+        users = parse_users(value, "auth.users")
+    except ConfigError as e:
+        assert str(e).startswith("auth.users: ") and "Q" not in str(e) and "Z" not in str(e)
+        return
+    assert users and all(name and password for name, password in users.items())
+    assert all(
+        ":" not in name and not any(c.isspace() or c == "," for c in name + pw) for name, pw in users.items()
+    )
