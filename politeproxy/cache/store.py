@@ -29,6 +29,8 @@ from politeproxy.policy.cacherules import CacheLimits
 log = logging.getLogger("politeproxy")
 LOCK_POLL = 0.02  # seconds between tries of a contended stripe
 TMP_MAX_AGE = 3600.0  # a temporary body older than this belongs to a dead writer
+TOUCH_EVERY = 10.0  # seconds: a hit moves its entry up the LRU at most this often (a write in the index)
+TOUCHED_MAX = 4096  # names remembered for that; the table is emptied when full
 
 
 def key_name(key: str) -> str:
@@ -53,6 +55,7 @@ class DiskStore:
             for p in (self.objects, self.tmp, self.locks):
                 p.mkdir(parents=True, exist_ok=True, mode=0o700)
             self.index = Index(root / "index.sqlite")
+            self._touched: dict[str, float] = {}  # name -> when this process last moved it up the LRU
         except (OSError, Exception) as e:  # sqlite3.Error too: one line for the user
             raise CacheError(f"cache directory {root}: {e}") from None
 
@@ -77,7 +80,13 @@ class DiskStore:
             log.warning("cache entry %s is corrupt (%s): dropped, fetched again", name[:16], e)
             self.drop(name)
             return "corrupt"
-        self.index.touch(name, size, self.clock())
+        now = self.clock()
+        last = self._touched.get(name)
+        if last is None or not 0 <= now - last < TOUCH_EVERY:  # a clock stepped back touches again
+            if len(self._touched) >= TOUCHED_MAX:
+                self._touched.clear()
+            self.index.touch(name, size, now)
+            self._touched[name] = now
         return Found(f, meta)
 
     def writer(self, key: str) -> Writer:
