@@ -157,6 +157,9 @@ def test_no_cache_from_the_client_refetches_and_replaces(env: Env) -> None:
     (env.files / "nc.bin").write_bytes(b"new")
     assert fetch(env.a, D, path)[2] == b"old"  # immutable by the rules: a hit
     assert fetch(env.a, D, path, {"Cache-Control": "no-cache"})[2] == b"new"
+    name = key_name(f"GET data {path} *")
+    entry = env.a.data_dir / "cache" / "objects" / name[:2] / name
+    wait_for(lambda: entry.read_bytes().startswith(b"new"), 10, "the replacement renamed into place")
     assert fetch(env.a, D, path)[2] == b"new"  # replaced
     assert env.count(path) == 2
 
