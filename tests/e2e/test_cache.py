@@ -206,6 +206,8 @@ def test_stats_and_clear_from_the_command_line(env: Env) -> None:
         return r.stdout
 
     fetch(env.a, D, "/crawl-data/CC-MAIN-2024-10/stats.warc.gz")
+    name = key_name("GET data /crawl-data/CC-MAIN-2024-10/stats.warc.gz *")
+    wait_for((env.a.data_dir / "cache" / "objects" / name[:2] / name).exists, 10, "the entry in place")
     out = cli("stats")
     assert re.search(r"entries: [1-9]", out), out
     cli("clear")
