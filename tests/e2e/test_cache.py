@@ -264,3 +264,22 @@ def test_cache_enabled_false_turns_it_off(tmp_path_factory: pytest.TempPathFacto
     finally:
         p.stop()
         up.stop()
+
+
+def test_a_cache_that_cannot_write_still_answers_from_upstream(env: Env) -> None:
+    """A full or broken cache disk (here: its tmp directory replaced by a file) never fails an answer: the
+    body is relayed whole, nothing is stored, and one warning says why."""
+    tmp = env.a.data_dir / "cache" / "tmp"
+    aside = tmp.with_name("tmp.aside")
+    tmp.rename(aside)
+    tmp.write_bytes(b"not a directory")
+    path = "/crawl-data/CC-MAIN-2024-10/nowrite.warc.gz"
+    try:
+        for i in (1, 2):
+            s, _h, body = fetch(env.a, D, path)
+            assert s == 200 and body.startswith(b"hello from data.commoncrawl.org/crawl-data/")
+            assert env.count(path) == i  # not stored: the second went upstream too
+    finally:
+        tmp.unlink()
+        aside.rename(tmp)
+    assert "cache: " in env.a.log() and "answering from upstream" in env.a.log()
