@@ -113,6 +113,12 @@ def _meta(raw: object, key: str) -> Meta:
         if name.lower() not in _ALLOWED or len(value) > 8192 or not value.isprintable():
             raise Corrupt("bad header")
         out.append((_ALLOWED[name.lower()], value))
+    # A hit's head announces the body it sends: a GET's Content-Length must be its length; a HEAD has none.
+    announced = dict(out).get("Content-Length")
+    if key.startswith("HEAD ") and length != 0:
+        raise Corrupt("a HEAD entry with a body")
+    if not key.startswith("HEAD ") and announced != str(length):
+        raise Corrupt("Content-Length does not match the body")
     return Meta(key, status, tuple(out), length, crc, float(stored))
 
 

@@ -213,3 +213,16 @@ def test_any_head_behind_a_valid_trailer_is_corrupt_or_verified(
 
     raw = json.dumps(head).encode()
     _lookup_never_raises(shared, body + raw + TRAILER.pack(len(raw), MAGIC))
+
+
+def test_a_head_whose_content_length_is_not_its_body_is_corrupt(store: DiskStore) -> None:
+    """The stored Content-Length goes out with a hit: one that disagrees with the body would make a short
+    (or long) answer, so such an entry is never served."""
+    w = store.writer("GET x")
+    w.write(b"abc")
+    store.commit(w, "GET x", 200, [("Content-Length", "4")], 3)
+    assert store.lookup("GET x") == "corrupt"
+    w = store.writer("GET y")
+    w.write(b"abc")
+    store.commit(w, "GET y", 200, [("Content-Length", "3")], 3)
+    assert read(store.lookup("GET y")) == b"abc"
