@@ -145,12 +145,13 @@ def test_a_refusal_to_start_is_json_in_json_mode(tmp: Path) -> None:
 
 
 def test_json_from_the_first_line_with_full_access_fields(jproxy: Quiet) -> None:
-    r = _get(jproxy, "https://data.commoncrawl.org/size/5?a=1", "etl")
+    r = _get(jproxy, "https://data.commoncrawl.org/size/5?a=secret", "etl")
     assert r.status_code == 200
-    wait_for(lambda: '"/size/5?a=1"' in jproxy.text(), 10, "access line")
+    wait_for(lambda: '"/size/5?..."' in jproxy.text(), 10, "access line")
+    assert "secret" not in jproxy.text()  # the query never reaches a log line
     lines = jproxy.json_lines()
     assert lines[0]["level"] in ("info", "warning")
-    access = [x for x in lines if x.get("path") == "/size/5?a=1"][-1]
+    access = [x for x in lines if x.get("path") == "/size/5?..."][-1]
     assert access["logger"] == "politeproxy.access"
     assert {k: access[k] for k in ("method", "host", "class", "pipeline", "retries", "status", "bytes")} == {
         "method": "GET",
@@ -168,12 +169,12 @@ def test_backoff_and_retry_show_without_v(jproxy: Quiet, up: Upstream) -> None:
     up.control({"throttle": {"host": "index.commoncrawl.org", "count": 1, "status": 503, "retry_after": "1"}})
     r = _get(jproxy, "https://index.commoncrawl.org/echo?bo=1", "cdx")
     assert r.status_code == 200  # the proxy retried after the backoff
-    wait_for(lambda: "/echo?bo=1" in jproxy.text(), 10, "access line")
+    wait_for(lambda: "/echo?..." in jproxy.text(), 10, "access line")
     lines = jproxy.json_lines()
     ev = [x for x in lines if x["logger"] == "politeproxy.events" and "backing off" in x.get("message", "")]
     assert ev and ev[-1]["level"] == "info", lines[-5:]
     assert "index.commoncrawl.org: 503 from upstream: backing off 1.0s" in ev[-1]["message"]
-    access = [x for x in lines if x.get("path") == "/echo?bo=1"][-1]
+    access = [x for x in lines if x.get("path") == "/echo?..." and x.get("retries")][-1]
     assert access["retries"] == 1 and access["status"] == 200
 
 
@@ -189,7 +190,7 @@ def test_block_probe_and_refusal_show_without_v(jproxy: Quiet, up: Upstream) -> 
         assert s.recv(100).startswith(b"HTTP/1.1 403")
     want = (
         f"{host}: 403 from upstream: blocked for",
-        f"{host}: sending the probe after a block: GET /echo?b=2",
+        f"{host}: sending the probe after a block: GET /echo?...",
         f"{host}: the probe after a block got 200; the host is paced again",
         "127.0.0.1: 403 ",
     )

@@ -199,13 +199,13 @@ def test_access_line_names_path_pipeline_and_retries(proxy: ProxyProc) -> None:
     _get(proxy, "https://index.commoncrawl.org/echo?url=example.com&X-Amz-Signature=secret", "cdx")
 
     def lines() -> list[str]:  # the access line is written just after the answer's last byte
-        return [ln for ln in proxy.log().splitlines() if "politeproxy.access" in ln and "/echo?url=" in ln]
+        return [ln for ln in proxy.log().splitlines() if "politeproxy.access" in ln and "/echo?..." in ln]
 
     wait_for(lambda: bool(lines()), 10, "access line")
     line = lines()[-1]
-    assert "index.commoncrawl.org/echo?url=example.com&X-Amz-Signature=*** paced" in line, line
+    assert "index.commoncrawl.org/echo?... paced" in line, line
     assert "retries=0" in line and "pipeline=cdx" in line and "status=200" in line
-    assert "secret" not in line
+    assert "secret" not in line and "url=example.com" not in line
 
 
 def test_metrics_are_tidy(proxy: ProxyProc) -> None:
