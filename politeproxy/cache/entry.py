@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from politeproxy.cache.base import Meta
-from politeproxy.policy.cacherules import STORED_HEADERS
+from politeproxy.policy.cacherules import STORED_HEADERS, parse_content_range
 
 MAGIC = b"PPC1"
 TRAILER = struct.Struct(">I4s")  # head length, magic
@@ -119,6 +119,9 @@ def _meta(raw: object, key: str) -> Meta:
         raise Corrupt("a HEAD entry with a body")
     if not key.startswith("HEAD ") and announced != str(length):
         raise Corrupt("Content-Length does not match the body")
+    cr = parse_content_range(dict(out).get("Content-Range", ""))
+    if (status == 206) != (cr is not None) or (cr is not None and announced != str(cr[1] - cr[0] + 1)):
+        raise Corrupt("Content-Range does not match the status or the length")
     return Meta(key, status, tuple(out), length, crc, float(stored))
 
 

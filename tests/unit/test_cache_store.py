@@ -226,3 +226,14 @@ def test_a_head_whose_content_length_is_not_its_body_is_corrupt(store: DiskStore
     w.write(b"abc")
     store.commit(w, "GET y", 200, [("Content-Length", "3")], 3)
     assert read(store.lookup("GET y")) == b"abc"
+
+
+def test_a_206_whose_content_range_disagrees_is_corrupt(store: DiskStore) -> None:
+    for cr, ok in (("bytes 0-2/10", True), ("bytes 0-3/10", False), (None, False)):
+        key = f"GET r {cr}"
+        w = store.writer(key)
+        w.write(b"abc")
+        headers = [("Content-Length", "3")] + ([("Content-Range", cr)] if cr else [])
+        store.commit(w, key, 206, headers, 3)
+        got = store.lookup(key)
+        assert (read(got) == b"abc") if ok else got == "corrupt"
