@@ -44,6 +44,7 @@ T = TypeVar("T")
 IO_WORKERS = 8  # disk reads and writes; bounded, so a slow disk queues work instead of growing threads
 LOCK_WORKERS = 16  # threads waiting on another process's stripe lock (each bounded by max_wait)
 HIT_CHUNK = 1 << 20  # a hit reads 1 MiB per thread hop (measured: fewer hops, same RSS order)
+SIZE_EVERY = 15.0  # seconds between reads of the whole cache's size for the gauge
 IO_TIMEOUT = 30.0  # a disk call that takes longer is given up (the answer goes upstream or is cut)
 Go = Callable[[], Awaitable[web.StreamResponse]]
 
@@ -61,6 +62,7 @@ class CacheFront:
         self.flights: dict[str, asyncio.Future[None]] = {}  # key name -> done; bounded by requests in flight
         self._disk_warned = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sizer: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -80,9 +82,19 @@ class CacheFront:
         except Exception as e:  # noqa: BLE001 - a failed sweep leaves garbage, never a wrong answer
             log.warning("cache sweep of %s failed: %s", store.root, e)
         await front.report_size()
+        front._sizer = asyncio.get_running_loop().create_task(front._report_every(SIZE_EVERY))
         return front
 
+    async def _report_every(self, seconds: float) -> None:
+        """The size gauge follows the other proxies' writes and evictions too (one SUM in the index)."""
+        while True:
+            await asyncio.sleep(seconds)
+            await self.report_size()
+
     async def close(self) -> None:
+        if self._sizer is not None:
+            self._sizer.cancel()
+            await asyncio.gather(self._sizer, return_exceptions=True)
         if self._tasks:  # commits in flight: bounded by IO_TIMEOUT each
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self.io.shutdown(wait=False, cancel_futures=True)
