@@ -276,3 +276,26 @@ def test_response_decision_never_raises(rng: str | None, status: int, headers: d
         assert status in (200, 206) and 0 <= got.length <= L.max_object
     else:
         assert isinstance(got, DontStore)
+
+
+_ANY = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.text(max_size=20),
+    st.lists(st.dictionaries(st.sampled_from(["class", "hosts", "paths", "ttl", "x"]), st.text(max_size=10))),
+)
+
+
+@given(st.sampled_from(["enabled", "max_object", "max_range", "max_size", "collinfo_ttl", "rules"]), _ANY)
+def test_cache_config_never_accepts_a_bad_value(key: str, value: object) -> None:
+    """Whatever a [cache] key holds, build() refuses it with a ConfigError naming the key, or every size is
+    an int within bounds and every duration finite and non-negative."""
+    try:
+        c = build({"cache": {key: value}}).cache()
+    except ConfigError as e:
+        assert f"cache.{key}" in str(e)
+        return
+    assert all(isinstance(n, int) and 0 <= n <= 1 << 50 for n in (c.max_object, c.max_range, c.max_size))
+    assert all(math.isfinite(r.ttl) and r.ttl >= 0 for r in c.rules)
