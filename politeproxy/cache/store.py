@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -85,7 +86,10 @@ class DiskStore:
         if last is None or not 0 <= now - last < TOUCH_EVERY:  # a clock stepped back touches again
             if len(self._touched) >= TOUCHED_MAX:
                 self._touched.clear()
-            self.index.touch(name, size, now)
+            try:
+                self.index.touch(name, size, now)
+            except sqlite3.Error as e:  # a verified entry is still served; only its recency is lost
+                log.debug("cache index touch failed: %s", e)
             self._touched[name] = now
         return Found(f, meta)
 
