@@ -283,3 +283,16 @@ def test_a_cache_that_cannot_write_still_answers_from_upstream(env: Env) -> None
         tmp.unlink()
         aside.rename(tmp)
     assert "cache: " in env.a.log() and "answering from upstream" in env.a.log()
+
+
+def test_an_exempt_range_hit_takes_no_exempt_place(env: Env) -> None:
+    """A range read of the columnar index is exempt (no slot, but an exempt place and the exempt ceiling);
+    a hit takes neither: the pacer sees the first read only."""
+    (env.files / "ex.parquet").write_bytes(b"p" * 5000)
+    path = "/cc-index/table/ex.parquet"
+    waits = metric(env.a, "politeproxy_wait_seconds_count", **{"class": "exempt"})
+    for _ in range(3):
+        s, _h, b = fetch(env.a, D, path, {"Range": "bytes=100-199"})
+        assert (s, b) == (206, b"p" * 100)
+    assert env.count(path) == 1
+    assert metric(env.a, "politeproxy_wait_seconds_count", **{"class": "exempt"}) - waits == 1
