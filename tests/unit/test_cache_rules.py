@@ -299,3 +299,10 @@ def test_cache_config_never_accepts_a_bad_value(key: str, value: object) -> None
         return
     assert all(isinstance(n, int) and 0 <= n <= 1 << 50 for n in (c.max_object, c.max_range, c.max_size))
     assert all(math.isfinite(r.ttl) and r.ttl >= 0 for r in c.rules)
+
+
+@given(st.one_of(st.none(), st.text(max_size=60)), st.text(max_size=12))
+def test_accepts_never_raises(accept_encoding: str | None, coding: str) -> None:
+    """Any Accept-Encoding text gives a yes or no for any stored coding; identity is always accepted."""
+    assert isinstance(accepts(accept_encoding, coding), bool)
+    assert accepts(accept_encoding, "identity") and accepts(accept_encoding, "")
