@@ -42,6 +42,8 @@ def access_fields(r: AccessRecord) -> dict[str, Any]:
         out["pipeline"] = r.pipeline
     if r.retries is not None:
         out["retries"] = r.retries
+    if r.cache is not None:
+        out["cache"] = r.cache
     return out
 
 
@@ -57,7 +59,7 @@ class AccessLog(NoProxyEvents):
         # Formatted only when a handler writes it; the JSON formatter reads ``extra["access"]`` instead.
         # The path follows the host with no space (host/path reads as the URL); it has no spaces itself.
         self.logger.info(
-            "%s %s %s%s %s wait=%.3fs status=%s bytes=%d duration=%.3fs%s%s%s",
+            "%s %s %s%s %s wait=%.3fs status=%s bytes=%d duration=%.3fs%s%s%s%s",
             record.client,
             record.method,
             record.host,
@@ -70,6 +72,7 @@ class AccessLog(NoProxyEvents):
             f" retries={record.retries}" if record.retries is not None else "",
             f" note={record.note}" if record.note is not None else "",
             f" pipeline={record.pipeline}" if record.pipeline is not None else "",
+            f" cache={record.cache}" if record.cache is not None else "",
             extra={"access": record},
         )
 

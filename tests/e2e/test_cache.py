@@ -88,6 +88,13 @@ def test_a_hit_is_the_stored_answer_with_age_and_via_and_takes_no_slot(env: Env)
     assert "x-politeproxy-wait" not in h2  # it was never held
     assert metric(env.a, "politeproxy_cache_slots_saved_total") >= 1
 
+    def lines() -> list[str]:  # the access line follows the answer's last byte
+        return [x for x in env.a.log().splitlines() if "politeproxy.access" in x and path in x]
+
+    wait_for(lambda: len(lines()) >= 2, 10, "two access lines")
+    first, second = lines()[:2]
+    assert "cache=miss" in first and "cache=hit" in second, (first, second)
+
 
 def test_the_same_warc_range_from_two_pipelines_is_one_upstream_request(env: Env) -> None:
     data = bytes(range(256)) * 400

@@ -60,6 +60,13 @@ def test_json_line_has_path_pipeline_and_retries() -> None:
     assert (obj["pipeline"], obj["retries"], obj["class"], obj["wait"]) == ("etl", 1, "paced", 0.4123)
 
 
+def test_the_cache_result_is_on_the_line_in_both_forms() -> None:
+    rec = AccessRecord("10.0.0.1", "GET", "data.commoncrawl.org", "paced", 0.0, 200, 42, 0.01, cache="hit")
+    assert _render(logging.Formatter(PLAIN_FORMAT), rec).endswith(" cache=hit")
+    assert json.loads(_render(JsonFormatter(), rec))["cache"] == "hit"
+    assert "cache" not in json.loads(_render(JsonFormatter(), REC))  # not a cacheable request: no key
+
+
 def test_access_path_keeps_the_path_and_never_the_query() -> None:
     raw = (
         "/crawl-data/a.gz?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIAXXXX%2F2024&"
