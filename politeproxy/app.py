@@ -191,7 +191,7 @@ class App:
         )
         self.proxy = self._make_proxy(ca, access, hosts)
         # The shared disk cache (issue 14); None when cache.enabled = false or its directory is unusable.
-        self.cache = await CacheFront.open(cfg.cache(), cfg.data_dir, self.metrics, settings.max_wait)
+        self.cache = await CacheFront.open(cfg.cache(), cfg.data_dir, events, settings.max_wait)
         self.proxy.forwarder.cache = self.cache
         try:
             await self.proxy.start(host, port)

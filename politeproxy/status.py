@@ -84,6 +84,8 @@ class StatusEvents:
         self.clock = clock
         self.total = RateWindow(GRANT_WINDOW, int(GRANT_WINDOW))
         self.tallies: dict[str, Tally] = {}
+        self.cache_counts = dict.fromkeys(("hit", "miss", "stale", "bypass", "slots_saved", "evicted"), 0)
+        self.cache_bytes: int | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sink, name)
@@ -124,6 +126,33 @@ class StatusEvents:
 
     def exempt_changed(self, host: str, in_flight: int) -> None:
         self.sink.exempt_changed(host, in_flight)
+
+    # The cache's events (politeproxy.cache.base.CacheEvents): passed on, and counted since start here.
+    def cache_result(self, result: str, pipeline: str) -> None:
+        self.sink.cache_result(result, pipeline)
+        if result in self.cache_counts:
+            self.cache_counts[result] += 1
+
+    def cache_slot_saved(self, pipeline: str) -> None:
+        self.sink.cache_slot_saved(pipeline)
+        self.cache_counts["slots_saved"] += 1
+
+    def cache_size(self, nbytes: int) -> None:
+        self.sink.cache_size(nbytes)
+        self.cache_bytes = nbytes
+
+    def cache_evicted(self, n: int) -> None:
+        self.sink.cache_evicted(n)
+        self.cache_counts["evicted"] += n
+
+    def cache_view(self) -> dict[str, Any]:
+        c = self.cache_counts
+        looked = c["hit"] + c["miss"] + c["stale"]
+        return {
+            **c,
+            "bytes": self.cache_bytes,
+            "hit_rate": num(c["hit"] / looked) if looked else None,
+        }
 
     def prune(self, now: float) -> None:
         for name in [n for n, t in self.tallies.items() if t.idle(now)]:
@@ -318,6 +347,7 @@ class StatusBoard:
             "queued": snap.queued,
             "exempt_waiting": sum(snap.exempt_waiting_by_pipeline.values()),
             "exempt_in_flight": sum(snap.exempt_in_flight.values()),
+            "cache": self.events.cache_view(),
             "store": {
                 "backend": self.backend,
                 "active": self.store.name,

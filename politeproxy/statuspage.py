@@ -126,6 +126,8 @@ function render(doc) {
     card("grants since start", text(o.grants_since_start)),
     card("queued", text(o.queued)),
     card("exempt in flight", text(o.exempt_in_flight)),
+    card("cache hit rate", (o.cache && o.cache.hit_rate != null ? fmt(o.cache.hit_rate * 100, "%", 0) : "-")
+      + (o.cache ? " (" + text(o.cache.slots_saved) + " slots saved)" : "")),
     card("store", text(st.active) + (st.backend && st.backend !== st.active ? " (of " + st.backend + ")" : "")
       + (st.degraded ? ": DEGRADED" : ""), st.degraded ? "degraded" : ""));
   fillRows("hosts", doc.hosts || [], (tr, h) => {

@@ -191,6 +191,13 @@ def render(doc: Any, footer: str = "") -> Group:
     head.append(f"  grants since start {fmt(_get(o, 'grants_since_start'), '', 0)}")
     head.append(f"  queued {fmt(_get(o, 'queued'), '', 0)}")
     head.append(f"  exempt in flight {fmt(_get(o, 'exempt_in_flight'), '', 0)}")
+    cache = _get(o, "cache")
+    rate = _num(_get(cache, "hit_rate"))
+    head.append(
+        f"\ncache: hit rate {fmt(rate * 100, '%', 0) if rate is not None else '-'}"
+        f"  hits {fmt(_get(cache, 'hit'), '', 0)}  misses {fmt(_get(cache, 'miss'), '', 0)}"
+        f"  slots saved {fmt(_get(cache, 'slots_saved'), '', 0)}"
+    )
     hist = _get(doc, "history")
     spark = sparkline(_get(hist, "points"))
     head.append(f"\nachieved rate, last 15 min (one mark per {fmt(_get(hist, 'step_s'), ' s', 0)}): ")

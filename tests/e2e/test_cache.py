@@ -7,6 +7,7 @@ is a paced 206 like the real one under /crawl-data/.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -94,6 +95,8 @@ def test_a_hit_is_the_stored_answer_with_age_and_via_and_takes_no_slot(env: Env)
     wait_for(lambda: len(lines()) >= 2, 10, "two access lines")
     first, second = lines()[:2]
     assert "cache=miss" in first and "cache=hit" in second, (first, second)
+    cache = json.loads(env.a.get("/status"))["overall"]["cache"]  # the status view's hit rate
+    assert cache["hit"] >= 1 and cache["slots_saved"] >= 1 and 0 < cache["hit_rate"] <= 1, cache
 
 
 def test_the_same_warc_range_from_two_pipelines_is_one_upstream_request(env: Env) -> None:

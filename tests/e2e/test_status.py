@@ -90,6 +90,8 @@ def start_live(tmp: Path, certs: Certs) -> Live:
     total = sum(QUEUED.values())
     # One request goes at once (the first slot); the others wait at least a gap.
     wait_for(lambda: live.status()["overall"]["queued"] >= total - 2, 15, "requests queued")
+    # and the first slot granted (on a loaded box every request can be queued before the first grant)
+    wait_for(lambda: live.status()["overall"]["grants_since_start"] >= 1, 15, "the first grant")
     return live
 
 

@@ -20,6 +20,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 from rich.console import Console
 
 from politeproxy import status as status_mod
@@ -360,3 +361,20 @@ async def test_a_failed_over_store_shows_as_degraded() -> None:
     finally:
         await pacer.close()
         await store.close()
+
+
+def test_the_cache_counts_and_hit_rate_reach_the_document_and_metrics() -> None:
+    """Cache events pass on to metrics and are counted for /status: hit rate = hits / lookups."""
+    m = Metrics()
+    ev = StatusEvents(m)
+    assert ev.cache_view()["hit_rate"] is None  # no lookup yet: unknown, not 0
+    for result in ("miss", "hit", "hit", "hit", "bypass"):
+        ev.cache_result(result, "etl")
+    ev.cache_slot_saved("etl")
+    ev.cache_size(1234)
+    ev.cache_evicted(2)
+    view = ev.cache_view()
+    assert (view["hit"], view["miss"], view["bypass"], view["slots_saved"]) == (3, 1, 1, 1)
+    assert view["hit_rate"] == 0.75 and view["bytes"] == 1234 and view["evicted"] == 2
+    text = generate_latest(m.registry).decode()
+    assert 'politeproxy_cache_requests_total{pipeline="etl",result="hit"} 3.0' in text, text
