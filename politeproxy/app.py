@@ -48,6 +48,7 @@ RESTART_ONLY = (
     "allow_clients",
     "metrics_listen",
     "paced_hosts",
+    "intercept_s3_path_style",  # it changes the CA's name constraints, made at start
     "tunnel_ports",
     "allow_private_destinations",
     "auth",

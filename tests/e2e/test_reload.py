@@ -112,12 +112,15 @@ def test_bad_files_on_reload_are_rejected_and_the_watch_lives_on(
         assert "politeproxy_configured_rate 10.0" in p.metrics()
 
     # The watch is still alive: a valid change is applied, and the change is logged key by key.
-    rewrite(p, good.replace(b"100ms", b"50ms").replace(b'"plain"', b'"json"'), 10)
+    changed = good.replace(b"100ms", b"50ms").replace(b'"plain"', b'"json"\nintercept_s3_path_style = true')
+    rewrite(p, changed, 10)
     wait_for(lambda: "config reloaded (file changed)" in p.log(), 10, "the valid reload after bad ones")
     line = next(ln for ln in p.log().splitlines() if "config reloaded (file changed)" in ln)
     assert "schedule.global_rate: 0.1 -> 0.05" in line, line
     assert "log_format: 'plain' -> 'json'" in line, line
     assert "log_format changed but applies only after a restart" in p.log()
+    # It changes the CA's name constraints, which are made at start.
+    assert "intercept_s3_path_style changed but applies only after a restart" in p.log()
     metrics = p.metrics()
     assert "politeproxy_configured_rate 20.0" in metrics
     assert 'politeproxy_config_reloads_total{result="error"} 3.0' in metrics
