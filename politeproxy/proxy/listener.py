@@ -237,7 +237,7 @@ class Proxy:
         self.clients: set[asyncio.BaseTransport] = set()
         self._sweep_at = 64
         self.tasks: set[asyncio.Task[None]] = set()
-        self.pairs: set[tunnel._RelayPair] = set()
+        self.pairs: set[tunnel.RelayPair] = set()
         t = (upstream.connect_timeout, timeouts.handshake, timeouts.idle)  # the peek: handshake_timeout
         self.peeker = PeekingTunnel(*t, self.hosts_paced, self._tunnel_change, self._bytes_seen, self.pairs)
         self.forwarder = Forwarder(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from politeproxy.proxy import sni
 from politeproxy.proxy.responses import RepeatLog, plain_response
-from politeproxy.proxy.tunnel import _RelayPair
+from politeproxy.proxy.tunnel import RelayPair
 
 log = logging.getLogger("politeproxy")
 seen = RepeatLog(log)  # "intercepted on its SNI" lines, shown at the default level, rate-limited per client
@@ -107,7 +107,7 @@ class PeekingTunnel:
     paced: Callable[[str], bool]
     on_open: Callable[[int], None]
     on_bytes: Callable[[bool, int], None]
-    pairs: set[_RelayPair]
+    pairs: set[RelayPair]
 
     async def open(
         self,
@@ -195,7 +195,7 @@ class PeekingTunnel:
             self.pairs.discard(pair)
             self.on_open(-1)
 
-        pair = _RelayPair(self.idle, closed, self.on_bytes)
+        pair = RelayPair(self.idle, closed, self.on_bytes)
         self.on_open(+1)
         self.pairs.add(pair)
         up.set_protocol(pair.upstream)

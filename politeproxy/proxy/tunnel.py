@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 from politeproxy.policy.access import is_loopback
 from politeproxy.policy.routing import Address, Refusal, Target, Where, check_destination, unmap
-from politeproxy.proxy.responses import plain_response
 
 log = logging.getLogger("politeproxy")
 
@@ -23,7 +22,7 @@ log = logging.getLogger("politeproxy")
 class _Relay(asyncio.Protocol):
     """One side of a blind byte tunnel; flow control pauses the other side's reading."""
 
-    def __init__(self, pair: _RelayPair) -> None:
+    def __init__(self, pair: RelayPair) -> None:
         self.pair = pair
         self.transport: asyncio.Transport | None = None
         self.peer: _Relay | None = None
@@ -58,7 +57,7 @@ class _Relay(asyncio.Protocol):
         self.pair.close()
 
 
-class _RelayPair:
+class RelayPair:
     def __init__(
         self, idle: float, on_close: Callable[[], None], on_bytes: Callable[[bool, int], None]
     ) -> None:
@@ -189,59 +188,3 @@ class Destinations:
             return None  # the forwarder answers 502/504 for a name that does not resolve
         check = self.check(client)
         return next((r for r in (check(a, target.port) for a in addrs) if r is not None), None)
-
-
-async def open_tunnel(
-    transport: asyncio.Transport,
-    client: str,
-    host: str,
-    port: int,
-    leftover: bytes,
-    *,
-    dests: list[tuple[str, int]],
-    connect_timeout: float,
-    idle: float,
-    on_open: Callable[[int], None],
-    on_bytes: Callable[[bool, int], None],
-    pairs: set[_RelayPair],
-) -> None:
-    """Connect to the first of ``dests`` that answers (addresses, never names) and relay bytes both
-    ways; ``on_open(+1/-1)`` tracks open tunnels and ``pairs`` holds them until they close."""
-    loop = asyncio.get_running_loop()
-
-    def closed() -> None:
-        pairs.discard(pair)
-        on_open(-1)
-
-    pair = _RelayPair(idle, closed, on_bytes)
-    try:
-        async with asyncio.timeout(connect_timeout):
-            err: OSError = OSError(f"no address for {host}")
-            for dest_host, dest_port in dests:
-                try:
-                    await loop.create_connection(lambda: pair.upstream, dest_host, dest_port)
-                    break
-                except OSError as e:
-                    err = e
-            else:
-                raise err
-    except (OSError, TimeoutError) as e:
-        pair.timer.cancel()
-        why = "timed out" if isinstance(e, TimeoutError) else (e.strerror or str(e))
-        log.info("%s: CONNECT %s:%d failed: %s", client, host, port, why)
-        status, reason = (504, "Gateway Timeout") if isinstance(e, TimeoutError) else (502, "Bad Gateway")
-        transport.write(plain_response(status, reason, f"cannot connect to {host}:{port}: {why}"))
-        transport.close()
-        return
-    on_open(+1)
-    pairs.add(pair)
-    if transport.is_closing():  # the client left while we connected
-        pair.close()
-        return
-    transport.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-    transport.set_protocol(pair.client)
-    pair.client.connection_made(transport)
-    if leftover and pair.upstream.transport:
-        pair.upstream.transport.write(leftover)
-    transport.resume_reading()
-    log.debug("%s: tunnel to %s:%d", client, host, port)
