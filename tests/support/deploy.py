@@ -57,6 +57,10 @@ EXPECTED_METRICS = {
     "politeproxy_schedule_store": "gauge",
     "politeproxy_config_reloads_total": "counter",
     "politeproxy_tunnels_open": "gauge",
+    "politeproxy_cache_requests_total": "counter",
+    "politeproxy_cache_slots_saved_total": "counter",
+    "politeproxy_cache_bytes": "gauge",
+    "politeproxy_cache_evictions_total": "counter",
 }
 
 # Series names a query may use: histograms only through their _bucket/_sum/_count series.
@@ -68,6 +72,11 @@ ALLOWED_SERIES = {
 
 # Panel title -> fragments that must appear in that panel's queries.
 REQUIRED_PANELS = {
+    "Shared cache: hit ratio, slots saved, size": [
+        'politeproxy_cache_requests_total{result="hit"}',
+        "politeproxy_cache_slots_saved_total",
+        "politeproxy_cache_bytes",
+    ],
     "Global rate: achieved vs configured": [
         'politeproxy_achieved_rate{scope="global"}',
         "politeproxy_configured_rate",
