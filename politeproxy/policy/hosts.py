@@ -11,6 +11,7 @@ list is intercepted and then refused with a 403 that names the fix (add the exac
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -151,9 +152,13 @@ def validate_pattern(pattern: str) -> str | None:
         return f"{pattern!r} may not end in '*'"
     if stars and (0 < stars[0] or labels[0] != "*") and len(labels) - stars[0] - 1 < 2:
         return f"{pattern!r}: a region '*' needs two labels after it"
+    if labels[0] == "*" and len(labels) < 3:
+        # "*.a" would be every name under a top-level domain, and "a" is no CA constraint to give out.
+        return f"{pattern!r}: '*.' needs a domain of at least two labels after it"
     return None
 
 
+@functools.lru_cache(maxsize=4096)  # pure; asked several times per request; the bound caps client names
 def host_matches(host: str, pattern: str) -> bool:
     return _labels_match(normalize_host(host), normalize_host(pattern).split("."))
 
@@ -194,8 +199,13 @@ class HostSet:
         self._exact = frozenset(p for p, lab in zip(self.patterns, split, strict=True) if "*" not in p)
         self._suffixes = tuple("." + ".".join(lab[1:]) for lab in split if lab[0] == "*")
         self._regions = tuple((lab, _region_index(lab)) for lab in split if _region_index(lab) >= 0)
+        # Pure per set, asked for every request: remembered per name, bounded (client-chosen names).
+        self.matches = functools.lru_cache(maxsize=4096)(self._matches)  # type: ignore[method-assign]
 
     def matches(self, host: str) -> bool:
+        return self._matches(host)
+
+    def _matches(self, host: str) -> bool:
         h = normalize_host(host)
         if h in self._exact:
             return True

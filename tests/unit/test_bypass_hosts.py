@@ -234,3 +234,18 @@ def test_path_style_classification_never_raises(host: str, path: str, method: st
     got = bucket_request(host, path)
     assert got is None or got[1].startswith("/")
     assert Classifier(PATH_STYLE).classify(method, host, path, rng) in set(Klass)
+
+
+def test_a_wildcard_over_a_top_level_domain_is_refused() -> None:
+    """``*.org`` would make the CA's constraint a whole top-level domain (found by the property above)."""
+    assert validate_pattern("*.org") is not None and validate_pattern("*.a") is not None
+    assert validate_pattern("*.commoncrawl.org") is None
+
+
+def test_remembered_answers_stay_the_answers() -> None:
+    """host_matches and HostSet.matches remember answers (bounded); asked twice, they answer the same."""
+    hs = HostSet()
+    names = ("data.commoncrawl.org", "commoncrawl.s3.mx-central-1.amazonaws.com", "example.com", "x" * 300)
+    for host in names:
+        assert hs.matches(host) == hs.matches(host) == hs._matches(host)
+        assert host_matches(host, "*.commoncrawl.org") == host_matches(host, "*.commoncrawl.org")
