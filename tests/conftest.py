@@ -129,10 +129,12 @@ def start_upstream(certs: Certs, tmp: Path, files_dir: Path | None = None) -> Up
 
 
 @pytest.fixture
-def upstream(certs: Certs, tmp_path: Path) -> Iterator[Upstream]:
-    up = start_upstream(certs, tmp_path)
-    yield up
-    up.stop()
+def upstream(module_upstream: Upstream) -> Upstream:
+    """A fake upstream in a fresh state: the module's one server (started once per module, about 0.5 s),
+    reset before each test (arrival log, throttles, robots, capacity and table delay). A test that stops
+    or breaks its upstream starts its own with ``start_upstream``."""
+    module_upstream.reset()
+    return module_upstream
 
 
 @pytest.fixture

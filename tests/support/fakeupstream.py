@@ -22,7 +22,7 @@ port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once lis
                           and 400 for page >= 1 (pywb's "no more pages")
   /__log                  the arrival log as JSON lines (not logged itself)
   /__control (POST JSON)  {"throttle": {"host": H, "count": N, "status": 503, "retry_after": "2"}}
-                          or {"robots": {"host": H, "text": "..."}}, {"reset": true}
+                          or {"robots": {"host": H, "text": "..."}}, {"reset": true} (a fresh server's state)
                           or {"table_delay": S}: each /cc-index/table/ file answer waits S seconds first
                           or {"capacity": {"host": H, "per_second": N}}: H answers 503 SlowDown (no
                           Retry-After) to a request when it already served N in the last second (a storm)
@@ -165,11 +165,12 @@ def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
             return web.Response(text="".join(json.dumps(a) + "\n" for a in arrivals))
         if path == "/__control":
             cmd = await request.json()
-            if cmd.get("reset"):
+            if cmd.get("reset"):  # back to a fresh server's state (tests share one server per module)
                 arrivals.clear()
                 throttles.clear()
                 robots.clear()
                 capacity.clear()
+                table["delay"], table["max"] = 0.0, table["now"]
             if "throttle" in cmd:
                 t = cmd["throttle"]
                 throttles[t["host"]] = dict(t)
