@@ -251,6 +251,7 @@ def test_upstream_connect_refused(proxy_factory: ProxyFactory, upstream: Upstrea
     no_tracebacks(p)
 
 
+@pytest.mark.slow  # waits out a 1 s upstream read timeout twice (answers after 4 s)
 def test_upstream_read_timeout(proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs) -> None:
     p = start_with(proxy_factory, upstream, certs, up_settings={"read_timeout": '"1s"'})
     with tls_through_proxy(p.port, "data.commoncrawl.org", ca_pem(p)) as s:
@@ -288,6 +289,7 @@ def test_handshake_timeout(bp: ProxyProc) -> None:
     no_tracebacks(bp)
 
 
+@pytest.mark.slow  # waits out the 1 s header timeout (the first-request case stays quick)
 def test_header_timeout_inside_an_intercepted_tunnel(bp: ProxyProc, upstream: Upstream) -> None:
     with tls_through_proxy(bp.port, "data.commoncrawl.org", ca_pem(bp)) as s:
         s.sendall(b"GET /echo HTTP/1.1\r\nHost: data.")  # a slow-loris head
@@ -299,6 +301,7 @@ def test_header_timeout_inside_an_intercepted_tunnel(bp: ProxyProc, upstream: Up
     no_tracebacks(bp)
 
 
+@pytest.mark.slow  # waits out the 1 s header timeout (the first-request case stays quick)
 def test_header_timeout_on_a_later_plain_request(bp: ProxyProc, upstream: Upstream) -> None:
     with socket.create_connection(("127.0.0.1", bp.port), timeout=WAIT) as s:
         resp = exchange(
@@ -311,7 +314,15 @@ def test_header_timeout_on_a_later_plain_request(bp: ProxyProc, upstream: Upstre
     still_serves(bp)
 
 
-@pytest.mark.parametrize("kind", ["intercepted", "plain", "tunnel"])
+# Each case waits out the 2 s idle timeout: the intercepted one stays quick, the other two are slow.
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "intercepted",
+        pytest.param("plain", marks=pytest.mark.slow),
+        pytest.param("tunnel", marks=pytest.mark.slow),
+    ],
+)
 def test_idle_keepalive_is_closed(bp: ProxyProc, upstream: Upstream, certs: Certs, kind: str) -> None:
     s: socket.socket
     if kind == "intercepted":
@@ -345,6 +356,7 @@ def test_many_bad_clients_at_once_do_not_stop_a_good_one(bp: ProxyProc, tmp_path
     no_tracebacks(bp)
 
 
+@pytest.mark.slow  # waits out a 1 s connect timeout
 def test_upstream_connect_timeout(proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs) -> None:
     # A listener that never accepts nor answers: the TCP handshake completes in the kernel, TLS never
     # does, so the proxy's connect timeout (which covers the TLS handshake) must answer 504.

@@ -147,6 +147,7 @@ RACE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # several interpreters racing to make one CA (many processes)
 def test_proxies_starting_together_share_one_ca_and_never_collide(tmp_path: Path) -> None:
     """Six processes make the CA in one empty dir at the same instant and rewrite the bundle: all
     succeed, all use one CA, and the files on disk are a matching pair."""

@@ -65,6 +65,7 @@ async def _wait_for(cond: object, timeout: float) -> None:
     assert cond(), "timed out"  # type: ignore[operator]
 
 
+@pytest.mark.slow  # kills and restarts Redis, then waits out the widened gaps
 async def test_both_switch_overs_are_guarded(redis_server: RedisServer, tmp_path: Path) -> None:
     """Two claimers (so a shared slot is pending when Redis dies) on Redis + the file store; Redis is killed,
     then restarted right after a local grant (so that local slot is still ahead at the return). Before the
