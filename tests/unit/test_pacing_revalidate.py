@@ -21,7 +21,7 @@ HOST = "data.commoncrawl.org"
 @pytest.mark.parametrize("same_proxy", [False, True])
 async def test_a_reserved_slot_is_not_handed_out_inside_a_later_backoff(same_proxy: bool) -> None:
     store = MemoryStore()
-    settings = PacingSettings(gap=0.3, max_wait=1.5)
+    settings = PacingSettings(gap=0.3, max_wait=0.8)  # the reserved slot (0.3 s) is within max_wait
     a = Pacer(store, settings)
     b = a if same_proxy else Pacer(store, settings)
     try:
