@@ -183,6 +183,13 @@ def politeproxy_config(up: Upstream, extra_toml: str = "") -> str:
     return f"{head}{extra_toml}\n{upstream}"
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
 def start_politeproxy(
     bench: Bench,
     up: Upstream,
@@ -202,7 +209,10 @@ def start_politeproxy(
     # POLITEPROXY_BENCH_SRC: run politeproxy from another source tree, to measure a candidate change.
     src = src or Path(os.environ.get("POLITEPROXY_BENCH_SRC") or ROOT)
     if not (src / "politeproxy" / "cache").is_dir():  # a tree from before issue 14 knows no [cache] table
-        cfg.write_text(politeproxy_config(up, extra_toml.replace(CACHE_OFF, "")))
+        extra_toml = extra_toml.replace(CACHE_OFF, "")
+    if "exempt_rate" not in _read(src / "politeproxy" / "pacing" / "base.py"):  # nor one before issue 12
+        extra_toml = extra_toml.replace(EXEMPT_CEILING_OFF, "")
+    cfg.write_text(politeproxy_config(up, extra_toml))
     proc = bench.spawn(cmd, f"politeproxy-{n}.log", cwd=src)
 
     def healthy() -> bool:
@@ -287,7 +297,10 @@ def maybe_mitmdump(bench: Bench, up: Upstream, enabled: bool) -> Proxy | None:
 # The forwarding path alone: no pacing, and no cache (on by default since issue 14, it would answer the
 # repeated reads of these figures from disk; bench/cache_bench.py measures the cache).
 CACHE_OFF = "[cache]\nenabled = false\n"
-PACING_OFF = '[schedule]\nglobal_rate = "0"\n' + CACHE_OFF
+# The exempt class's GCRA ceiling (issue 12, default 50 reads/s per host) off too: issue 15 measures the
+# cost of the proxy itself, not the ceiling it keeps.
+EXEMPT_CEILING_OFF = '[exempt]\nrate = "0"\n'
+PACING_OFF = '[schedule]\nglobal_rate = "0"\n' + CACHE_OFF + EXEMPT_CEILING_OFF
 
 
 def add_compare_args(p: argparse.ArgumentParser) -> None:

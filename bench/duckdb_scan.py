@@ -18,7 +18,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
+    CACHE_OFF,
     DATA_HOST,
+    EXEMPT_CEILING_OFF,
     PY,
     ROOT,
     Bench,
@@ -103,9 +105,9 @@ def main(argv: list[str] | None = None) -> str:
         write_parquet(pq_file, a.rows, a.row_group)
         size_mb = pq_file.stat().st_size / 1e6
         up = start_upstream(b, certs, files)
-        # Default pacing: the scan must pass as exempt. The cache is off: this figure is the exempt path
-        # (bench/cache_bench.py has the cache's first and second scans).
-        pp = start_politeproxy(b, up, "[cache]\nenabled = false\n")
+        # Default pacing: the scan must pass as exempt. The cache and the exempt ceiling are off: this figure
+        # is the exempt path itself (bench/cache_bench.py has the cache's first and second scans).
+        pp = start_politeproxy(b, up, CACHE_OFF + EXEMPT_CEILING_OFF)
         mitm = maybe_mitmdump(b, up, not a.no_mitm)
         targets: list[tuple[str, Proxy | None]] = [("direct", None), ("politeproxy", pp)]
         if mitm:
