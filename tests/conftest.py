@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -238,14 +240,16 @@ class ProxyProc:
 
 
 def client_env(proxy_port: int, data_dir: Path) -> dict[str, str]:
-    """The environment a user gets from ``eval "$(politeproxy env)"``, read from the real command."""
-    out = subprocess.run(
-        [*POLITEPROXY, "env", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{proxy_port}"],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    ).stdout
+    """The environment a user gets from ``eval "$(politeproxy env)"``, read from the real command: the CLI's
+    ``env`` run in this process (the same code and output, without an interpreter start for every proxy;
+    test_config_cli runs ``politeproxy env`` as a process)."""
+    from politeproxy import cli
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = cli.main(["env", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{proxy_port}"])
+    out = buf.getvalue()
+    assert rc == 0, f"politeproxy env exited {rc}: {out}"
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     for line in out.splitlines():
         if line.startswith("export "):
