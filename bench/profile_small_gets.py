@@ -4,24 +4,47 @@
 needs ``py-spy`` (``.venv/bin/pip install py-spy``) and ptrace rights. It records collapsed stacks while
 ``hey`` drives the proxy, then prints two tables: the functions with the most inclusive samples (project
 and library frames, grouped by file:function) and the most self samples (where the CPU actually is).
-The raw collapsed stacks stay in ``--out`` for flame graphs.
+The raw collapsed stacks stay in ``--out`` for flame graphs. The cache and the exempt ceiling are off
+(``PACING_OFF``), so what is measured is the proxy itself.
+
+``--cprofile N [TREE ...]`` instead runs each tree's proxy under cProfile (deterministic), sends N small GETs
+with ``hey -c CONCURRENCY``, and prints Python calls per request and the functions called most per request.
+Startup is subtracted: calls counted after an idle run of the same tree (no requests) are taken off.
 """
 
 from __future__ import annotations
 
 import argparse
+import pstats
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DATA_HOST, Bench, log, make_certs, start_politeproxy, start_upstream, table  # noqa: E402
+from bench.common import (  # noqa: E402
+    CACHE_OFF,
+    DATA_HOST,
+    EXEMPT_CEILING_OFF,
+    PACING_OFF,
+    PY,
+    Bench,
+    free_port,
+    log,
+    make_certs,
+    politeproxy_config,
+    start_politeproxy,
+    start_upstream,
+    table,
+    wait_for,
+)
 
 
 def frame_key(frame: str) -> str:
@@ -106,11 +129,80 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "politeproxy-profile.txt"))
+    p.add_argument("--cprofile", type=int, default=0, metavar="N", help="cProfile N small GETs (mode off)")
+    p.add_argument("trees", nargs="*", type=Path, help="source trees for --cprofile (default: this one)")
     return p.parse_args(argv)
+
+
+def _profiled_run(b: Bench, up: object, tree: Path, n: int, c: int) -> pstats.Stats:
+    """One proxy of ``tree`` under cProfile, ``n`` small GETs at concurrency ``c``, stopped with SIGTERM."""
+    tag = f"{tree.name}-{n}-{time.monotonic_ns()}"
+    cfg = b.tmp / f"{tag}.toml"
+    extra = PACING_OFF
+    if not (tree / "politeproxy" / "cache").is_dir():  # a tree from before issue 14 knows no [cache] table
+        extra = extra.replace(CACHE_OFF, "")
+    if (
+        "exempt_rate" not in (tree / "politeproxy" / "pacing" / "base.py").read_text(errors="replace")
+        if (tree / "politeproxy" / "pacing" / "base.py").exists()
+        else True
+    ):  # nor one from before issue 12
+        extra = extra.replace(EXEMPT_CEILING_OFF, "")
+    cfg.write_text(politeproxy_config(up, extra))  # type: ignore[arg-type]
+    port, out = free_port(), b.tmp / f"{tag}.pstats"
+    cmd = [PY, "-m", "cProfile", "-o", str(out), "-m", "politeproxy", "run", "--config", str(cfg)]
+    cmd += ["--data-dir", str(b.tmp / f"d-{tag}"), "--listen", f"127.0.0.1:{port}"]
+    with open(b.tmp / f"{tag}.log", "wb") as logf:
+        proc = subprocess.Popen(cmd, cwd=tree, stdout=logf, stderr=subprocess.STDOUT)
+
+    def healthy() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2):
+                return True
+        except OSError:
+            return False
+
+    try:
+        wait_for(lambda: proc.poll() is not None or healthy(), 60, "politeproxy /healthz")
+    finally:
+        if proc.poll() is not None:
+            raise RuntimeError(f"politeproxy exited: {(b.tmp / f'{tag}.log').read_text()[-2000:]}")
+    if n:
+        url = f"https://{DATA_HOST}/size/1024"
+        subprocess.run(
+            ["hey", "-n", str(n), "-c", str(c), "-x", f"http://127.0.0.1:{port}", url], capture_output=True
+        )
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+    return pstats.Stats(str(out))
+
+
+def cprofile_main(a: argparse.Namespace) -> str:
+    trees = a.trees or [Path(__file__).resolve().parent.parent]
+    lines = [f"### cProfile, {a.cprofile} small GETs at c={a.concurrency} (startup subtracted)", ""]
+    with Bench() as b:
+        up = start_upstream(b, make_certs(b.tmp))
+        for tree in trees:
+            idle, st = (
+                _profiled_run(b, up, tree, 0, a.concurrency),
+                _profiled_run(b, up, tree, a.cprofile, a.concurrency),
+            )
+            per = (st.total_calls - idle.total_calls) / a.cprofile  # type: ignore[attr-defined]
+            lines.append(f"**{tree}**: {per:.0f} Python calls per request")
+            base = {k: v[1] for k, v in idle.stats.items()}  # type: ignore[attr-defined]
+            rows = sorted(
+                ((v[1] - base.get(k, 0)) / a.cprofile, f"{Path(k[0]).name}:{k[1]}:{k[2]}")
+                for k, v in st.stats.items()  # type: ignore[attr-defined]
+            )[::-1][: a.top]
+            lines += ["", table(["calls/req", "function"], [[f"{r:.2f}", f"`{f}`"] for r, f in rows]), ""]
+    text = "\n".join(lines)
+    print(text)
+    return text
 
 
 def main(argv: list[str] | None = None) -> str:
     a = _args(argv)
+    if a.cprofile:
+        return cprofile_main(a)
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
         raise SystemExit("py-spy not found: .venv/bin/pip install py-spy")
@@ -120,7 +212,7 @@ def main(argv: list[str] | None = None) -> str:
         files.mkdir()
         (files / "small.bin").write_bytes(b"y" * 1024)
         up = start_upstream(b, certs, files)
-        pp = start_politeproxy(b, up, '[schedule]\nglobal_rate = "0"\n')
+        pp = start_politeproxy(b, up, PACING_OFF)
         path, headers = {
             "off": ("/size/1024", []),
             "exempt": ("/cc-index/table/small.bin", ["-H", "Range: bytes=0-1023"]),

@@ -117,9 +117,12 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
                 registry=r,
             ),
             lab,
+            self.pipeline_label,
         )
         self.grants = HostLabelled(
-            Counter("politeproxy_grants", "Slots granted", ["host", "pipeline"], registry=r), lab
+            Counter("politeproxy_grants", "Slots granted", ["host", "pipeline"], registry=r),
+            lab,
+            self.pipeline_label,
         )
         self.retries = HostLabelled(
             Counter("politeproxy_retries", "Throttled requests retried by the proxy", ["host"], registry=r),
@@ -134,6 +137,7 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
                 registry=r,
             ),
             lab,
+            self.pipeline_label,
         )
         self.lateness = HostLabelled(
             Histogram(
@@ -265,7 +269,7 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
 
     def answered(self, host: str, klass: str, status: int | None, pipeline: str = DEFAULT_PIPELINE) -> None:
         """One answered request; ``status`` None when the upstream failed."""
-        self.requests.labels(host, klass, code_class(status), self.pipeline_label(pipeline)).inc()
+        self.requests.child(host, klass, code_class(status), pipeline).inc()
 
     # -- ProxyEvents (answered and rejected above and below serve both Protocols) -------------------
 
@@ -299,14 +303,18 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
     labels_pipelines = True  # the pacer passes ``pipeline=`` to the calls below
 
     def granted(self, host: str, lateness: float, pipeline: str = DEFAULT_PIPELINE) -> None:
-        self.grants.labels(host, self.pipeline_label(pipeline)).inc()
-        self.lateness.labels(host).observe(lateness)
+        self.grants.child(host, pipeline).inc()
+        self.lateness.child(host).observe(lateness)
         now = self.clock()
         self.rate.add(now)
-        self.host_rates.setdefault(self.host_label(host), RateWindow()).add(now)
+        label = self.host_label(host)
+        window = self.host_rates.get(label)
+        if window is None:  # no new RateWindow per grant (setdefault would build one each time)
+            window = self.host_rates[label] = RateWindow()
+        window.add(now)
 
     def waited(self, host: str, klass: Klass, seconds: float, pipeline: str = DEFAULT_PIPELINE) -> None:
-        self.wait.labels(host, klass.value, self.pipeline_label(pipeline)).observe(seconds)
+        self.wait.child(host, klass.value, pipeline).observe(seconds)
 
     def throttled(self, host: str, code: int, delay: float) -> None:
         self.throttles.labels(host, str(code) if code else "error").inc()
