@@ -33,6 +33,9 @@ class Report:
     def __init__(self, events: PacerEvents) -> None:
         self.events = events
         self.pipes = bool(getattr(events, "labels_pipelines", False))
+        if self.pipes:  # the sink's own methods, bound once: no forwarding call per event
+            self.granted = events.granted  # type: ignore[method-assign]
+            self.waited = events.waited  # type: ignore[method-assign]
 
     def granted(self, host: str, lateness: float, pipeline: str) -> None:
         if self.pipes:
