@@ -80,11 +80,23 @@ class NoProxyEvents:
         pass
 
 
+_EVENTS = ("answered", "rejected", "bytes_relayed", "tunnels_changed", "retried", "access")
+
+
 class Tee:
-    """ProxyEvents handed to every sink in turn (metrics, then the access log)."""
+    """ProxyEvents handed to every sink in turn (metrics, then the access log). Per event, a sink whose
+    method is ``NoProxyEvents``'s empty one is left out, and when one sink is left its method is bound
+    here directly: the per-request events then cost one call each."""
 
     def __init__(self, *sinks: ProxyEvents) -> None:
         self.sinks = sinks
+        for name in _EVENTS:
+            empty = getattr(NoProxyEvents, name)
+            live = [getattr(s, name) for s in sinks if getattr(type(s), name, None) is not empty]
+            if len(live) == 1:
+                setattr(self, name, live[0])
+            elif not live:
+                setattr(self, name, getattr(NoProxyEvents(), name))
 
     def answered(self, host: str, klass: str, status: int | None, pipeline: str = "default") -> None:
         for s in self.sinks:
