@@ -46,6 +46,7 @@ log = logging.getLogger("politeproxy.pacing.pacer")
 
 SUCCESS_RECHECK = 1.0  # seconds between store resets of a host's throttle count on success
 FEEDBACK_CLOSE_TIMEOUT = 5.0  # close() waits this long for feedback still being recorded
+MAX_REMEMBERED_NAMES = 1024  # requested pipeline names remembered with the name each counts as
 
 
 class Pacer:
@@ -79,6 +80,9 @@ class Pacer:
             lambda: self.settings.exempt_max_in_flight, self.events.exempt_changed, lambda: self._weights
         )
         self.pipelines = PipelineNames()
+        # Requested name -> the name it counts as, remembered (asked twice per request). Client-chosen
+        # keys, so cleared at MAX_REMEMBERED_NAMES, and on configure (a name may become configured).
+        self._named: dict[str | None, str] = {}
         self._rules: dict[str, PipelineRule] = {}
         self._weights: dict[str, float] = {}
         self._configure_pipelines(self.settings.pipelines)
@@ -129,11 +133,21 @@ class Pacer:
         self._rules = {r.name: r for r in rules}
         self._weights = {r.name: r.weight for r in rules}
         self.pipelines.configure(self._rules)
+        self._named.clear()
         self.state.tags.weights = self._weights
 
     def pipeline(self, name: str | None) -> str:
         """The pipeline a requested name counts as (bounded; ``None`` is the default pipeline)."""
-        return self.pipelines(name or DEFAULT_PIPELINE)
+        try:
+            return self._named[name]
+        except KeyError:
+            pass
+        # PipelineNames answers a name the same way until configure (its first-come set only grows)
+        counted = self.pipelines(name or DEFAULT_PIPELINE)
+        if len(self._named) >= MAX_REMEMBERED_NAMES:
+            self._named.clear()
+        self._named[name] = counted
+        return counted
 
     def depth(self, host: str | None = None) -> int:
         return self.state.depth(host)
