@@ -20,6 +20,9 @@ MAX_VIA = 4096  # an upstream Via longer than this is cut (aiohttp's parser boun
 
 def add_via(headers: CIMultiDict[str]) -> None:
     """Append our entry to the Via field: one field line, the upstream's entries first, in order."""
+    if "Via" not in headers:  # the usual answer: nothing to keep in front of ours
+        headers["Via"] = VIA_ENTRY
+        return
     prior = [v.strip() for v in headers.popall("Via", []) if v.strip()]
     text = ", ".join(prior)
     if len(text) > MAX_VIA:
