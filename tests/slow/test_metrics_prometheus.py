@@ -99,6 +99,15 @@ def loaded(
             timeout=30,
         )
         assert r.status_code in (200, 206)
+        for _ in range(2):  # the second GET is a cache hit (the dashboard's cache panel)
+            r = requests.get(
+                "https://data.commoncrawl.org/crawl-data/CC-MAIN-2024-10/warc.paths.gz",
+                proxies={"https": proxy.url},
+                verify=str(proxy.data_dir / "ca-bundle.pem"),
+                timeout=30,
+            )
+            assert r.status_code == 200
+        assert "Age" in r.headers, r.headers
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=5) as s:
             s.sendall(b"NOT HTTP AT ALL\r\n\r\n")
             assert s.recv(100).startswith(b"HTTP/1.1 400")
