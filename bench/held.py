@@ -10,6 +10,10 @@ When the backoff ends they drain at the configured gap. Grant lateness comes fro
 
 ``--scheme https`` (default) sends every request through CONNECT and TLS, as real clients do; ``http``
 uses absolute-form plain HTTP requests (``HTTP_PROXY``), which costs the proxy no TLS state.
+
+"KiB per held request" is (RSS at the peak queue - idle RSS) / peak queued. ``--candidate DIR`` measures
+politeproxy run from another source tree too, alternating (ABBA over ``--rounds``), and reports that
+figure for both trees side by side with the ratio per round pair (issue 15, memory per held connection).
 """
 
 from __future__ import annotations
@@ -93,6 +97,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scheme", choices=("https", "http"), default="https")
     p.add_argument("--store", choices=("memory", "file"), default="file")
     p.add_argument("--hold", type=float, default=0.0, help="Retry-After seconds (0: derived from -n)")
+    p.add_argument("--candidate", type=Path, help="also measure politeproxy run from this source tree")
+    p.add_argument("--rounds", type=int, default=1, help="with --candidate: round pairs (ABBA)")
     a = p.parse_args(argv)
     if a.quick:
         a.n, a.clients = 200, 1
@@ -137,8 +143,38 @@ def _drained(arrivals: list[float]) -> list[float]:
     return arrivals[cut:]
 
 
+def _per_held(rss_full: float, idle: float, queued: int) -> float:
+    return (rss_full - idle) * 1024 / queued if queued else float("nan")
+
+
+def _compare(a: argparse.Namespace) -> str:
+    """Both trees, alternating, one proxy at a time: KiB per held request each and their ratio."""
+    rows, ratios = [], []
+    for r in range(a.rounds):
+        order = [None, a.candidate] if r % 2 == 0 else [a.candidate, None]
+        got = {str(src): _measure(a, src)[1] for src in order}
+        base, cand = got["None"], got[str(a.candidate)]
+        ratios.append(cand / base)
+        rows.append([str(r + 1), fmt(base, 1), fmt(cand, 1), fmt(cand / base, 3)])
+    ratios.sort()
+    rows.append(["median", "", "", fmt(ratios[len(ratios) // 2], 3)])
+    head = f"### KiB per held request, {a.n:,} held ({a.scheme}): this tree against {a.candidate}\n\n"
+    return head + table(["round", "this tree", "candidate", "candidate / this"], rows)
+
+
 def main(argv: list[str] | None = None) -> str:
     a = _args(argv)
+    if a.candidate is not None:
+        text = f"Machine: {machine_note()}\n\n" + _compare(a)
+        print(text)
+        return text
+    text = _measure(a, None)[0]
+    print(text)
+    return text
+
+
+def _measure(a: argparse.Namespace, src: Path | None) -> tuple[str, float]:
+    """One proxy (from ``src``, default this tree) holding ``a.n`` requests: the report, KiB per held."""
     # Long enough for every client connection to be made (TLS handshakes dominate on 2 cores).
     hold = a.hold or max(3.0, a.n / 1000 * (5.5 if a.scheme == "https" else 1.5))
     with Bench() as b:
@@ -151,7 +187,7 @@ def main(argv: list[str] | None = None) -> str:
             f'[pacing]\nmax_wait = "300s"\nretries = 2\nadaptive = false\nmax_queue = {a.n + 100}\n'
             f'[client]\nheader_timeout = "300s"\nidle_timeout = "300s"\nmax_connections = {a.n + 100}\n'
         )
-        pp = start_politeproxy(b, up, toml)
+        pp = start_politeproxy(b, up, toml, src=src)
         idle_rss = rss_mib(pp.pid)
         # One throttled answer puts the host in backoff for `hold` seconds: everything after it queues.
         up.control({"throttle": {"host": DATA_HOST, "count": 1, "status": 503, "retry_after": f"{hold:g}"}})
@@ -163,6 +199,8 @@ def main(argv: list[str] | None = None) -> str:
         drained = _drained(sorted(e["t"] for e in up.log() if e["path"].startswith("/size/100")))
         late = [t - (drained[0] + i * a.gap) for i, t in enumerate(drained)]
         achieved = achieved_rate(drained) if len(drained) > 1 else float("nan")
+        per_held = _per_held(rss_full, idle_rss, peak_queued)
+        log(f"{src or 'this tree'}: {per_held:.1f} KiB per held request")
         rows = [
             ["requests (client processes)", f"{a.n:,} ({a.clients}, {a.scheme})"],
             ["answers", ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))],
@@ -170,6 +208,7 @@ def main(argv: list[str] | None = None) -> str:
             ["proxy RSS idle MiB", fmt(idle_rss, 1)],
             ["proxy RSS at peak queue MiB", fmt(rss_full, 1)],
             ["proxy peak RSS MiB (VmHWM)", fmt(peak, 1)],
+            ["KiB per held request (RSS at peak - idle) / queued", fmt(per_held, 1)],
             ["grant lateness p50 / p99 ms (histogram)", f"{fmt(h50 * 1e3, 2)} / {fmt(h99 * 1e3, 2)}"],
             [
                 "arrival vs ideal schedule p50 / p99 ms",
@@ -182,8 +221,7 @@ def main(argv: list[str] | None = None) -> str:
             f"Machine: {machine_note()}\n\n### {a.n:,} paced requests held at once "
             f"(gap {a.gap * 1e3:g} ms, store {a.store}, {a.scheme})\n\n" + table(["measure", "value"], rows)
         )
-    print(text)
-    return text
+    return text, per_held
 
 
 if __name__ == "__main__":

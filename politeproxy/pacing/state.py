@@ -31,7 +31,7 @@ class Ticket(Protocol):
 T = TypeVar("T", bound=Ticket)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # one per held request: no __dict__ (issue 15, memory per held request)
 class Waiter(Generic[T]):
     host: str
     arrived: float

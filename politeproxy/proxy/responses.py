@@ -149,6 +149,10 @@ class BoundedHandler(RequestHandler):
     (Uses aiohttp's internal ``_request_count`` and ``_messages``; tests/test_front_limits.py pins it.)
     """
 
+    # aiohttp's RequestHandler has __slots__: without ours every connection would carry a __dict__ too
+    # (one handler per held intercepted request; issue 15, memory per held request).
+    __slots__ = ("_head_limit", "_head_bytes", "_report", "_last_payload")
+
     def __init__(
         self, manager: web.Server, *, head_limit: int, report: Report, **kw: Unpack[HandlerOptions]
     ) -> None:
