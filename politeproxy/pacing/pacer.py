@@ -19,9 +19,10 @@ from politeproxy.pacing.base import (
     NoEvents,
     PacerEvents,
     PacingSettings,
+    RepeatLog,
     WaitTooLong,
 )
-from politeproxy.pacing.dispatcher import Dispatcher, RepeatLog
+from politeproxy.pacing.dispatcher import Dispatcher
 from politeproxy.pacing.exempt import ExemptPlaces
 from politeproxy.pacing.permit import Permit
 from politeproxy.pacing.rest import RestNotes, exempt_slot

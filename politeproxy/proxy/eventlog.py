@@ -2,7 +2,7 @@
 
 Lines go to the ``politeproxy.events`` logger, which ``logs.setup_logging`` keeps at INFO whatever the
 verbosity (like the access log). Everything a client can repeat at will is rate-limited per key
-(``responses.RepeatLog``: a few lines per window, then one line with the count held back).
+(``responses.BurstLimitedLog``: a few lines per window, then one line with the count held back).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from politeproxy.policy.backoff import Delay
-from politeproxy.proxy.responses import RepeatLog
+from politeproxy.proxy.responses import BurstLimitedLog
 from politeproxy.proxy.upstream import PoolFull
 
 events_log = logging.getLogger("politeproxy.events")
@@ -29,8 +29,8 @@ class OperatorLog:
         self.logger = logger
         self.clock = clock
         # Upstream answers come at most one per slot, but exempt reads can bring a burst of 503s at once.
-        self.hosts = RepeatLog(logger, clock, burst=5, window=10.0, max_keys=256)
-        self.clients = RepeatLog(logger, clock, burst=5, window=10.0, max_keys=1024)
+        self.hosts = BurstLimitedLog(logger, clock, burst=5, window=10.0, max_keys=256)
+        self.clients = BurstLimitedLog(logger, clock, burst=5, window=10.0, max_keys=1024)
         self._pool_full: dict[str, tuple[float, int]] = {}  # pool -> (last line, lines held back)
 
     def answered(self, host: str, status: int | None, delay: Delay | None, probe: bool) -> None:

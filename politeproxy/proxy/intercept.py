@@ -14,10 +14,10 @@ import ssl
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable
 
-from politeproxy.proxy.responses import RepeatLog, plain_response
+from politeproxy.proxy.responses import BurstLimitedLog, plain_response
 
 log = logging.getLogger("politeproxy")
-unsigned = RepeatLog(log)  # paced names the CA may not sign, rate-limited per name
+unsigned = BurstLimitedLog(log)  # paced names the CA may not sign, rate-limited per name
 
 
 class _Pending(asyncio.Protocol):

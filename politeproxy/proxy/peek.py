@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from politeproxy.proxy import sni
-from politeproxy.proxy.responses import RepeatLog, plain_response
+from politeproxy.proxy.responses import BurstLimitedLog, plain_response
 from politeproxy.proxy.tunnel import RelayPair
 
 log = logging.getLogger("politeproxy")
-seen = RepeatLog(log)  # "intercepted on its SNI" lines, shown at the default level, rate-limited per client
+seen = BurstLimitedLog(log)  # "intercepted on its SNI" lines at the default level, per client
 
 Intercept = Callable[[asyncio.Transport, str, bytes], Awaitable[None]]  # (transport, name, bytes read)
 
