@@ -58,10 +58,17 @@ def curl_download(url: str, size: int, cafile: Path, proxy: Proxy | None, up_por
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
+    p.add_argument(
+        "--cache", action="store_true", help="only the cache's figures, one run (bench/cache_bench.py)"
+    )
     p.add_argument("--size", type=int, default=GIB, help="bytes (default 1 GiB)")
     p.add_argument("--rounds", type=int, default=3)
     add_compare_args(p)
     a = p.parse_args(argv)
+    if a.cache:  # issue 14: the cache's figures live in one script, which both of these front
+        from bench import cache_bench
+
+        return cache_bench.main(["--quick"] if a.quick else [])
     if a.quick:
         a.size, a.rounds = 8 << 20, 1
     with Bench() as b:

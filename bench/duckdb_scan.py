@@ -90,11 +90,18 @@ def run_query(url: str, proxy: Proxy | None, ca: Path) -> dict:
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
+    p.add_argument(
+        "--cache", action="store_true", help="only the cache's figures, one run (bench/cache_bench.py)"
+    )
     p.add_argument("--rows", type=int, default=4_000_000)
     p.add_argument("--row-group", type=int, default=50_000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")
     a = p.parse_args(argv)
+    if a.cache:  # issue 14: the cache's figures live in one script, which both of these front
+        from bench import cache_bench
+
+        return cache_bench.main(["--quick"] if a.quick else [])
     if a.quick:
         a.rows, a.row_group, a.rounds = 20_000, 5_000, 1
     with Bench() as b:

@@ -1,7 +1,7 @@
 """Run every benchmark in turn and write one markdown report.
 
 ``.venv/bin/python bench/run_all.py [--out FILE] [--quick] [--no-mitm] [--only small,bulk,...]``
-runs small_gets, bulk, duckdb_scan, held (plain HTTP and HTTPS clients), pacing and the
+runs small_gets, bulk, duckdb_scan, held (plain HTTP and HTTPS clients), pacing, cache_bench and the
 py-spy profile (when py-spy is installed), one after another so they never compete for the two cores,
 and prints (and with ``--out`` writes) the report.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import bulk, duckdb_scan, held, pacing, profile_small_gets, small_gets  # noqa: E402
+from bench import bulk, cache_bench, duckdb_scan, held, pacing, profile_small_gets, small_gets  # noqa: E402
 from bench.common import cpu_busy, log, machine_note, wait_quiet  # noqa: E402
 
 
@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--out", default="", help="also write the report to this file")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-mitm", action="store_true")
-    p.add_argument("--only", default="", help="comma-separated subset: small,bulk,duckdb,held,pacing,profile")
+    p.add_argument(
+        "--only", default="", help="comma-separated subset: small,bulk,duckdb,held,pacing,cache,profile"
+    )
     a = p.parse_args(argv)
     common = (["--quick"] if a.quick else []) + (["--no-mitm"] if a.no_mitm else [])
     nomitm = ["--quick"] if a.quick else []
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> str:
         ("held", held.main, [*nomitm, "--scheme", "http"]),
         ("held", held.main, [*nomitm, "--scheme", "https"]),
         ("pacing", pacing.main, nomitm),
+        ("cache", cache_bench.main, []),
     ]
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if Path(spy).exists() and not a.quick:

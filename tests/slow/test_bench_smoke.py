@@ -63,6 +63,18 @@ def test_duckdb_scan() -> None:
     assert int(direct[3]) > 0 and pp[3] == direct[3]  # the same range reads, all passed through
 
 
+def test_cache_figures_from_duckdb_scan_and_bulk() -> None:
+    """Issue 14: duckdb_scan.py --cache reports the second scan with no upstream request, and the cached
+    64 MiB object (bulk.py --cache runs the same script) with none either."""
+    need_tool("curl")
+    out = run("duckdb_scan.py", "--cache", timeout=180)
+    (second,) = rows(out, "proxy, second scan")
+    scan_direct = rows(out, "direct")[0]  # the first table's direct row (the object's is the second)
+    assert second[-1] == "0" and int(scan_direct[-1]) > 0, out
+    (hit,) = rows(out, "proxy, cached (hit)")
+    assert hit[-1] == "0", out
+
+
 def test_held() -> None:
     out = run("held.py", "--scheme", "http")
     assert "| answers | 200: 200 |" in out
