@@ -151,14 +151,7 @@ def still_serves(p: ProxyProc, up: Upstream | None = None) -> None:
 
 def metric_value(p: ProxyProc, name: str, labels: str = "") -> float:
     """The value of one sample of /metrics, 0 when absent (``labels`` like 'reason="auth"')."""
-    total = 0.0
-    for line in p.metrics().splitlines():
-        if line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        if key.split("{", 1)[0] == name and all(part in key for part in labels.split(",") if part):
-            total += float(value)
-    return total
+    return p.metric(name, labels)
 
 
 def proc_mem_kib(pid: int) -> dict[str, int]:
