@@ -9,34 +9,18 @@ import os
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from politeproxy.stores.redis_store import RedisStore
-from tests.support.redis_server import RedisServer, running_redis, server_kinds
+from tests.support.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 EPS = 1e-6
 
 # One server for the module (fast); the outage tests take their own so killing it harms no one else.
-KINDS = server_kinds()
-
-
-@pytest.fixture(scope="module", params=sorted(KINDS) or ["redis"])
-def shared_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    """Each store test runs against Redis 7 (Debian), Redis 6.2 and Valkey: the issue promises all three."""
-    with running_redis(KINDS.get(request.param)) as server:
-        yield server
-
-
-@pytest.fixture
-def prefix() -> str:
-    # A fresh prefix per test is a fresh, independent budget on the shared server.
-    return f"pp-test-{uuid.uuid4().hex[:8]}:"
 
 
 CLAIMER = r"""

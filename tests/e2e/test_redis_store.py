@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -13,26 +13,12 @@ import redis.asyncio as aioredis
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.slots import Outcome
 from politeproxy.stores.redis_store import RedisStore
-from tests.support.redis_server import RedisServer, running_redis, server_kinds
+from tests.support.redis_server import RedisServer
 
 HOST = "data.commoncrawl.org"
 OTHER = "index.commoncrawl.org"
 
 # One server for the module (fast); the outage tests take their own so killing it harms no one else.
-KINDS = server_kinds()
-
-
-@pytest.fixture(scope="module", params=sorted(KINDS) or ["redis"])
-def shared_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    """Each store test runs against Redis 7 (Debian), Redis 6.2 and Valkey: the issue promises all three."""
-    with running_redis(KINDS.get(request.param)) as server:
-        yield server
-
-
-@pytest.fixture
-def prefix() -> str:
-    # A fresh prefix per test is a fresh, independent budget on the shared server.
-    return f"pp-test-{uuid.uuid4().hex[:8]}:"
 
 
 @pytest.fixture
