@@ -32,7 +32,7 @@ from politeproxy.proxy.peek import PeekingTunnel
 from politeproxy.proxy.responses import (
     BadRequestOneLine,
     BoundedServer,
-    RepeatLog,
+    BurstLimitedLog,
     ServerOptions,
     error_response,
     plain_response,
@@ -43,7 +43,7 @@ from politeproxy.proxy.upstream import CHUNK, Upstream
 log = logging.getLogger("politeproxy")
 
 
-refusals = RepeatLog(log)  # refusal lines, rate-limited per client
+refusals = BurstLimitedLog(log)  # refusal lines, rate-limited per client
 http_log = logging.getLogger("politeproxy.http")
 http_log.addFilter(BadRequestOneLine(refusals))
 

@@ -88,7 +88,6 @@ class BurstLimitedLog:
             self.logger.info(msg, *args)
 
 
-RepeatLog = BurstLimitedLog  # the old name, until listener, intercept and eventlog import the new one
 
 
 class BadRequestOneLine(logging.Filter):
