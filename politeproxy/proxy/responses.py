@@ -88,8 +88,6 @@ class BurstLimitedLog:
             self.logger.info(msg, *args)
 
 
-
-
 class BadRequestOneLine(logging.Filter):
     """aiohttp logs a client's malformed request with a traceback at ERROR; make it one INFO line,
     rate-limited per client. Anything else (a real bug in a handler) keeps its traceback.
