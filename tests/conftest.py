@@ -21,6 +21,11 @@ import pytest
 import trustme
 
 ROOT = Path(__file__).resolve().parent.parent
+# Every proxy a test starts runs the default transports, what a plain install gets; the optional [fast]
+# extra (aiofastnet) is installed for the tests and exercised by tests/e2e/test_fastnet_e2e.py. Under a
+# loaded two-worker run, a proxy on aiofastnet once held a freed connection place past a 10 s read
+# (test_max_connections_counts_clients_and_tunnels): not reproduced alone, recorded in the README.
+os.environ.setdefault("POLITEPROXY_FASTNET", "0")
 PY = sys.executable
 CC_HOSTS = (
     "data.commoncrawl.org",

@@ -1,6 +1,6 @@
 """Issue 15, TLS session resumption towards clients: a client that keeps its TLS session (curl, duckdb's
 httpfs, Python's ssl with ``session=``) resumes it on its next tunnel to the same host, skipping the full
-handshake with its leaf signature; on the proxy's transports, aiofastnet's when installed."""
+handshake with its leaf signature (on the default transports, as the suite runs them)."""
 
 from __future__ import annotations
 
