@@ -244,7 +244,12 @@ class FailoverStore(Store):
         return self.primary.probing(host) or self.fallback.probing(host)
 
     async def host_view(self, host: str) -> HostView:
-        return await self._run(lambda s: s.host_view(host))
+        view = await self._run(lambda s: s.host_view(host))
+        if not self.degraded and view.backoff_in > 0:
+            # A backoff another proxy recorded in the shared store, seen on the once-a-second read: kept
+            # in the fallback too, so an outage starting now does not let this proxy send into it.
+            await self._mirror("backoff", lambda s: s.mirror_backoff(host, view.backoff_in))
+        return view
 
     async def grants(self) -> int:
         return await self._run(lambda s: s.grants())

@@ -386,3 +386,21 @@ async def test_a_timed_out_lock_wait_leaves_the_lock_free(tmp_path: Path) -> Non
     assert taker.stdout.strip() == "free"
     assert (await s.claim(H, 0.1, 0.0, None)).granted  # and this store still works
     await s.close()
+
+
+async def test_a_backoff_read_from_the_shared_store_is_kept_in_the_fallback() -> None:
+    """Another proxy's Retry-After, seen on the once-a-second read of the host's state, is mirrored into
+    the fallback: an outage that starts next does not let this proxy send into it (the Redis outage fault
+    test caught a request 2.4 s into a 4 s backoff when this proxy had not claimed that host in between)."""
+    clock = Clock()
+    primary, fallback = MemoryStore(clock), MemoryStore(clock)
+    fo = FailoverStore(primary, fallback, probe_interval=60.0)
+    await primary.mirror_backoff("data.commoncrawl.org", 4.0)  # recorded by another proxy
+    assert (await fallback.host_view("data.commoncrawl.org")).backoff_in == 0.0
+    view = await fo.host_view("data.commoncrawl.org")
+    assert view.backoff_in == pytest.approx(4.0)
+    assert (await fallback.host_view("data.commoncrawl.org")).backoff_in == pytest.approx(4.0)
+    # A fallback claim now waits the backoff out instead of granting at once.
+    c = await fallback.claim("data.commoncrawl.org", 0.2, 0.0, None)
+    assert not c.granted and c.wait >= 4.0 - 0.001
+    await fo.close()
