@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from tests.conftest import Certs, wait_for
+from tests.conftest import Certs, Upstream, start_upstream, wait_for
 from tests.e2e import test_cache_upstream
 from tests.e2e.test_cache_upstream import S3, RawUpstream, body_for, fetch, start_cache_proxy
 
@@ -27,7 +27,17 @@ def test_kill_9_mid_write_then_restart_serves_a_correct_body(
     path = "/crawl-data/stall/CC-MAIN-1.warc.gz"
     want = body_for(path, 4 << 20)
     data = tmp_path / "data"
-    p1 = start_cache_proxy(tmp_path, certs, raw, data_dir=data)
+    up = start_upstream(certs, tmp_path)  # one fake upstream for both proxies, stopped at the end
+    try:
+        _kill_then_restart(tmp_path, certs, raw, up, path, want, data)
+    finally:
+        up.stop()
+
+
+def _kill_then_restart(
+    tmp_path: Path, certs: Certs, raw: RawUpstream, up: Upstream, path: str, want: bytes, data: Path
+) -> None:
+    p1 = start_cache_proxy(tmp_path, certs, raw, data_dir=data, up=up)
     got: list[object] = []
     t = threading.Thread(target=lambda: got.append(_try(p1, path)), daemon=True)
     t.start()
@@ -41,7 +51,7 @@ def test_kill_9_mid_write_then_restart_serves_a_correct_body(
     objects = [f for f in (data / "cache" / "objects").rglob("*") if f.is_file()]
     assert objects == []  # nothing was renamed into place
 
-    p2 = start_cache_proxy(tmp_path, certs, raw, data_dir=data)
+    p2 = start_cache_proxy(tmp_path, certs, raw, data_dir=data, up=up)
     try:
         status, _h, body = fetch(p2, S3, path)
         assert status == 200 and body == want
