@@ -263,7 +263,8 @@ class CertificateAuthority:
         if not isinstance(key, Key):
             return "its key is not an EC key"
         if missing:
-            return f"its name constraints lack {', '.join(missing)}"
+            more = f" and {len(missing) - 4} more (`politeproxy ca --all`)" if len(missing) > 4 else ""
+            return f"its name constraints lack {', '.join(missing[:4])}{more}"
         if not constraints_current(cert):
             return "its name constraints do not exclude IP addresses, e-mail and URI names (an older CA)"
         if cert.not_valid_after_utc < dt.datetime.now(dt.UTC) + dt.timedelta(days=30):

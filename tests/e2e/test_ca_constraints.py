@@ -178,3 +178,15 @@ def test_a_name_longer_than_a_common_name_still_gets_a_verified_leaf(tmp_path: P
         client_handshake(port, host, d / "ca.pem")
     r = openssl_verify(d / "ca.pem", d / "leaves" / f"{host}.pem")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_remake_reason_names_four_missing_names_and_a_count() -> None:
+    """A CA made before the S3 endpoint forms lacks ~150 names: the warning stays one readable line."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from politeproxy.proxy.ca import CertificateAuthority
+
+    missing = [f"commoncrawl.s3-r{i}.amazonaws.com" for i in range(150)]
+    why = CertificateAuthority._why_remake(None, ec.generate_private_key(ec.SECP256R1()), missing)  # type: ignore[arg-type]
+    assert why is not None and "146 more" in why and "s3-r3." in why and "s3-r4." not in why
+    assert len(why) < 300, why
