@@ -48,6 +48,17 @@ def need_tool(name: str) -> str:
     return path
 
 
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds: every process a test starts ends this way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def wait_for(pred: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -230,13 +241,7 @@ class ProxyProc:
         self.proc.send_signal(signal.SIGHUP)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
     def kill(self) -> None:
         if self.proc.poll() is None:

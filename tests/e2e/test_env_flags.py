@@ -25,6 +25,7 @@ from tests.conftest import (
     free_port,
     resolve_table,
     start_upstream,
+    stop_process,
     wait_for,
 )
 
@@ -39,6 +40,9 @@ class Quiet:
     port: int
     data_dir: Path
     log_path: Path
+
+    def stop(self) -> None:
+        stop_process(self.proc)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -98,8 +102,7 @@ def quiet(up: Upstream, certs: Certs, tmp_path_factory: pytest.TempPathFactory) 
     )
     q = run_quiet(tmp_path_factory.mktemp("quiet"), up, certs, toml, "--global-rate", "10/s")
     yield q
-    q.proc.terminate()
-    q.proc.wait(10)
+    q.stop()
 
 
 def test_the_effective_pace_is_printed_at_start_without_v(quiet: Quiet) -> None:

@@ -28,6 +28,7 @@ from tests.conftest import (
     free_port,
     resolve_table,
     start_upstream,
+    stop_process,
     wait_for,
 )
 
@@ -78,13 +79,7 @@ class Quiet:
         return out
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def _toml(up: Upstream, certs: Certs, schedule: str = "") -> str:

@@ -78,8 +78,7 @@ def test_an_unreachable_redis_is_named_at_start(tmp_path: Path) -> None:
         assert SECRET not in log and "Traceback" not in log
         assert requests.get(f"http://127.0.0.1:{q.port}/healthz", timeout=5).ok
     finally:
-        q.proc.terminate()
-        q.proc.wait(10)
+        q.stop()
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +103,7 @@ def test_a_reachable_redis_is_named_with_the_password_masked(
         assert f"politeproxy.start: redis at redis://:***@127.0.0.1:{port}/0 is reachable" in log, log
         assert SECRET not in log and "unreachable" not in log
     finally:
-        q.proc.terminate()
-        q.proc.wait(10)
+        q.stop()
 
 
 @pytest.mark.slow  # a third proxy start; the masking is the same as the unreachable test's
@@ -120,5 +118,4 @@ def test_a_wrong_password_is_reported_as_unreachable(
         assert f"redis at redis://:***@127.0.0.1:{port}/0 is unreachable (AuthenticationError" in log, log
         assert SECRET not in log and "Traceback" not in log
     finally:
-        q.proc.terminate()
-        q.proc.wait(10)
+        q.stop()
