@@ -7,7 +7,6 @@ between round trips, stray values from HSET, a record corrupted mid-run): test_r
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,10 +31,9 @@ from tests.support.claim_table import (
     observed,
     run_event,
 )
-from tests.support.redis_server import RedisServer, running_redis, server_kinds
+from tests.support.redis_server import RedisServer
 
 CASES = SLOT_ROWS + HOLD_ROWS
-KINDS = server_kinds()
 IDS = [c.name for c in CASES]
 
 
@@ -67,19 +65,6 @@ async def test_file_store(case: Case, tmp_path: Path) -> None:
         check(case, got | observed(store._read_host(H), nxt, NOW), 1e-6)
     finally:
         await store.close()
-
-
-@pytest.fixture(scope="module", params=sorted(KINDS) or ["redis"])
-def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    with running_redis(KINDS.get(request.param)) as s:
-        yield s
-
-
-@pytest.fixture
-async def raw(server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(server.url, decode_responses=True)
-    yield client
-    await client.aclose()
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,22 +15,7 @@ import redis.asyncio as aioredis
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.stores.redis_store import RedisStore
 from tests.support.claim_table import HOST
-from tests.support.redis_server import RedisServer, running_redis, server_kinds
-
-KINDS = server_kinds()
-
-
-@pytest.fixture(scope="module", params=sorted(KINDS) or ["redis"])
-def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    with running_redis(KINDS.get(request.param)) as s:
-        yield s
-
-
-@pytest.fixture
-async def raw(server: RedisServer) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.from_url(server.url, decode_responses=True)
-    yield client
-    await client.aclose()
+from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture
