@@ -36,6 +36,8 @@ CC_HOSTS = (
 )
 OTHER_HOSTS = ("other.example", "localhost")
 POLITEPROXY = [PY, "-m", "politeproxy"]
+# A failure pytest cannot format is still reported as a failure (see the module).
+pytest_plugins = ["tests.support.reportguard"]
 
 
 def need_tool(name: str) -> str:

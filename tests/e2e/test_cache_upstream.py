@@ -87,6 +87,8 @@ class RawUpstream:
                     self.arrivals.append(path)
                     first = sum(1 for p in self.arrivals if p == path) == 1
                 self._answer(s, path, first)
+                if not path.startswith("/crawl-data/cut"):
+                    self._close_gently(s)
         except (OSError, ssl.SSLError):
             pass
 
@@ -113,6 +115,15 @@ class RawUpstream:
         else:
             body = body_for(path)
             s.sendall(b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: "e1"\r\n\r\n' % len(body) + body)
+
+    @staticmethod
+    def _close_gently(s: ssl.SSLSocket) -> None:
+        """FIN, then read until the proxy closes: a close with unread bytes queued would send a reset,
+        and a reset can discard the end of a body the proxy has not read yet (a cut body, once in ~16
+        runs of the kill -9 test)."""
+        s.shutdown(socket.SHUT_WR)
+        while s.recv(4096):
+            pass
 
     def close(self) -> None:
         self.sock.close()
