@@ -139,6 +139,10 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
             lab,
             self.pipeline_label,
         )
+        self._host_state_metrics(r, lab)
+
+    def _host_state_metrics(self, r: CollectorRegistry, lab: HostLabels) -> None:
+        """The schedule's side of each host: grant lateness, queue, throttles, backoff, refusals."""
         self.lateness = HostLabelled(
             Histogram(
                 "politeproxy_grant_lateness_seconds",
