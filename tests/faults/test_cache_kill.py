@@ -54,7 +54,7 @@ def _kill_then_restart(
     p2 = start_cache_proxy(tmp_path, certs, raw, data_dir=data, up=up)
     try:
         status, _h, body = fetch(p2, S3, path)
-        assert status == 200 and body == want
+        assert status == 200 and body == want, (len(body), body[:8], p2.log()[-2000:])
         assert raw.count(path) == 2
         status, h, body = fetch(p2, S3, path)
         assert status == 200 and body == want and "age" in h
