@@ -207,29 +207,35 @@ def _count(n: int) -> int:
     return min(max(0, n), MAX_THROTTLES)
 
 
-def _all_past(h: HostState, now: float) -> bool:
-    """Every time of the record in [0, now] and every other field within its bound: sane whatever the
-    bounds (each bound lies ahead of now), so ``sane_host`` can answer without building a new record."""
-    return (
-        0.0 <= h.next_allowed <= now
-        and 0.0 <= h.backoff_until <= now
-        and 0.0 <= h.robots_expires <= now
-        and 0.0 <= h.probe_until <= now
-        and 0.0 <= h.adapt_from <= now
-        and 0.0 <= h.adapt_until <= now
-        and 0.0 <= h.tat <= now
-        and 0.0 <= h.crawl_delay <= MAX_CRAWL_DELAY
-        and 0.0 <= h.adapt_interval <= MAX_DURATION
+def _within(h: HostState, now: float, b: Bounds) -> bool:
+    """Every field of the record within the bound ``bounded_host`` gives it (same sums, same order, so the
+    same floats): then ``sane_host`` answers without building a new record. NaN fails every comparison."""
+    cd, ai = h.crawl_delay, h.adapt_interval
+    if not (
+        0.0 <= cd <= MAX_CRAWL_DELAY
+        and 0.0 <= ai <= MAX_DURATION
         and 0 <= h.throttles <= MAX_THROTTLES
         and 0 <= h.blocks <= MAX_THROTTLES
         and 0 <= h.fails <= MAX_THROTTLES
+    ):
+        return False
+    sched = SCHEDULE_SLACK + SCHEDULE_GAPS * b.gap
+    hold = (max(b.backoff, MAX_BACKOFF) if h.blocks else b.backoff) + 1.0
+    return (
+        0.0 <= h.next_allowed <= now + (sched + max(b.step, cd, ai))
+        and 0.0 <= h.backoff_until <= now + hold
+        and 0.0 <= h.robots_expires <= now + MAX_ROBOTS_TTL
+        and 0.0 <= h.probe_until <= now + (sched + PROBE_LEASE)
+        and 0.0 <= h.adapt_from <= now + hold
+        and 0.0 <= h.adapt_until <= now + (hold + MAX_RECOVERY)
+        and 0.0 <= h.tat <= now + MAX_TAT
     )
 
 
 def sane_host(h: HostState, now: float, b: Bounds) -> tuple[HostState, bool]:
     """The host record with every field within its bound; and whether it already was."""
-    if b.gap >= 0.0 and b.backoff >= 0.0 and _all_past(h, now):
-        return h, True  # the usual record (a fresh one, or a host at rest): nothing to bound (hot path)
+    if b.gap >= 0.0 and b.backoff >= 0.0 and _within(h, now, b):
+        return h, True  # the usual record, past or a legitimate wait ahead: nothing to bound (hot path)
     return bounded_host(h, now, b)
 
 

@@ -296,7 +296,10 @@ class FileStore(Store):
                 self._write_global(new_next, count + 1)
             elif new_next != nxt:  # a corrupt record, treated as now: write that back
                 self._write_global(new_next, count)
-            if new_st != st:  # granted with a step, or a corrupt record replaced by its sane form
+            # Granted with a step, or a corrupt record replaced by its sane form; or the host's first grant
+            # here: its record is created then, so later reads find it open instead of trying os.open on a
+            # missing file per request (a refused claim of a new name still leaves no file).
+            if new_st != st or (c.granted and host_file_name(host) not in self.host_fds):
                 self._write_host(host, new_st)
             self.note_probe(host, c)
             return c

@@ -46,7 +46,7 @@ BOUNDS = st.builds(
 @given(RECORDS, st.one_of(st.just(NOW), st.floats(min_value=0.0, max_value=2e9)), BOUNDS)
 def test_sane_host_shortcut_gives_the_bounded_answer(h: HostState, now: float, b: Bounds) -> None:
     """Any record a store may hold (NaN, inf, negative, far-future times, counts out of range) and any
-    bounds: ``sane_host`` with its all-in-the-past shortcut returns what the full per-field check returns,
+    bounds: ``sane_host`` with its within-bounds shortcut returns what the full per-field check returns,
     never raises, and (for bounds a store builds: never NaN) every time it returns is finite."""
     fast, full = sane_host(h, now, b), bounded_host(h, now, b)
     assert fast == full  # a sane record holds no NaN, so equality is exact
@@ -59,6 +59,13 @@ def test_sane_host_returns_the_same_record_when_it_is_at_rest() -> None:
     h = HostState(next_allowed=NOW - 1, tat=NOW - 2)
     out, ok = sane_host(h, NOW, Bounds())
     assert ok and out is h  # no new record built for the usual case
+
+
+def test_sane_host_returns_the_same_record_for_a_legitimate_wait_ahead() -> None:
+    """A paced host's next slot and a backoff lie ahead of now on most claims: still no new record."""
+    h = HostState(next_allowed=NOW + 2, backoff_until=NOW + 30, throttles=2, tat=NOW + 1)
+    out, ok = sane_host(h, NOW, Bounds(gap=0.5, step=2.0, backoff=60.0))
+    assert ok and out is h
 
 
 def settings(**kw: Any) -> PacingSettings:

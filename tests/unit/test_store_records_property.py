@@ -300,11 +300,15 @@ async def test_odd_numbers_never_raise(kind: str, tmp_path: Path) -> None:
 
 async def test_a_name_that_is_only_looked_at_leaves_no_file(tmp_path: Path) -> None:
     """A view, a success or a refused claim of a new name creates nothing in hosts/ and holds no fd: only
-    a record with something in it is written (before, every name looked at cost a file and an fd)."""
+    a granted host's record, or one with something in it, is written (before, every name looked at cost a
+    file and an fd). The granted host's record is made at its first grant, so that later claims read an
+    open file instead of trying to open a missing one each time."""
     s = FileStore(tmp_path)
     await s.claim(H, 10.0, 0.0, None)  # the schedule is now 10 s ahead
+    granted = os.listdir(tmp_path / "hosts")
+    assert granted == [host_file_name(H)] and list(s.host_fds) == granted
     await s.host_view("a.data.commoncrawl.org")
     await s.succeeded("b.data.commoncrawl.org")
     assert not (await s.claim("c.data.commoncrawl.org", 10.0, 1.0, 1.0)).granted  # too late: refused
-    assert os.listdir(tmp_path / "hosts") == [] and not s.host_fds
+    assert os.listdir(tmp_path / "hosts") == granted and list(s.host_fds) == granted
     await s.close()
