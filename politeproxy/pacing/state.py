@@ -202,6 +202,10 @@ class QueueState(Generic[T]):
         must not get another, ready host refused for max_wait). Of another pipeline's ready waiters, only
         those whose fair-queuing start tag comes first count (``FairTags.ahead``); of its own pipeline, all.
         """
+        if (
+            not self.queues
+        ):  # nobody waits in this process (the usual case when pacing is off): the host's own
+            return max(0.0, self.ready.get(host, 0.0) - now)
         ready_by_pipe: dict[str, int] = {}
         host_by_pipe: dict[str, int] = {}
         for (p, h), q in self.queues.items():

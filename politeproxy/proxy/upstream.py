@@ -13,6 +13,7 @@ import re
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Mapping
+from functools import lru_cache
 
 import aiohttp
 import certifi
@@ -157,17 +158,22 @@ def strip_hop_by_hop(
     headers: Mapping[str, str] | CIMultiDictProxy[str], drop: tuple[str, ...] = ()
 ) -> CIMultiDict[str]:
     """Copy headers without hop-by-hop fields, those named in Connection, and ``drop``."""
-    named = set()
-    for value in (
-        headers.getall("Connection", []) if isinstance(headers, CIMultiDictProxy | CIMultiDict) else []
-    ):
-        named.update(v.strip().lower() for v in value.split(",") if v.strip())
-    skip = HOP_BY_HOP | named | {d.lower() for d in drop}
+    conn = headers.getall("Connection", ()) if isinstance(headers, CIMultiDictProxy | CIMultiDict) else ()
+    skip = _skip_set(drop)
+    if conn:  # rare: most clients and servers send no Connection header, or keep-alive only
+        named = {n.strip().lower() for value in conn for n in value.split(",")}
+        skip = skip | (named - {""})
     out: CIMultiDict[str] = CIMultiDict()
+    add = out.add
     for k, v in headers.items():
         if k.lower() not in skip:
-            out.add(k, v)
+            add(k, v)
     return out
+
+
+@lru_cache(maxsize=32)  # the callers pass a few constant tuples: each set is built once
+def _skip_set(drop: tuple[str, ...]) -> frozenset[str]:
+    return HOP_BY_HOP | {d.lower() for d in drop}
 
 
 class MappedResolver(AbstractResolver):

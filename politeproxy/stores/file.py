@@ -74,9 +74,9 @@ def decode_host(data: bytes) -> HostState | None:
         data[: HOST.size]
     )
     c = MAX_THROTTLES + 1
-    return HostState(
-        _s(nxt), _s(until), min(throttles, c), _s(delay), _s(robots), min(blocks, c), min(fails, c),
-        _s(probe), _s(ai), _s(afrom), _s(auntil), _s(tat),
+    return HostState(  # ns / NS inline, not _s(): read on every claim (issue 15: per-request calls)
+        nxt / NS, until / NS, min(throttles, c), delay / NS, robots / NS, min(blocks, c), min(fails, c),
+        probe / NS, ai / NS, afrom / NS, auntil / NS, tat / NS,
     )  # fmt: skip
 
 

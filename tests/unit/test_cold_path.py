@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from politeproxy.pacing.pacer import Pacer, PacingSettings, Permit, WaitTooLong
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.hosts import host_matches
 from politeproxy.policy.slots import MAX_THROTTLES, Bounds, HostState, bounded_host, sane_host
 from politeproxy.proxy import fastnet
-from politeproxy.proxy.upstream import _watch_close_notify
+from politeproxy.proxy.upstream import HOP_BY_HOP, _watch_close_notify, strip_hop_by_hop
 from politeproxy.stores.memory import MemoryStore
 
 H = "data.commoncrawl.org"
@@ -191,3 +192,38 @@ def test_interval_for_memo_gives_the_pattern_scan_answer(host: str, table: list[
     want = next((i for p, i in table if host_matches(host, p)), 0.0)
     assert s.interval_for(host) == want
     assert s.interval_for(host) == want
+
+
+NAMES = st.sampled_from(
+    [
+        "Connection",
+        "connection",
+        "Keep-Alive",
+        "TE",
+        "Host",
+        "Expect",
+        "X-A",
+        "x-a",
+        "Range",
+        "Upgrade",
+        "ETag",
+    ]
+)
+
+
+@given(
+    st.lists(st.tuples(NAMES, st.text(max_size=30)), max_size=12),
+    st.sampled_from([(), ("Host", "Expect"), ("x-a",)]),
+)
+def test_strip_hop_by_hop_keeps_exactly_the_end_to_end_fields(
+    fields: list[tuple[str, str]], drop: tuple[str, ...]
+) -> None:
+    """Any header list a client or an upstream sends (Connection naming any fields, in any case, repeated,
+    with empty items): every other field is kept in order, with its value; hop-by-hop fields, those the
+    Connection headers name and ``drop`` are gone. The plain rule is spelled out here as the reference."""
+    headers = CIMultiDictProxy(CIMultiDict(fields))
+    named = {n.strip().lower() for k, v in fields if k.lower() == "connection" for n in v.split(",")}
+    skip = HOP_BY_HOP | named | {d.lower() for d in drop}
+    assert list(strip_hop_by_hop(headers, drop).items()) == [
+        (k, v) for k, v in fields if k.lower() not in skip
+    ]
