@@ -109,11 +109,18 @@ def live(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[Liv
     stop_live(lv)
 
 
+def interactive() -> None:
+    """Run in the child before exec: Ctrl-C as a user's shell gives it. A test run started in the background
+    (CI, `cmd &` in a script) ignores SIGINT, the child inherits that, and Python then keeps it ignored:
+    the --watch processes below would never see their Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cli(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "HTTP_PROXY": "http://127.0.0.1:9"}
     return subprocess.Popen(
         [*POLITEPROXY, "status", *args], cwd=ROOT, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=interactive,
     )  # fmt: skip
 
 
@@ -155,8 +162,9 @@ def on_a_terminal(*args: str) -> tuple[subprocess.Popen[bytes], int]:
     master, slave = os.openpty()
     env = {**os.environ, "COLUMNS": "150", "TERM": "xterm"}
     proc = subprocess.Popen(
-        [*POLITEPROXY, "status", *args], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave
-    )
+        [*POLITEPROXY, "status", *args], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave,
+        preexec_fn=interactive,
+    )  # fmt: skip
     os.close(slave)
     return proc, master
 
