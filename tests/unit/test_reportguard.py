@@ -49,9 +49,10 @@ def run(tmp_path: Path, *plugin: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_frame_without_a_line_is_a_plain_failure(tmp_path: Path) -> None:
-    bare = run(tmp_path)  # the control: pytest alone loses the failure
+    bare = run(tmp_path)  # the control: pytest 9.2 alone loses the failure (a later one may not)
     summary = bare.stdout.strip().splitlines()[-1]
-    assert "INTERNALERROR" in bare.stdout + bare.stderr and "failed" not in summary, summary
+    lost = "INTERNALERROR" in bare.stdout + bare.stderr and "failed" not in summary
+    assert lost or "1 failed, 1 passed" in summary, bare.stdout[-3000:]
     guarded = run(tmp_path, "-p", "tests.support.reportguard")
     out = guarded.stdout
     assert guarded.returncode == 1 and "1 failed, 1 passed" in out, out + guarded.stderr
