@@ -8,7 +8,10 @@ The proxy has paced requests from two pipelines queued (tests/e2e/test_status.py
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import signal
 import struct
 import subprocess
 import zlib
@@ -37,13 +40,23 @@ def live(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[Liv
 
 
 def browse(url: str, tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """One headless chromium run, bounded: chromium starts helper processes that hold its output pipes, so
+    a plain ``subprocess.run(timeout=)`` that kills only the first one would then wait on those pipes for
+    ever. It runs in its own session and the whole group is killed on the timeout. The background-networking
+    flags keep it from looking up Google's hosts at start, which a machine without internet answers late
+    or never."""
     cmd = [
         chromium(),
         "--headless",
         "--no-sandbox",
         "--disable-gpu",
+        "--disable-quic",
         "--no-proxy-server",
         "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
         f"--user-data-dir={tmp / 'profile'}",
         "--enable-logging=stderr",
         "--v=0",
@@ -51,7 +64,19 @@ def browse(url: str, tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]
         *extra,
         url,
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=10)
+        pytest.fail(f"chromium did not finish in 90 s: {err[-2000:]}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # helpers left behind by a finished run
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def tbody(dom: str, ident: str) -> str:
