@@ -106,7 +106,7 @@ def test_profile_summary(tmp_path: Path) -> None:
     assert "100.0% | `politeproxy/server.py:main`" in text
 
 
-@pytest.mark.parametrize("script", ["run_all.py", "profile_small_gets.py", "loadgen.py"])
+@pytest.mark.parametrize("script", ["run_all.py", "profile_small_gets.py", "loadgen.py", "two_processes.py"])
 def test_help(script: str) -> None:
     r = subprocess.run(
         [sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, cwd=ROOT
