@@ -103,10 +103,7 @@ class StatusEvents:
         self.sink.granted(host, lateness, pipeline=pipeline)
         now = self.clock()
         self.total.add(now)
-        try:  # tally() only for a pipeline not seen yet
-            t = self.tallies[pipeline]
-        except KeyError:
-            t = self.tally(pipeline)
+        t = self.tally(pipeline)
         t.grants.add(now)
         t.last_host = host
 

@@ -114,12 +114,13 @@ def _meta(raw: object, key: str) -> Meta:
             raise Corrupt("bad header")
         out.append((_ALLOWED[name.lower()], value))
     # A hit's head announces the body it sends: a GET's Content-Length must be its length; a HEAD has none.
-    announced = dict(out).get("Content-Length")
+    fields = dict(out)
+    announced = fields.get("Content-Length")
     if key.startswith("HEAD ") and length != 0:
         raise Corrupt("a HEAD entry with a body")
     if not key.startswith("HEAD ") and announced != str(length):
         raise Corrupt("Content-Length does not match the body")
-    cr = parse_content_range(dict(out).get("Content-Range", ""))
+    cr = parse_content_range(fields.get("Content-Range", ""))
     if (status == 206) != (cr is not None) or (cr is not None and announced != str(cr[1] - cr[0] + 1)):
         raise Corrupt("Content-Range does not match the status or the length")
     return Meta(key, status, tuple(out), length, crc, float(stored))

@@ -202,9 +202,8 @@ class QueueState(Generic[T]):
         must not get another, ready host refused for max_wait). Of another pipeline's ready waiters, only
         those whose fair-queuing start tag comes first count (``FairTags.ahead``); of its own pipeline, all.
         """
-        if (
-            not self.queues
-        ):  # nobody waits in this process (the usual case when pacing is off): the host's own
+        # Nobody waits in this process (the usual case when pacing is off): only the host's own wait counts.
+        if not self.queues:
             return max(0.0, self.ready.get(host, 0.0) - now)
         ready_by_pipe: dict[str, int] = {}
         host_by_pipe: dict[str, int] = {}

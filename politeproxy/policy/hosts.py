@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 DEFAULT_PACED_HOSTS: tuple[str, ...] = (
     "commoncrawl.org",
@@ -192,6 +192,8 @@ def _labels_match(host: str, labels: list[str]) -> bool:
 class HostSet:
     """The paced host set: answers "is this host paced?" and "which names must the CA permit?"."""
 
+    matches: Callable[[str], bool]  # "is this host paced?": ``_matches`` remembered per set (see __init__)
+
     def __init__(self, patterns: Iterable[str] = DEFAULT_PACED_HOSTS) -> None:
         self.patterns = tuple(normalize_host(p) for p in patterns)
         # Sorted once by kind: matches() runs for every request (same answers as host_matches).
@@ -200,10 +202,7 @@ class HostSet:
         self._suffixes = tuple("." + ".".join(lab[1:]) for lab in split if lab[0] == "*")
         self._regions = tuple((lab, _region_index(lab)) for lab in split if _region_index(lab) >= 0)
         # Pure per set, asked for every request: remembered per name, bounded (client-chosen names).
-        self.matches = functools.lru_cache(maxsize=4096)(self._matches)  # type: ignore[method-assign]
-
-    def matches(self, host: str) -> bool:
-        return self._matches(host)
+        self.matches = functools.lru_cache(maxsize=4096)(self._matches)
 
     def _matches(self, host: str) -> bool:
         h = normalize_host(host)
