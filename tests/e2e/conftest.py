@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
-from tests.support.redis_server import RedisServer, running_redis, server_kinds
+from tests.support.redis_server import redis_fixture
 
-KINDS = server_kinds()
-
-
-@pytest.fixture(scope="module", params=sorted(KINDS) or ["redis"])
-def shared_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    """Each store test runs against Redis 7 (Debian), Redis 6.2 and Valkey: the issue promises all three.
-    One server per module and kind."""
-    with running_redis(KINDS.get(request.param)) as server:
-        yield server
+# Each store test runs against every server kind; one server per module and kind.
+shared_redis = redis_fixture("shared_redis", scope="module", each_kind=True)
 
 
 @pytest.fixture

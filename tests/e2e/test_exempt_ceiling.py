@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream
 from tests.slow.test_pacing_accuracy import tunnel_get
-from tests.support.redis_server import RedisServer, running_redis
+from tests.support.redis_server import RedisServer, redis_fixture
 
 DATA = "data.commoncrawl.org"
 RATE = 0.05  # exempt.rate: 20 reads/s per host
@@ -33,10 +33,7 @@ def config(extra: str = "") -> str:
     )
 
 
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    with running_redis() as s:
-        yield s
+redis_server = redis_fixture(scope="module")
 
 
 def scan(envs: list[dict[str, str]], seconds: float, threads: int = 6) -> list[int]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
 from politeproxy.stores.memory import MemoryStore
 from politeproxy.stores.redis_store import RedisStore
-from tests.support.redis_server import RedisServer, running_redis
+from tests.support.redis_server import RedisServer, redis_fixture
 
 H = "data.commoncrawl.org"
 GAP, MULT = 0.2, 4.0
@@ -35,10 +34,7 @@ WIDE = GAP * MULT  # longer than the grace after a return (2 probes + 0.5 s): th
 TOL = 0.02
 
 
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    with running_redis() as s:
-        yield s
+redis_server = redis_fixture()
 
 
 class Claimer:

@@ -8,7 +8,7 @@ own file store with the gap x4. Issue 9 items 6 (both switch-overs guarded, meas
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,7 +32,7 @@ from tests.faults.common import (
     throttled_arrival,
     wait_arrivals,
 )
-from tests.support.redis_server import RedisServer, running_redis
+from tests.support.redis_server import RedisServer, redis_fixture
 
 OUTAGE = 5.0
 # Recorded in Redis 1.5 s before the outage, so every proxy had time to see it (a claim refused for it, or a
@@ -42,10 +42,7 @@ SEEN = 1.5
 RA_DURING = 3.0  # recorded in the fallback store while Redis is out; it spans the return to Redis
 
 
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    with running_redis() as server:
-        yield server
+redis_server = redis_fixture()
 
 
 def redis_toml(url: str) -> str:

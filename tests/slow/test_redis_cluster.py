@@ -7,33 +7,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
 from tests.slow.test_pacing_accuracy import start_clients, warm_upstream_pool
 from tests.support.measure import achieved_rate, busiest_window, max_in_window, results, run_clients
-from tests.support.redis_server import RedisServer, running_redis, server_kinds
+from tests.support.redis_server import RedisServer, redis_fixture
 
 GAP = 0.02  # 50 req/s
 
 
-KINDS = server_kinds()
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    with running_redis() as server:
-        yield server
-
-
-@pytest.fixture(params=sorted(KINDS) or ["redis"])
-def any_redis(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    """Redis 7 (Debian), Redis 6.2 and Valkey in turn."""
-    with running_redis(KINDS.get(request.param)) as server:
-        yield server
+redis_server = redis_fixture()
+any_redis = redis_fixture("any_redis", each_kind=True)  # Redis 7 (Debian), Redis 6.2 and Valkey in turn
 
 
 def redis_toml(url: str, gap: str = "20ms", expected: int = 1, extra: str = "") -> str:

@@ -185,12 +185,19 @@ def running_redis(executable: str | None = None) -> Iterator[RedisServer]:
             server.stop()
 
 
-def redis_fixture(name: str = "redis_server", scope: str = "function") -> Callable[..., Any]:
-    """A pytest fixture ``name`` yielding a started :class:`RedisServer`; assign it in a test module."""
+def redis_fixture(
+    name: str = "redis_server", scope: str = "function", each_kind: bool = False
+) -> Callable[..., Any]:
+    """A pytest fixture ``name`` yielding a started :class:`RedisServer`; assign it in a test module or a
+    conftest. ``each_kind``: the fixture is parametrized over ``server_kinds()`` (Redis 7, Redis 6.2 and
+    Valkey where installed; the issue promises all three), one server per kind and scope."""
+    kinds = server_kinds() if each_kind else {}
+    params = (sorted(kinds) or ["redis"]) if each_kind else None
 
-    @pytest.fixture(name=name, scope=scope)  # type: ignore[call-overload]
-    def _fixture() -> Iterator[RedisServer]:
-        with running_redis() as server:
+    @pytest.fixture(name=name, scope=scope, params=params)  # type: ignore[call-overload]
+    def _fixture(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+        kind = getattr(request, "param", None)
+        with running_redis(kinds.get(kind) if kind else None) as server:
             yield server
 
     return _fixture

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
 
-from tests.support.redis_server import RedisServer, running_redis, server_kinds
+from tests.support.redis_server import RedisServer, redis_fixture
 
-KINDS = server_kinds()
-
-
-@pytest.fixture(scope="module", params=sorted(KINDS) or ["redis"])
-def server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    """One Redis server per module and kind (Redis 7, Redis 6.2, Valkey where installed)."""
-    with running_redis(KINDS.get(request.param)) as s:
-        yield s
+server = redis_fixture("server", scope="module", each_kind=True)  # one per module and server kind
 
 
 @pytest.fixture
