@@ -8,7 +8,8 @@ import pytest
 
 from tests.support.redis_server import redis_fixture
 
-# Each store test runs against every server kind; one server per module and kind.
+# Each store test runs against every server kind; one server per module and kind (fast). The outage tests
+# start their own (redis_fixture()), so killing theirs harms no one else.
 shared_redis = redis_fixture("shared_redis", scope="module", each_kind=True)
 
 

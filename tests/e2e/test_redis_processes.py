@@ -20,8 +20,6 @@ from tests.support.redis_server import RedisServer
 ROOT = Path(__file__).resolve().parents[2]
 EPS = 1e-6
 
-# One server for the module (fast); the outage tests take their own so killing it harms no one else.
-
 
 CLAIMER = r"""
 import asyncio, json, sys, time

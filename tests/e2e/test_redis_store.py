@@ -18,8 +18,6 @@ from tests.support.redis_server import RedisServer
 HOST = "data.commoncrawl.org"
 OTHER = "index.commoncrawl.org"
 
-# One server for the module (fast); the outage tests take their own so killing it harms no one else.
-
 
 @pytest.fixture
 async def raw(shared_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
