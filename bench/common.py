@@ -185,9 +185,19 @@ def politeproxy_config(up: Upstream, extra_toml: str = "") -> str:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text()
+        return path.read_text(errors="replace")
     except OSError:
         return ""
+
+
+def understood_by(src: Path, extra_toml: str) -> str:
+    """``extra_toml`` without the tables a source tree from before them would refuse: no [cache] before
+    issue 14, no exempt ceiling before issue 12 (measuring an old tree with ``--candidate``/``TREE``)."""
+    if not (src / "politeproxy" / "cache").is_dir():
+        extra_toml = extra_toml.replace(CACHE_OFF, "")
+    if "exempt_rate" not in _read(src / "politeproxy" / "pacing" / "base.py"):
+        extra_toml = extra_toml.replace(EXEMPT_CEILING_OFF, "")
+    return extra_toml
 
 
 def start_politeproxy(
@@ -202,17 +212,12 @@ def start_politeproxy(
     n = time.monotonic_ns()
     data_dir = data_dir or bench.tmp / f"data-{n}"
     cfg = bench.tmp / f"politeproxy-{n}.toml"
-    cfg.write_text(politeproxy_config(up, extra_toml))
     port = free_port()
     cmd = [PY, "-m", "politeproxy", "run", "--config", str(cfg), "--data-dir", str(data_dir)]
     cmd += ["--listen", f"127.0.0.1:{port}"] + (["-v"] if verbose else [])
     # POLITEPROXY_BENCH_SRC: run politeproxy from another source tree, to measure a candidate change.
     src = src or Path(os.environ.get("POLITEPROXY_BENCH_SRC") or ROOT)
-    if not (src / "politeproxy" / "cache").is_dir():  # a tree from before issue 14 knows no [cache] table
-        extra_toml = extra_toml.replace(CACHE_OFF, "")
-    if "exempt_rate" not in _read(src / "politeproxy" / "pacing" / "base.py"):  # nor one before issue 12
-        extra_toml = extra_toml.replace(EXEMPT_CEILING_OFF, "")
-    cfg.write_text(politeproxy_config(up, extra_toml))
+    cfg.write_text(politeproxy_config(up, understood_by(src, extra_toml)))
     proc = bench.spawn(cmd, f"politeproxy-{n}.log", cwd=src)
 
     def healthy() -> bool:

@@ -30,9 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    CACHE_OFF,
     DATA_HOST,
-    EXEMPT_CEILING_OFF,
     PACING_OFF,
     PY,
     Bench,
@@ -43,6 +41,7 @@ from bench.common import (  # noqa: E402
     start_politeproxy,
     start_upstream,
     table,
+    understood_by,
     wait_for,
 )
 
@@ -138,16 +137,7 @@ def _profiled_run(b: Bench, up: object, tree: Path, n: int, c: int) -> pstats.St
     """One proxy of ``tree`` under cProfile, ``n`` small GETs at concurrency ``c``, stopped with SIGTERM."""
     tag = f"{tree.name}-{n}-{time.monotonic_ns()}"
     cfg = b.tmp / f"{tag}.toml"
-    extra = PACING_OFF
-    if not (tree / "politeproxy" / "cache").is_dir():  # a tree from before issue 14 knows no [cache] table
-        extra = extra.replace(CACHE_OFF, "")
-    if (
-        "exempt_rate" not in (tree / "politeproxy" / "pacing" / "base.py").read_text(errors="replace")
-        if (tree / "politeproxy" / "pacing" / "base.py").exists()
-        else True
-    ):  # nor one from before issue 12
-        extra = extra.replace(EXEMPT_CEILING_OFF, "")
-    cfg.write_text(politeproxy_config(up, extra))  # type: ignore[arg-type]
+    cfg.write_text(politeproxy_config(up, understood_by(tree, PACING_OFF)))  # type: ignore[arg-type]
     port, out = free_port(), b.tmp / f"{tag}.pstats"
     cmd = [PY, "-m", "cProfile", "-o", str(out), "-m", "politeproxy", "run", "--config", str(cfg)]
     cmd += ["--data-dir", str(b.tmp / f"d-{tag}"), "--listen", f"127.0.0.1:{port}"]
