@@ -27,7 +27,7 @@ from tests.e2e.test_proxy_io import (
 )
 
 # Small client timeouts so the slow-client cases are quick; generous waits so a noisy box passes.
-SMALL_TIMEOUTS = '[client]\nhandshake_timeout = "1s"\nheader_timeout = "1s"\nidle_timeout = "2s"\n'
+SMALL_TIMEOUTS = '[client]\nhandshake_timeout = "0.5s"\nheader_timeout = "0.5s"\nidle_timeout = "1s"\n'
 WAIT = 30.0
 
 
@@ -289,7 +289,7 @@ def test_handshake_timeout(bp: ProxyProc) -> None:
     no_tracebacks(bp)
 
 
-@pytest.mark.slow  # waits out the 1 s header timeout (the first-request case stays quick)
+@pytest.mark.slow  # waits out the 0.5 s header timeout (the first-request case stays quick)
 def test_header_timeout_inside_an_intercepted_tunnel(bp: ProxyProc, upstream: Upstream) -> None:
     with tls_through_proxy(bp.port, "data.commoncrawl.org", ca_pem(bp)) as s:
         s.sendall(b"GET /echo HTTP/1.1\r\nHost: data.")  # a slow-loris head
@@ -301,7 +301,7 @@ def test_header_timeout_inside_an_intercepted_tunnel(bp: ProxyProc, upstream: Up
     no_tracebacks(bp)
 
 
-@pytest.mark.slow  # waits out the 1 s header timeout (the first-request case stays quick)
+@pytest.mark.slow  # waits out the 0.5 s header timeout (the first-request case stays quick)
 def test_header_timeout_on_a_later_plain_request(bp: ProxyProc, upstream: Upstream) -> None:
     with socket.create_connection(("127.0.0.1", bp.port), timeout=WAIT) as s:
         resp = exchange(
@@ -314,7 +314,7 @@ def test_header_timeout_on_a_later_plain_request(bp: ProxyProc, upstream: Upstre
     still_serves(bp)
 
 
-# Each case waits out the 2 s idle timeout: the intercepted one stays quick, the other two are slow.
+# Each case waits out the 1 s idle timeout: the intercepted one stays quick, the other two are slow.
 @pytest.mark.parametrize(
     "kind",
     [
@@ -338,7 +338,7 @@ def test_idle_keepalive_is_closed(bp: ProxyProc, upstream: Upstream, certs: Cert
         resp = exchange(s, req)
         assert resp.status == 200 and resp.data == b"xxx"  # type: ignore[attr-defined]
         assert resp.getheader("Connection", "").lower() != "close"
-        assert closed_within(s) == b""  # idle_timeout = 2s closes the kept-alive connection
+        assert closed_within(s) == b""  # idle_timeout = 1s closes the kept-alive connection
     still_serves(bp)
     no_tracebacks(bp)
 

@@ -39,7 +39,7 @@ def test_passes():
 def run(tmp_path: Path, *plugin: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_inner.py").write_text(FAILING)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "-n", "2", "test_inner.py"],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *plugin, "-n", "1", "test_inner.py"],
         cwd=tmp_path,
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
         capture_output=True,
