@@ -106,7 +106,17 @@ def test_profile_summary(tmp_path: Path) -> None:
     assert "100.0% | `politeproxy/server.py:main`" in text
 
 
-@pytest.mark.parametrize("script", ["run_all.py", "profile_small_gets.py", "loadgen.py", "two_processes.py"])
+def test_floor_probe() -> None:
+    need_tool("hey")
+    out = run("floor_probe.py")
+    assert [r[1] for r in rows(out, "1")] == ["direct", "floor", "politeproxy"], out
+    held = run("floor_probe.py", "--held", "20")
+    assert "| answers after release | 200: 20 |" in held, held
+
+
+@pytest.mark.parametrize(
+    "script", ["run_all.py", "profile_small_gets.py", "loadgen.py", "two_processes.py", "floor_probe.py"]
+)
 def test_help(script: str) -> None:
     r = subprocess.run(
         [sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, cwd=ROOT
