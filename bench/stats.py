@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import statistics
 import sys
@@ -158,4 +159,10 @@ def machine_note() -> str:
                 break
     except OSError:
         pass
-    return f"{os.cpu_count()} cores ({cpu}), Python {sys.version.split()[0]}, {os.uname().sysname}"
+    # The transports politeproxy gets here: aiofastnet when installed, unless POLITEPROXY_FASTNET is off.
+    off = os.environ.get("POLITEPROXY_FASTNET", "").strip().lower() in ("0", "off", "no", "false")
+    fast = "off" if off else ("on" if importlib.util.find_spec("aiofastnet") else "not installed")
+    return (
+        f"{os.cpu_count()} cores ({cpu}), Python {sys.version.split()[0]}, {os.uname().sysname}, "
+        f"politeproxy's aiofastnet transports: {fast}"
+    )

@@ -22,19 +22,6 @@ import pytest
 import trustme
 
 ROOT = Path(__file__).resolve().parent.parent
-# Every proxy a test starts runs the default transports, what a plain install gets; the optional [fast]
-# extra (aiofastnet) is installed for the tests and exercised by tests/e2e/test_fastnet_e2e.py. Under a
-# loaded two-worker run, a proxy on aiofastnet once held a freed connection place past a 10 s read
-# (test_max_connections_counts_clients_and_tunnels): not reproduced alone, recorded in the README.
-os.environ.setdefault("POLITEPROXY_FASTNET", "0")
-# Tests start Python again and again (proxies, the CLI, load clients). Where PYTHONDONTWRITEBYTECODE is set
-# (some images and shells set it), each start compiled politeproxy from source (~0.1 s of CPU a start, a
-# tenth of the quick suite). Bytecode goes to a cache outside the checkout instead, which stays clean.
-if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
-    _pycache = Path(tempfile.gettempdir()) / f"politeproxy-tests-pycache-{os.getuid()}"
-    os.environ.setdefault("PYTHONPYCACHEPREFIX", str(_pycache))
-    sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
-    sys.dont_write_bytecode = False
 PY = sys.executable
 CC_HOSTS = (
     "data.commoncrawl.org",
@@ -47,6 +34,24 @@ OTHER_HOSTS = ("other.example", "localhost")
 POLITEPROXY = [PY, "-m", "politeproxy"]
 # A failure pytest cannot format is still reported as a failure (see the module).
 pytest_plugins = ["tests.support.reportguard"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The test session's environment, inherited by every process a test starts. Set here, not at import:
+    bench/ imports this module's helpers and must run politeproxy as a user's install does."""
+    # Every proxy a test starts runs the default transports, what a plain install gets; the optional [fast]
+    # extra (aiofastnet) is installed for the tests and exercised by tests/e2e/test_fastnet_e2e.py. Under a
+    # loaded two-worker run, a proxy on aiofastnet once held a freed connection place past a 10 s read
+    # (test_max_connections_counts_clients_and_tunnels): not reproduced alone, recorded in the README.
+    os.environ.setdefault("POLITEPROXY_FASTNET", "0")
+    # Tests start Python again and again (proxies, the CLI, load clients). Where PYTHONDONTWRITEBYTECODE is
+    # set (some images and shells set it), each start compiled politeproxy from source (~0.1 s of CPU a start,
+    # a tenth of the quick suite). Bytecode goes to a cache outside the checkout instead, which stays clean.
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+        pycache = Path(tempfile.gettempdir()) / f"politeproxy-tests-pycache-{os.getuid()}"
+        os.environ.setdefault("PYTHONPYCACHEPREFIX", str(pycache))
+        sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
+        sys.dont_write_bytecode = False
 
 
 def need_tool(name: str) -> str:
