@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA_HOST, PACING_OFF, Bench, make_certs, start_politeproxy, start_upstream  # noqa: E402
+from bench.stats import spread  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -87,10 +87,7 @@ def main() -> None:
             for name in names:
                 v = us[(name, c)]
                 rs = [x / y for x, y in zip(v, base, strict=True)]
-                print(
-                    f"| {c} | {name} | {statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f}) | "
-                    f"{statistics.median(rs):.3f} ({min(rs):.3f}-{max(rs):.3f}) |"
-                )
+                print(f"| {c} | {name} | {spread(v)} | {spread(rs, 3)} |")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import re
 import resource
 import ssl
 import statistics
-import subprocess
 import sys
 import time
 from collections import deque
@@ -45,7 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common  # noqa: E402
 from bench.common import DATA_HOST, PY, Bench, log, make_certs, rss_mib, table  # noqa: E402
 from bench.cpu_per_request import cpu_seconds  # noqa: E402
-from bench.two_processes import cpu_times  # noqa: E402
+from bench.small_gets import run_hey  # noqa: E402
+from bench.stats import cpu_jiffies, spread  # noqa: E402
+from bench.two_processes import busy_share  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 
 HELD: list[asyncio.Future[None]] = []
@@ -222,17 +223,6 @@ async def serve(a: argparse.Namespace) -> None:
 # -- the driver -----------------------------------------------------------------------------------------
 
 
-def hey(url: str, proxy: str | None, c: int, duration: float) -> tuple[float, int]:
-    """(req/s, 200 answers) of one ``hey -z`` run, keep-alive."""
-    cmd = ["hey", "-z", f"{duration}s", "-c", str(c), "-t", "20"] + (["-x", proxy] if proxy else [])
-    out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=duration + 60).stdout
-    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    ok = re.search(r"\[200\]\s+(\d+) responses", out)
-    if not rps or not ok:
-        raise RuntimeError(f"cannot parse hey output:\n{out[-1500:]}")
-    return float(rps.group(1)), int(ok.group(1))
-
-
 def start_floor(b: Bench, up: Any, certs: Any, lifetime: float) -> tuple[int, int]:
     """The floor probe in its own process: (pid, port)."""
     pf = b.tmp / f"floor-port-{time.monotonic_ns()}"
@@ -255,24 +245,19 @@ def measure_paths(a: argparse.Namespace, paths: list[Path3], url: str, direct: s
     got: dict[int, Sample] = {c: {} for c in a.conc}
     for _name, px, _pid in paths:  # warm-up: leaves, pools, connections
         for c in a.conc:
-            hey(direct if px is None else url, px, c, 1.0)
+            run_hey(direct if px is None else url, px, c, 1.0, [])
     for r in range(a.rounds):
         for c in a.conc:
             for name, px, pid in paths[r % len(paths) :] + paths[: r % len(paths)]:
-                c0, (b0, t0) = cpu_seconds(pid) if pid else 0.0, cpu_times()
-                rps, ok = hey(direct if px is None else url, px, c, a.duration)
-                us = 1e6 * (cpu_seconds(pid) - c0) / max(ok, 1) if pid else float("nan")
-                (b1, t1), s = cpu_times(), got[c]
-                busy = (b1 - b0) / max(1.0, t1 - t0)
+                c0, j0 = cpu_seconds(pid) if pid else 0.0, cpu_jiffies()
+                run = run_hey(direct if px is None else url, px, c, a.duration, [])
+                rps, us = run.rps, 1e6 * (cpu_seconds(pid) - c0) / max(run.ok, 1) if pid else float("nan")
+                busy, s = busy_share(j0, cpu_jiffies()), got[c]
                 s.setdefault(f"{name} rps", []).append(rps)
                 s.setdefault(f"{name} us", []).append(us)
                 s.setdefault(f"{name} busy", []).append(busy)
                 log(f"round {r + 1} c={c} {name}: {rps:.0f} req/s, {us:.0f} µs/req, {busy:.0%} busy")
     return got
-
-
-def mrange(v: list[float], d: int = 0) -> str:
-    return f"{statistics.median(v):.{d}f} ({min(v):.{d}f}-{max(v):.{d}f})"
 
 
 def report(a: argparse.Namespace, got: dict[int, Sample], names: list[str]) -> str:
@@ -283,8 +268,8 @@ def report(a: argparse.Namespace, got: dict[int, Sample], names: list[str]) -> s
             vs = [x / y for x, y in zip(s[f"{n} rps"], s["direct rps"], strict=True)]
             us = s[f"{n} us"]
             vf = [x / y for x, y in zip(us, s["floor us"], strict=True)] if n != "direct" else []
-            rows.append([c, n, mrange(s[f"{n} rps"]), mrange(vs, 2) if n != "direct" else "",
-                         mrange(us) if n != "direct" else "", mrange(vf, 2) if vf else "",
+            rows.append([c, n, spread(s[f"{n} rps"]), spread(vs, 2) if n != "direct" else "",
+                         spread(us) if n != "direct" else "", spread(vf, 2) if vf else "",
                          f"{statistics.median(s[f'{n} busy']):.0%}"])  # fmt: skip
     head = ["conc", "path", "req/s median (range)", "vs direct, per round", "proxy CPU µs/req",
             "CPU vs floor, per round", "both cores busy"]  # fmt: skip

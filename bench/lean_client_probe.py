@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import h11
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA_HOST, Bench, make_certs, start_upstream  # noqa: E402
+from bench.stats import spread  # noqa: E402
 from politeproxy.proxy.upstream import client_ssl_context  # noqa: E402
 
 
@@ -92,9 +92,9 @@ async def measure(port: int, ca: str, n: int, rounds: int) -> None:
             out[name].append(1e6 * (time.process_time() - c0) / n)
     await session.close()
     for name, v in out.items():
-        print(f"{name}: {statistics.median(v):.0f} µs/request ({min(v):.0f}-{max(v):.0f}), rounds {v}")
+        print(f"{name}: {spread(v)} µs/request, rounds {v}")
     ratios = [h / a for h, a in zip(out["h11"], out["aiohttp"], strict=True)]
-    print(f"h11/aiohttp: {statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+    print(f"h11/aiohttp: {spread(ratios, 2)}")
 
 
 def main() -> None:

@@ -48,6 +48,7 @@ class Run:
     p50: float
     p99: float
     errors: int
+    ok: int  # answers 200 or 206
 
 
 def run_hey(url: str, proxy: str | None, c: int, duration: float, headers: list[str]) -> Run:
@@ -68,7 +69,7 @@ def run_hey(url: str, proxy: str | None, c: int, duration: float, headers: list[
     n_err = total - ok + (sum(int(n) for n in re.findall(r"\[(\d+)\]", errs.group(1))) if errs else 0)
     if not rps or not p50 or not p99:
         raise RuntimeError(f"cannot parse hey output:\n{out[-2000:]}")
-    return Run(float(rps.group(1)), float(p50.group(1)), float(p99.group(1)), n_err)
+    return Run(float(rps.group(1)), float(p50.group(1)), float(p99.group(1)), n_err, ok)
 
 
 def run_python(
@@ -82,7 +83,7 @@ def run_python(
     if cafile:
         cmd += ["--cafile", cafile]
     r = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
-    return Run(r["rps"], r["p50"], r["p99"], r["errors"])
+    return Run(r["rps"], r["p50"], r["p99"], r["errors"], r["requests"])  # loadgen counts only 200/206
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from politeproxy.proxy.fastnet import OFF_WORDS
+
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -62,6 +64,11 @@ def percentile(xs: Sequence[float], p: float) -> float:
 def median(xs: Iterable[float]) -> float:
     v = [x for x in xs if x == x]
     return statistics.median(v) if v else float("nan")
+
+
+def spread(xs: Sequence[float], digits: int = 0) -> str:
+    """A series of rounds as ``median (min-max)``."""
+    return f"{statistics.median(xs):.{digits}f} ({min(xs):.{digits}f}-{max(xs):.{digits}f})"
 
 
 def ratio(a: float, b: float) -> str:
@@ -122,7 +129,8 @@ def histogram_quantile(metrics_text: str, name: str, q: float) -> float:
     return bucket_quantile(hist_buckets(metrics_text, name), q)
 
 
-def _cpu_times() -> tuple[int, int]:
+def cpu_jiffies() -> tuple[int, int]:
+    """(total, idle) jiffies of the whole machine since boot, from /proc/stat (idle counts iowait)."""
     with open("/proc/stat") as f:
         vals = [int(x) for x in f.readline().split()[1:]]
     idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
@@ -131,9 +139,9 @@ def _cpu_times() -> tuple[int, int]:
 
 def cpu_busy(interval: float = 1.0) -> float:
     """Fraction of all cores busy over ``interval`` seconds (0..1), from /proc/stat."""
-    t0, i0 = _cpu_times()
+    t0, i0 = cpu_jiffies()
     time.sleep(interval)
-    t1, i1 = _cpu_times()
+    t1, i1 = cpu_jiffies()
     return 1.0 - (i1 - i0) / max(1, t1 - t0)
 
 
@@ -160,7 +168,7 @@ def machine_note() -> str:
     except OSError:
         pass
     # The transports politeproxy gets here: aiofastnet when installed, unless POLITEPROXY_FASTNET is off.
-    off = os.environ.get("POLITEPROXY_FASTNET", "").strip().lower() in ("0", "off", "no", "false")
+    off = os.environ.get("POLITEPROXY_FASTNET", "").strip().lower() in OFF_WORDS
     fast = "off" if off else ("on" if importlib.util.find_spec("aiofastnet") else "not installed")
     return (
         f"{os.cpu_count()} cores ({cpu}), Python {sys.version.split()[0]}, {os.uname().sysname}, "

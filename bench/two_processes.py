@@ -31,22 +31,20 @@ from bench.common import (  # noqa: E402
     table,
 )
 from bench.small_gets import run_hey  # noqa: E402
+from bench.stats import cpu_jiffies  # noqa: E402
 
 
-def cpu_times() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    with open("/proc/stat") as f:
-        v = [float(x) for x in f.readline().split()[1:]]
-    idle = v[3] + v[4]  # idle + iowait
-    return sum(v) - idle, sum(v)
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The machine's busy share of all cores between two ``cpu_jiffies()`` readings."""
+    total, idle = after[0] - before[0], after[1] - before[1]
+    return (total - idle) / max(1, total)
 
 
 def busy_while(f: Callable[[], float]) -> tuple[float, float]:
     """``f()``'s requests per second and the machine's busy share of both cores meanwhile."""
-    b0, t0 = cpu_times()
+    j0 = cpu_jiffies()
     rps = f()
-    b1, t1 = cpu_times()
-    return rps, (b1 - b0) / max(1.0, t1 - t0)
+    return rps, busy_share(j0, cpu_jiffies())
 
 
 def main(argv: list[str] | None = None) -> str:
