@@ -245,7 +245,7 @@ class Forwarder:
         if probe:
             self.oplog.probe(t.host, method, info["path"])
         exchange = self.upstream.exchange(
-            method, str(t.url), t.headers, t.body, pool, self.upstream.connect_timeout
+            method, t.url, t.headers, t.body, pool, self.upstream.connect_timeout
         )
         try:
             upstream = await exchange.__aenter__()  # no AsyncExitStack per request (issue 15: hot path)

@@ -16,7 +16,15 @@ from aiohttp import web
 from politeproxy.policy.backoff import retry_after_seconds
 from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.passage import stamp
-from politeproxy.proxy.upstream import CHUNK, EndWatch, close_delimited, loggable, strip_hop_by_hop
+from politeproxy.proxy.upstream import (
+    CHUNK,
+    Answer,
+    EndWatch,
+    H1Answer,
+    close_delimited,
+    loggable,
+    strip_hop_by_hop,
+)
 
 log = logging.getLogger("politeproxy")
 RETRY_AFTER_STATUSES = frozenset({403, 429, 503})  # answers that always carry a Retry-After (issue 12)
@@ -29,7 +37,7 @@ class _RelayedResponse(web.StreamResponse):
 
 
 async def relay(
-    request: web.BaseRequest, upstream: aiohttp.ClientResponse, info: dict[str, Any], events: ProxyEvents
+    request: web.BaseRequest, upstream: Answer, info: dict[str, Any], events: ProxyEvents
 ) -> web.StreamResponse:
     """Stream the answer back; ``info`` (the forwarder's) gets the bytes and a note on a cut or a leave.
 
@@ -44,7 +52,9 @@ async def relay(
     else:
         stamp(headers)  # Via only
     out = _RelayedResponse(status=upstream.status, reason=upstream.reason, headers=headers)
-    watch = EndWatch(upstream) if close_delimited(upstream, request.method) else None
+    # the lean client's answer raises on a cut itself; aiohttp's ends such a body cleanly either way
+    lean = isinstance(upstream, H1Answer)
+    watch = EndWatch(upstream) if not lean and close_delimited(upstream, request.method) else None
     try:
         await out.prepare(request)
     except (ConnectionError, aiohttp.ClientError):
@@ -83,7 +93,7 @@ async def relay(
 
 
 def _client_gone(
-    request: web.BaseRequest, upstream: aiohttp.ClientResponse, info: dict[str, Any], out: web.StreamResponse
+    request: web.BaseRequest, upstream: Answer, info: dict[str, Any], out: web.StreamResponse
 ) -> web.StreamResponse:
     info["note"] = "client_gone"
     log.info("%s %s %s: client went away", request.remote, request.method, loggable(upstream.url))

@@ -23,6 +23,8 @@ from yarl import URL
 
 from politeproxy.policy import settings as defaults
 from politeproxy.proxy.fastnet import tls_object
+from politeproxy.proxy.h1client import H1Client
+from politeproxy.proxy.h1conn import H1Answer, UpstreamFailed
 
 # RFC 9110 7.6.1 and the proxy-only fields: never forwarded in either direction.
 HOP_BY_HOP = frozenset(
@@ -71,7 +73,10 @@ def loggable(text: object, limit: int = 300) -> str:
     return _URL_QUERY.sub(r"\1", flat)[:limit]
 
 
-def close_delimited(resp: aiohttp.ClientResponse, method: str) -> bool:
+Answer = aiohttp.ClientResponse | H1Answer  # what an exchange yields: aiohttp's, or the lean client's
+
+
+def close_delimited(resp: Answer, method: str) -> bool:
     """The body ends only when the upstream closes: no Content-Length, not chunked (RFC 9112 6.3 rule 8)."""
     if method == "HEAD" or resp.status < 200 or resp.status in NO_BODY_STATUS:
         return False
@@ -81,6 +86,8 @@ def close_delimited(resp: aiohttp.ClientResponse, method: str) -> bool:
 
 def describe_error(e: BaseException, url: URL) -> tuple[int, str]:
     """The status and one-line reason for a failed upstream exchange (no response head)."""
+    if isinstance(e, UpstreamFailed):  # the lean client's failures carry their status and reason
+        return e.status, loggable(e.message)
     where = f"{url.host}:{url.port}"
     if isinstance(e, aiohttp.ClientConnectorDNSError):
         return 502, f"cannot resolve {url.host}"
@@ -252,11 +259,20 @@ class Upstream:
             trust_env=False,
             read_bufsize=CHUNK,
         )
+        # GETs without a body (the hot case: range reads, WARC and index fetches) take the lean client
+        self.h1 = H1Client(
+            self.ssl,
+            self.resolver.lookup,
+            connect_timeout,
+            read_timeout,
+            max_idle=sum(self.limits.values()) + HEADROOM,
+            high_water=2 * CHUNK,  # as aiohttp's reader with read_bufsize=CHUNK
+        )
 
     def request(
         self,
         method: str,
-        url: str,
+        url: str | URL,
         headers: CIMultiDict[str],
         body: AsyncIterator[bytes] | None,
     ) -> Awaitable[aiohttp.ClientResponse]:
@@ -276,7 +292,7 @@ class Upstream:
     def exchange(
         self,
         method: str,
-        url: str,
+        url: URL,
         headers: CIMultiDict[str],
         body: AsyncIterator[bytes] | None,
         pool: str,
@@ -295,6 +311,7 @@ class Upstream:
         return hit if hit else (host, port)
 
     async def close(self) -> None:
+        self.h1.close()
         await self.session.close()
 
 
@@ -308,14 +325,14 @@ class Exchange:
     def __init__(
         self,
         up: Upstream,
-        args: tuple[str, str, CIMultiDict[str], AsyncIterator[bytes] | None],
+        args: tuple[str, URL, CIMultiDict[str], AsyncIterator[bytes] | None],
         pool: str,
         pool_wait: float,
     ) -> None:
         self._up, self._args, self._pool, self._pool_wait = up, args, pool, pool_wait
         self._gate = up.gates[pool]
 
-    async def __aenter__(self) -> aiohttp.ClientResponse:
+    async def __aenter__(self) -> Answer:
         gate = self._gate
         if gate.locked():  # a free connection is taken at once; only a wait needs a timer (hot path)
             try:
@@ -326,7 +343,11 @@ class Exchange:
         else:
             await gate.acquire()
         try:
-            self._resp = await self._up.request(*self._args)
+            method, url, headers, body = self._args
+            if method == "GET" and body is None:
+                self._resp = await self._up.h1.get(url, headers)
+            else:
+                self._resp = await self._up.request(method, url, headers, body)
         except BaseException:
             gate.release()
             raise

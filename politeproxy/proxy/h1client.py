@@ -1,0 +1,202 @@
+"""The lean upstream client for the hot case: GETs without a body, on pooled HTTP/1.1 connections (issue 15).
+
+aiohttp's ``ClientSession`` builds per request a request object, a connector key and lookup, timer
+contexts, a response object and a stream reader; for a small GET that machinery cost more than the
+parsing. This client keeps one protocol object per connection (``h1conn``), parses with httptools
+(llhttp, the parser aiohttp itself ships), writes a request head in one call, and keeps idle connections
+per (scheme, host, port) for ``KEEPALIVE`` seconds. Anything with a body, HEAD and robots.txt still go
+through aiohttp (``upstream.Upstream.request``). Verified TLS (the same context), the --resolve map, the
+connect and read timeouts and the error-to-status mapping are the same as aiohttp's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from collections.abc import Callable
+
+from multidict import CIMultiDict
+from yarl import URL
+
+from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
+
+KEEPALIVE = 30.0  # seconds an idle connection is kept (aiohttp's keepalive_timeout in upstream.py)
+DNS_TTL = 60.0  # seconds a system resolver answer is kept (aiohttp's ttl_dns_cache)
+DNS_ENTRIES = 256  # names remembered at most; the table is emptied when full
+
+
+class H1Client:
+    """Pooled bodiless GETs. ``lookup(host, port)`` is the --resolve map (None: ask the system)."""
+
+    def __init__(
+        self,
+        tls: ssl.SSLContext,
+        lookup: Callable[[str, int], tuple[str, int] | None],
+        connect_timeout: float,
+        read_timeout: float,
+        max_idle: int,
+        high_water: int,
+    ) -> None:
+        self.tls = tls
+        self.lookup = lookup
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_idle = max(1, max_idle)
+        self.high_water = high_water
+        self.idle: dict[tuple[str, str, int], list[H1Conn]] = {}
+        self.idle_count = 0
+        self.dns: dict[tuple[str, int], tuple[float, list[tuple[str, int, int]]]] = {}
+        self.sweeper: asyncio.TimerHandle | None = None
+        self.closing = False
+
+    async def get(self, url: URL, headers: CIMultiDict[str]) -> H1Answer:
+        """Send ``GET url`` and wait for the answer's head. Raises ``UpstreamFailed`` (status and reason)."""
+        host, port = url.raw_host or "", url.port or 0
+        key = (url.scheme, host, port)
+        head = _request_head(url, host, port, headers)
+        for _ in range(2):  # a reused connection the upstream closed meanwhile gets one fresh try
+            conn = self._take(key) or await self._connect(key)
+            answer = H1Answer(conn, url, self.read_timeout, self.high_water)
+            answer.on_release = self._put
+            conn.answer = answer
+            conn.transport.write(head)  # type: ignore[union-attr]
+            try:
+                await answer.head()
+            except UpstreamFailed as e:
+                answer.close()
+                if e.gone and conn.reused:
+                    continue
+                raise
+            except BaseException:
+                answer.close()  # cancelled while waiting: the connection's answer is unread
+                raise
+            return answer
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _take(self, key: tuple[str, str, int]) -> H1Conn | None:
+        conns = self.idle.get(key)
+        now = time.monotonic()
+        while conns:
+            conn = conns.pop()
+            self.idle_count -= 1
+            if conn.usable() and now - conn.idle_since < KEEPALIVE:
+                conn.reused = True
+                return conn
+            conn.abort()
+        return None
+
+    def _put(self, conn: H1Conn) -> None:
+        if self.closing or self.idle_count >= self.max_idle:
+            conn.abort()
+            return
+        conn.idle_since = time.monotonic()
+        self.idle.setdefault(conn.key, []).append(conn)
+        self.idle_count += 1
+        if self.sweeper is None:
+            self.sweeper = asyncio.get_running_loop().call_later(KEEPALIVE / 2, self._sweep)
+
+    def _sweep(self) -> None:
+        """Close connections idle for KEEPALIVE seconds or closed by the upstream; forget empty keys."""
+        self.sweeper = None
+        now = time.monotonic()
+        for key in list(self.idle):
+            keep = []
+            for conn in self.idle[key]:
+                if conn.usable() and now - conn.idle_since < KEEPALIVE:
+                    keep.append(conn)
+                else:
+                    conn.abort()
+            self.idle_count -= len(self.idle[key]) - len(keep)
+            if keep:
+                self.idle[key] = keep
+            else:
+                del self.idle[key]
+        if self.idle_count:
+            self.sweeper = asyncio.get_running_loop().call_later(KEEPALIVE / 2, self._sweep)
+
+    async def _connect(self, key: tuple[str, str, int]) -> H1Conn:
+        scheme, host, port = key
+        where = f"{host}:{port}"
+        tls = scheme == "https"
+        try:
+            async with asyncio.timeout(2 * self.connect_timeout):  # aiohttp's connect: resolve + connect
+                addrs = await self._resolve(host, port)
+                return await self._open(addrs, key, where, tls)
+        except UpstreamFailed:
+            raise
+        except socket.gaierror:
+            raise UpstreamFailed(502, f"cannot resolve {host}") from None
+        except TimeoutError:
+            raise UpstreamFailed(504, f"connecting to {where} timed out") from None
+
+    async def _open(
+        self, addrs: list[tuple[str, int, int]], key: tuple[str, str, int], where: str, tls: bool
+    ) -> H1Conn:
+        loop = asyncio.get_running_loop()
+        last: OSError | None = None
+        for ip, p, family in addrs:  # each address in turn, as aiohttp's connector does
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    _, conn = await loop.create_connection(
+                        lambda: H1Conn(key, where, tls),
+                        ip,
+                        p,
+                        family=family,
+                        ssl=self.tls if tls else None,
+                        server_hostname=key[1] if tls else None,
+                    )
+                return conn
+            except ssl.SSLError as e:  # a certificate that does not verify: no other address will do better
+                why = e.verify_message if isinstance(e, ssl.SSLCertVerificationError) else e
+                raise UpstreamFailed(502, f"TLS to {where} failed: {why}") from None
+            except TimeoutError:
+                raise UpstreamFailed(504, f"connecting to {where} timed out") from None
+            except OSError as e:
+                last = e
+        why = (last.strerror or str(last)) if last is not None else "no address"
+        raise UpstreamFailed(502, f"cannot connect to {where}: {why}")
+
+    async def _resolve(self, host: str, port: int) -> list[tuple[str, int, int]]:
+        hit = self.lookup(host, port)
+        if hit is not None:
+            ip, p = hit
+            return [(ip, p, socket.AF_INET6 if ":" in ip else socket.AF_INET)]
+        now = time.monotonic()
+        cached = self.dns.get((host, port))
+        if cached is not None and now - cached[0] < DNS_TTL:
+            return cached[1]
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addrs = [(str(sa[0]), int(sa[1]), int(fam)) for fam, _, _, _, sa in infos]
+        if not addrs:
+            raise socket.gaierror(f"no address for {host}")
+        if len(self.dns) >= DNS_ENTRIES:
+            self.dns.clear()
+        self.dns[(host, port)] = (now, addrs)
+        return addrs
+
+    def close(self) -> None:
+        self.closing = True
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+            self.sweeper = None
+        for conns in self.idle.values():
+            for conn in conns:
+                conn.abort()
+        self.idle.clear()
+        self.idle_count = 0
+
+
+def _request_head(url: URL, host: str, port: int, headers: CIMultiDict[str]) -> bytes:
+    """``GET`` head bytes, with Host from the URL as aiohttp writes it (port only when not the default)."""
+    netloc = f"[{host}]" if ":" in host else host
+    if not url.is_default_port():
+        netloc = f"{netloc}:{port}"
+    lines = [f"GET {url.raw_path_qs or '/'} HTTP/1.1", f"Host: {netloc}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    text = "\r\n".join(lines)
+    # every field came through a parser that refuses CR and LF in it; a second look costs one scan
+    if text.count("\n") != len(lines) - 1 or text.count("\r") != len(lines) - 1:
+        raise UpstreamFailed(400, "a header value holds a line break")
+    return (text + "\r\n\r\n").encode("utf-8", "surrogateescape")

@@ -1,0 +1,341 @@
+"""One upstream HTTP/1.1 connection of the lean client, and the answer it is reading (issue 15).
+
+The connection is a plain asyncio protocol; httptools (llhttp, the C parser aiohttp itself ships) parses
+its answers. The answer's body is buffered up to a high-water mark, then the socket stops being read until
+the relay drains it: never a whole body in memory. Untrusted upstream bytes never raise out of here: a bad
+head, a head over its bound or a cut turns into an ``UpstreamFailed`` the reader sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import httptools
+from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
+
+from politeproxy.proxy.fastnet import tls_object
+
+MAX_HEAD = 64 * 1024  # bytes of one answer head (aiohttp bounds each line at 8 KiB, not the head)
+MAX_FIELDS = 256  # header lines of one answer head
+
+
+class UpstreamFailed(Exception):
+    """An exchange that failed, with the status the client gets and a one-line reason."""
+
+    def __init__(self, status: int, message: str, *, gone: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.gone = gone  # the connection closed before any byte of an answer (a reused one: try again)
+
+
+class H1Conn(asyncio.Protocol):
+    """One pooled connection: writes request heads, feeds answer bytes to the answer being read."""
+
+    __slots__ = (
+        "answer",
+        "eof",
+        "idle_since",
+        "key",
+        "lost",
+        "parser",
+        "reused",
+        "tls",
+        "transport",
+        "where",
+    )
+
+    def __init__(self, key: tuple[str, str, int], where: str, tls: bool) -> None:
+        self.key = key
+        self.where = where
+        self.tls = tls
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.answer: H1Answer | None = None
+        self.eof = False
+        self.lost = False
+        self.reused = False
+        self.idle_since = 0.0
+
+    def usable(self) -> bool:
+        return not (self.lost or self.eof or self.transport is None or self.transport.is_closing())
+
+    def abort(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # asyncio protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        a = self.answer
+        if a is None or a.complete:  # bytes nobody asked for: this connection cannot be trusted again
+            self.abort()
+            return
+        try:
+            self.parser.feed_data(data)
+        except Exception as e:  # noqa: BLE001 - llhttp's errors and our bounds: the answer fails, one line
+            inner = e.__context__ if isinstance(e.__context__, UpstreamFailed) else e
+            reason = inner.message if isinstance(inner, UpstreamFailed) else (str(e) or type(e).__name__)
+            a.fail(UpstreamFailed(502, f"upstream {self.where} sent a malformed answer: {reason}"))
+            self.abort()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        if self.answer is not None:
+            self.answer.ended(self._tls_cut() if self.tls else None)
+        return False
+
+    def _tls_cut(self) -> str | None:
+        """asyncio's and uvloop's TLS transports call ``eof_received`` on a bare TCP close too: their TLS
+        object then says "want read" where a close_notify says "zero return". aiofastnet's transport
+        offers no readable one, and calls it only on a close_notify (``upstream.EndWatch`` alike)."""
+        obj = tls_object(self.transport) if self.transport is not None else None
+        if obj is None or not hasattr(obj, "read"):
+            return None
+        try:
+            data = obj.read(1)
+        except ssl.SSLZeroReturnError:
+            return None
+        except (ssl.SSLError, ValueError, OSError, AttributeError):
+            return "TLS closed without close_notify"
+        return None if data == b"" else "TLS closed without close_notify"
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.lost = True
+        a = self.answer
+        if a is not None and not self.eof:
+            if exc is not None:
+                a.ended("connection reset")
+            elif self.tls:
+                a.ended("TLS closed without close_notify")
+            else:
+                a.ended(None)
+
+    # httptools callbacks
+    def on_status(self, status: bytes) -> None:
+        self.answer.reason_raw += status  # type: ignore[union-attr]
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.answer.header(name, value)  # type: ignore[union-attr]
+
+    def on_headers_complete(self) -> None:
+        self.answer.head_done(self.parser.get_status_code())  # type: ignore[union-attr]
+
+    def on_body(self, body: bytes) -> None:
+        self.answer.feed(body)  # type: ignore[union-attr]
+
+    def on_message_complete(self) -> None:
+        a = self.answer
+        if a is not None:
+            a.message_complete(self.parser.should_keep_alive())
+
+
+class H1Answer:
+    """The answer to one request: its head, then its body read ``read(n)`` at a time (aiohttp's
+    ``ClientResponse`` shape where the relay uses it: ``status``, ``reason``, ``headers``, ``url``,
+    ``content.read``, ``content.at_eof``, ``release``, ``close``, ``closed``)."""
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_error",
+        "_head_bytes",
+        "_high",
+        "_paused",
+        "_raw",
+        "_read_timeout",
+        "_waiter",
+        "closed",
+        "complete",
+        "conn",
+        "cut_reason",
+        "headers",
+        "keep_alive",
+        "on_release",
+        "reason",
+        "reason_raw",
+        "status",
+        "url",
+    )
+
+    def __init__(self, conn: H1Conn, url: URL, read_timeout: float, high_water: int) -> None:
+        self.conn = conn
+        self.url = url
+        self.status = 0
+        self.reason = ""
+        self.reason_raw = b""
+        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+        self._raw: list[tuple[str, str]] = []
+        self._head_bytes = 0
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._high = high_water
+        self._paused = False
+        self._error: UpstreamFailed | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._read_timeout = read_timeout
+        self.complete = False  # the whole answer arrived (or ended cleanly with the connection)
+        self.keep_alive = False
+        self.cut_reason: str | None = None
+        self.closed = False
+        self.on_release: object = None  # set by the pool: where a reusable connection goes back
+
+    # fed by the connection
+    def header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value) + 4
+        if self._head_bytes > MAX_HEAD or len(self._raw) >= MAX_FIELDS:
+            raise UpstreamFailed(502, f"answer head over {MAX_HEAD} bytes or {MAX_FIELDS} fields")
+        # as aiohttp decodes them, so the headers pass on unchanged
+        self._raw.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
+
+    def head_done(self, status: int) -> None:
+        if status < 200:  # 100 Continue, 103 Early Hints: not the answer; the next head is
+            if status == 101:
+                raise UpstreamFailed(502, "switched protocols, which this proxy never asked for")
+            self._raw.clear()
+            self.reason_raw = b""
+            return
+        self.status = status
+        self.reason = self.reason_raw.decode("latin-1")
+        self.headers = CIMultiDictProxy(CIMultiDict(self._raw))
+        self._wake()
+
+    def feed(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        self._wake()
+        if self._buffered > self._high and not self._paused and self.conn.transport is not None:
+            self._paused = True
+            self.conn.transport.pause_reading()
+
+    def message_complete(self, keep_alive: bool) -> None:
+        if self.status:  # an interim 1xx completes as a message of its own
+            self.complete = True
+            self.keep_alive = keep_alive
+            self._wake()
+
+    def ended(self, cut: str | None) -> None:
+        """The connection ended: a clean end of a close-delimited body, a cut, or no answer at all."""
+        if self.complete:
+            return
+        if not self.status:
+            self.fail(UpstreamFailed(502, f"upstream {self.conn.where} closed without answering", gone=True))
+        elif cut is not None or not self._close_delimited():
+            self.cut_reason = cut or "connection closed before the answer's end"
+            self.fail(UpstreamFailed(502, f"upstream {self.conn.where} cut the answer: {self.cut_reason}"))
+        else:
+            self.complete = True
+            self._wake()
+
+    def fail(self, error: UpstreamFailed) -> None:
+        if self._error is None and not self.complete:
+            self._error = error
+            self._wake()
+
+    def _close_delimited(self) -> bool:
+        h = self.headers
+        return (
+            "Content-Length" not in h and "chunked" not in ",".join(h.getall("Transfer-Encoding", ())).lower()
+        )
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # read by the relay
+    async def head(self) -> None:
+        """Wait for the answer's head; at most read_timeout between two reads of the socket."""
+        while not self.status:
+            if self._error is not None:
+                raise self._error
+            await self._wait("did not answer in time")
+
+    @property
+    def content(self) -> H1Answer:
+        return self
+
+    def at_eof(self) -> bool:
+        return self.complete and not self._chunks
+
+    def cut(self) -> str | None:
+        """Why a close-delimited body ended short (``EndWatch``'s question), or None for a clean end."""
+        return self.cut_reason
+
+    async def read(self, n: int) -> bytes:
+        while not self._chunks:
+            if self.complete:
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait(f"sent nothing for {self._read_timeout:g}s")
+        chunks = self._chunks
+        first = chunks[0]
+        if len(first) <= n and len(chunks) == 1:
+            chunks.clear()
+            data = first
+        else:
+            out, size = [], 0
+            while chunks and size < n:
+                c = chunks.pop(0)
+                if size + len(c) > n:
+                    chunks.insert(0, c[n - size :])
+                    c = c[: n - size]
+                out.append(c)
+                size += len(c)
+            data = b"".join(out)
+        self._buffered -= len(data)
+        if self._paused and self._buffered <= self._high // 2 and self.conn.transport is not None:
+            self._paused = False
+            self.conn.transport.resume_reading()
+        return data
+
+    async def _wait(self, what: str) -> None:
+        loop = asyncio.get_running_loop()
+        w = self._waiter = loop.create_future()
+        timer = loop.call_later(self._read_timeout, _expire, w)
+        try:
+            await w
+        except TimeoutError:
+            self.conn.abort()
+            raise UpstreamFailed(504, f"{self.conn.where} {what}") from None
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def release(self) -> None:
+        """Done with a fully read answer: its connection goes back to the pool when it may be reused."""
+        if self.closed:
+            return
+        self.closed = True
+        conn = self.conn
+        conn.answer = None
+        if self.complete and self.keep_alive and not self._chunks and conn.usable() and self.on_release:
+            self.on_release(conn)  # type: ignore[operator]
+        elif self.complete:
+            _close(conn)
+        else:
+            conn.abort()
+
+    def close(self) -> None:
+        """Done early (error, cut, client gone): the connection cannot be reused."""
+        if not self.closed:
+            self.closed = True
+            self.conn.answer = None
+            self.conn.abort()
+
+
+def _expire(w: asyncio.Future[None]) -> None:
+    if not w.done():
+        w.set_exception(TimeoutError())
+
+
+def _close(conn: H1Conn) -> None:
+    conn.lost = True
+    if conn.transport is not None:
+        conn.transport.close()
