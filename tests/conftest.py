@@ -1,37 +1,76 @@
-"""Shared fixtures: a local TLS upstream impersonating Common Crawl's hosts, and proxy processes."""
+"""Shared fixtures: a local TLS upstream impersonating Common Crawl's hosts, and proxy processes.
+
+The helpers behind them live in tests/support/: ``processes`` (paths, tools, ports, waiting),
+``upstream_proc`` (the fake upstream and its certificates) and ``proxy_proc`` (proxy processes and their
+configs). They are re-exported here (``__all__``), so ``from tests.conftest import ProxyProc, wait_for``
+keeps working for the test files and for bench/.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trustme
 
-ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
-CC_HOSTS = (
-    "data.commoncrawl.org",
-    "index.commoncrawl.org",
-    "commoncrawl.org",
-    "commoncrawl.s3.amazonaws.com",
-    "commoncrawl.s3.us-east-1.amazonaws.com",
+# The helpers' asserts (client_env, for_this_test) get pytest's rewritten messages, as they did when they
+# lived in this module; registered before the import below (outside pytest, e.g. under bench/, a no-op).
+pytest.register_assert_rewrite("tests.support.proxy_proc")
+
+from tests.support.processes import (  # noqa: E402
+    POLITEPROXY,
+    PY,
+    ROOT,
+    free_port,
+    need_tool,
+    stop_process,
+    wait_for,
 )
-OTHER_HOSTS = ("other.example", "localhost")
-POLITEPROXY = [PY, "-m", "politeproxy"]
+from tests.support.proxy_proc import (  # noqa: E402
+    FAST,
+    NO_ROBOTS,
+    ProxyProc,
+    client_env,
+    for_this_test,
+    start_proxy,
+)
+from tests.support.upstream_proc import (  # noqa: E402
+    CC_HOSTS,
+    OTHER_HOSTS,
+    Certs,
+    Upstream,
+    make_certs,
+    resolve_table,
+    start_upstream,
+)
+
+__all__ = [
+    "CC_HOSTS",
+    "FAST",
+    "NO_ROBOTS",
+    "OTHER_HOSTS",
+    "POLITEPROXY",
+    "PY",
+    "ROOT",
+    "Certs",
+    "ProxyProc",
+    "Upstream",
+    "client_env",
+    "for_this_test",
+    "free_port",
+    "make_certs",
+    "need_tool",
+    "resolve_table",
+    "start_proxy",
+    "start_upstream",
+    "stop_process",
+    "wait_for",
+]
+
 # A failure pytest cannot format is still reported as a failure (see the module).
 pytest_plugins = ["tests.support.reportguard"]
 
@@ -54,112 +93,9 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.dont_write_bytecode = False
 
 
-def need_tool(name: str) -> str:
-    """The path of a system tool; a test fails under CI when it is missing and skips locally."""
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is required under CI (.ci/run installs it)")
-        pytest.skip(f"{name} not installed")
-    return path
-
-
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` seconds: every process a test starts ends this way."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise TimeoutError(f"timed out waiting for {what}")
-
-
-@dataclass
-class Certs:
-    ca: trustme.CA
-    ca_file: Path
-    server_pem: Path
-
-
-def make_certs(d: Path) -> Certs:
-    """The upstream's CA and leaf for every name the fake upstream answers, written into ``d``."""
-    ca = trustme.CA()
-    leaf = ca.issue_cert(*CC_HOSTS, *OTHER_HOSTS, "127.0.0.1")
-    ca.cert_pem.write_to_path(d / "upstream-ca.pem")
-    leaf.private_key_and_cert_chain_pem.write_to_path(d / "server.pem")
-    return Certs(ca, d / "upstream-ca.pem", d / "server.pem")
-
-
 @pytest.fixture(scope="session")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("upstream-certs"))
-
-
-@dataclass
-class Upstream:
-    proc: subprocess.Popen[bytes]
-    port: int
-    plain_port: int
-
-    def _url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.plain_port}{path}"
-
-    def log(self) -> list[dict[str, Any]]:
-        with urllib.request.urlopen(self._url("/__log"), timeout=10) as r:
-            return [json.loads(line) for line in r.read().decode().splitlines() if line]
-
-    def control(self, cmd: dict[str, Any]) -> None:
-        req = urllib.request.Request(
-            self._url("/__control"),
-            data=json.dumps(cmd).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            r.read()
-
-    def reset(self) -> None:
-        self.control({"reset": True})
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-
-def start_upstream(certs: Certs, tmp: Path, files_dir: Path | None = None) -> Upstream:
-    port_file = tmp / f"upstream-port-{time.monotonic_ns()}"
-    cmd = [
-        PY,
-        "-m",
-        "tests.support.fakeupstream",
-        "--cert",
-        str(certs.server_pem),
-        "--port-file",
-        str(port_file),
-        "--plain-port",
-        "0",
-    ]
-    if files_dir:
-        cmd += ["--files-dir", str(files_dir)]
-    proc = subprocess.Popen(cmd, cwd=ROOT)
-    wait_for(lambda: port_file.exists() or proc.poll() is not None, what="fake upstream")
-    if proc.poll() is not None:
-        raise RuntimeError("fake upstream failed to start")
-    tls, plain = map(int, port_file.read_text().split())
-    return Upstream(proc, tls, plain)
 
 
 @pytest.fixture
@@ -187,150 +123,6 @@ def files_upstream(certs: Certs, tmp_path: Path, files_dir: Path) -> Iterator[Up
     up.stop()
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def resolve_table(up: Upstream) -> str:
-    lines = [f'"{h}:443" = "127.0.0.1:{up.port}"' for h in (*CC_HOSTS, *OTHER_HOSTS)]
-    lines += [f'"{h}:80" = "127.0.0.1:{up.plain_port}"' for h in (*CC_HOSTS, *OTHER_HOSTS)]
-    return "\n".join(lines)
-
-
-@dataclass
-class ProxyProc:
-    proc: subprocess.Popen[bytes]
-    port: int
-    data_dir: Path
-    config_path: Path
-    log_path: Path
-    env: dict[str, str] = field(default_factory=dict)
-    log_mark: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def get(self, path: str, timeout: float = 10) -> bytes:
-        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
-            return r.read()
-
-    def metrics(self) -> str:
-        return self.get("/metrics").decode()
-
-    def healthy(self) -> bool:
-        try:
-            return json.loads(self.get("/healthz", timeout=2))["status"] == "ok"
-        except OSError:
-            return False
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def mark_log(self) -> None:
-        """Remember where the log ends now: ``log_since()`` then returns only what came after."""
-        self.log_mark = self.log_path.stat().st_size
-
-    def log_since(self) -> str:
-        """The log written since the last ``mark_log()`` (the whole log when never marked)."""
-        with open(self.log_path, "rb") as f:
-            f.seek(self.log_mark)
-            return f.read().decode(errors="replace")
-
-    def metric(self, name: str, labels: str = "") -> float:
-        """The sum of the /metrics samples of ``name`` whose labels hold every part of ``labels``
-        (like 'reason="auth",class="paced"'); 0 when absent. On a shared proxy compare before/after."""
-        total = 0.0
-        for line in self.metrics().splitlines():
-            if line.startswith("#"):
-                continue
-            key, _, value = line.rpartition(" ")
-            if key.split("{", 1)[0] == name and all(part in key for part in labels.split(",") if part):
-                total += float(value)
-        return total
-
-    def sighup(self) -> None:
-        self.proc.send_signal(signal.SIGHUP)
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def client_env(proxy_port: int, data_dir: Path) -> dict[str, str]:
-    """The environment a user gets from ``eval "$(politeproxy env)"``, read from the real command: the CLI's
-    ``env`` run in this process (the same code and output, without an interpreter start for every proxy;
-    test_config_cli runs ``politeproxy env`` as a process)."""
-    from politeproxy import cli
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = cli.main(["env", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{proxy_port}"])
-    out = buf.getvalue()
-    assert rc == 0, f"politeproxy env exited {rc}: {out}"
-    env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
-    for line in out.splitlines():
-        if line.startswith("export "):
-            k, _, v = line[len("export ") :].partition("=")
-            env[k] = v
-    return env
-
-
-def start_proxy(
-    tmp: Path,
-    up: Upstream | None,
-    certs: Certs | None,
-    extra_toml: str = "",
-    data_dir: Path | None = None,
-    args: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-    port: int | None = None,
-    wait: bool = True,
-    top_toml: str = "",
-) -> ProxyProc:
-    """Start ``politeproxy run`` in its own process with the upstream's hosts mapped to 127.0.0.1."""
-    n = time.monotonic_ns()
-    data_dir = data_dir or tmp / f"data-{n}"
-    cfg = tmp / f"politeproxy-{n}.toml"
-    text = top_toml + "\n"
-    if up is not None and certs is not None:
-        text += f'[upstream]\nca_file = "{certs.ca_file}"\n[upstream.resolve]\n{resolve_table(up)}\n'
-    text += extra_toml
-    cfg.write_text(text)
-    port = port or free_port()
-    log_path = tmp / f"proxy-{n}.log"
-    cmd = [
-        *POLITEPROXY,
-        "run",
-        "--config",
-        str(cfg),
-        "--data-dir",
-        str(data_dir),
-        "--listen",
-        f"127.0.0.1:{port}",
-        "-v",
-        *args,
-    ]
-    penv = {**os.environ, **(env or {})}
-    with open(log_path, "wb") as logf:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=penv)
-    p = ProxyProc(proc, port, data_dir, cfg, log_path)
-    if wait:
-        wait_for(lambda: proc.poll() is not None or p.healthy(), 30, "proxy /healthz")
-        if proc.poll() is not None:
-            raise RuntimeError(f"proxy exited {proc.returncode}: {p.log()}")
-        p.env = client_env(port, data_dir)
-    return p
-
-
 @pytest.fixture
 def proxy_factory(tmp_path: Path, certs: Certs) -> Iterator[Callable[..., ProxyProc]]:
     started: list[ProxyProc] = []
@@ -343,11 +135,6 @@ def proxy_factory(tmp_path: Path, certs: Certs) -> Iterator[Callable[..., ProxyP
     yield make
     for p in started:
         p.stop()
-
-
-NO_ROBOTS = "[robots]\nenabled = false\n"
-# Pacing is the next layer's business: the data-path tests run it off (memory store, no global gap).
-FAST = NO_ROBOTS + '[schedule]\nbackend = "memory"\nglobal_rate = "0"\n'
 
 
 @pytest.fixture
@@ -417,13 +204,6 @@ def module_proxy_factory(module_tmp: Path, certs: Certs) -> Iterator[Callable[..
 def module_proxy(module_proxy_factory: Callable[..., ProxyProc], module_upstream: Upstream) -> ProxyProc:
     """``proxy`` once per module: robots off, in front of ``module_upstream``. Use with shared_upstream."""
     return module_proxy_factory(module_upstream, NO_ROBOTS)
-
-
-def for_this_test(p: ProxyProc) -> ProxyProc:
-    """A module's proxy handed to one more test: checked alive, its log marked for ``log_since()``."""
-    assert p.proc.poll() is None, f"the module's proxy died: {p.log()[-2000:]}"
-    p.mark_log()
-    return p
 
 
 @pytest.fixture(scope="module")

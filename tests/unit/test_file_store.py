@@ -1,10 +1,10 @@
-"""Memory, file and failover stores: the claim, backoff state, restart survival, the ccrawl record."""
+"""The file store: the ccrawl record, restart survival, one budget across stores and processes, the
+flock (one coroutine at a time, timeouts), bounded fds, unusable directories."""
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
-import logging
 import multiprocessing
 import os
 import struct
@@ -15,103 +15,17 @@ import pytest
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.slots import Outcome
 from politeproxy.stores import file as file_mod
-from politeproxy.stores.base import Store, StoreError
-from politeproxy.stores.failover import FailoverStore
+from politeproxy.stores.base import StoreError
 from politeproxy.stores.file import FileStore
-from politeproxy.stores.memory import MemoryStore
+from tests.support.store_helpers import NOJITTER, T0, Clock, H
 
-T0 = 1_700_000_000.0
 NS = 1_000_000_000
-NOJITTER = BackoffPolicy(base=1.0, cap=300.0, jitter=0.0)
-
-
-class Clock:
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def read_lock(data_dir: Path) -> tuple[int, int]:
     data = (data_dir / "ratelimit.lock").read_bytes()
     assert len(data) == 16
     return struct.unpack(">QQ", data)
-
-
-@pytest.fixture(params=["memory", "file"])
-def store_and_clock(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Store, Clock]:
-    clock = Clock()
-    if request.param == "memory":
-        return MemoryStore(clock, rand=lambda: 0.0), clock
-    return FileStore(tmp_path, clock, rand=lambda: 0.0), clock
-
-
-async def test_claims_follow_one_schedule(store_and_clock: tuple[Store, Clock]) -> None:
-    store, clock = store_and_clock
-    waits = [(await store.claim("data.commoncrawl.org", 0.2, 0.0, None)).wait for _ in range(4)]
-    assert waits == pytest.approx([0.0, 0.2, 0.4, 0.6])
-    assert await store.grants() == 4
-    clock.t += 10  # idle: the next grant is at once, the one after a gap later
-    c = await store.claim("index.commoncrawl.org", 0.2, 0.0, None)
-    assert c.granted and c.wait == 0.0
-    assert (await store.claim("data.commoncrawl.org", 0.2, 0.0, None)).wait == pytest.approx(0.2)
-    await store.close()
-
-
-async def test_not_ready_and_too_late_reserve_nothing(store_and_clock: tuple[Store, Clock]) -> None:
-    store, clock = store_and_clock
-    d = await store.throttled("data.commoncrawl.org", 2.0, NOJITTER)
-    assert d.seconds == 2.0
-    before = await store.grants()
-    c = await store.claim("data.commoncrawl.org", 0.2, 0.0, None)
-    assert c.outcome is Outcome.HOST_NOT_READY and c.wait == pytest.approx(2.0)
-    c = await store.claim("data.commoncrawl.org", 0.2, 0.0, 1.0)
-    assert c.outcome is Outcome.TOO_LATE and c.wait == pytest.approx(2.0)
-    assert await store.grants() == before
-    # The other host gets the very first slot: nothing was reserved for the host in backoff.
-    c = await store.claim("index.commoncrawl.org", 0.2, 0.0, None)
-    assert c.granted and c.wait == 0.0
-    clock.t += 2.0
-    c = await store.claim("data.commoncrawl.org", 0.2, 0.0, None)
-    assert c.granted and c.wait == 0.0
-    await store.close()
-
-
-async def test_host_interval_is_per_host(store_and_clock: tuple[Store, Clock]) -> None:
-    store, clock = store_and_clock
-    assert (await store.claim("index.commoncrawl.org", 0.01, 1.0, None)).granted
-    c = await store.claim("index.commoncrawl.org", 0.01, 1.0, None)
-    assert c.outcome is Outcome.HOST_NOT_READY and c.wait == pytest.approx(1.0)
-    assert (await store.claim("data.commoncrawl.org", 0.01, 0.0, None)).wait == pytest.approx(0.01)
-    await store.set_crawl_delay("data.commoncrawl.org", 3.0, ttl=60)
-    view = await store.host_view("data.commoncrawl.org")
-    assert view.crawl_delay == 3.0 and view.robots_fresh
-    clock.t += 1.0
-    assert (await store.claim("data.commoncrawl.org", 0.01, 0.0, None)).granted
-    c = await store.claim("data.commoncrawl.org", 0.01, 0.0, None)
-    assert c.outcome is Outcome.HOST_NOT_READY and c.wait == pytest.approx(3.0)
-    clock.t += 61
-    assert not (await store.host_view("data.commoncrawl.org")).robots_fresh
-    await store.close()
-
-
-async def test_backoff_growth_and_reset(store_and_clock: tuple[Store, Clock]) -> None:
-    store, clock = store_and_clock
-    h = "data.commoncrawl.org"
-    delays = []
-    for _ in range(3):
-        delays.append((await store.throttled(h, None, NOJITTER)).seconds)
-    assert delays == [1.0, 2.0, 4.0]
-    view = await store.host_view(h)
-    assert (
-        view.throttles == 3 and view.backoff_in == pytest.approx(4.0) and view.ready_in == pytest.approx(4.0)
-    )
-    await store.succeeded(h)
-    assert (await store.host_view(h)).throttles == 0
-    clock.t += 10
-    assert (await store.throttled(h, None, NOJITTER)).seconds == 1.0
-    await store.close()
 
 
 async def test_file_store_writes_ccrawls_record(tmp_path: Path) -> None:
@@ -212,59 +126,6 @@ def test_file_store_claims_are_atomic_across_processes(tmp_path: Path) -> None:
     assert min(diffs) >= gap - 1e-6  # no two processes ever got the same (or a too-close) slot
 
 
-async def test_lock_failure_raises_store_error_and_failover_warns_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    clock = Clock()
-    primary = FileStore(tmp_path, clock)
-    fallback = MemoryStore(clock)
-    changes: list[tuple[str, bool]] = []
-    fo = FailoverStore(
-        primary,
-        fallback,
-        gap_multiplier=3,
-        probe_interval=0.05,
-        on_change=lambda s, d: changes.append((s.name, d)),
-    )
-    real_flock = fcntl.flock
-    broken = True
-
-    def flaky_flock(fd: int, op: int) -> None:
-        if broken:
-            raise OSError(37, "No locks available")  # ENOLCK, as on some NFS mounts
-        real_flock(fd, op)
-
-    monkeypatch.setattr(file_mod.fcntl, "flock", flaky_flock)
-    with pytest.raises(StoreError):
-        await primary.claim("data.commoncrawl.org", 0.2, 0.0, None)
-    caplog.set_level(logging.INFO, logger="politeproxy.store")
-    gap = 0.02
-    c1 = await fo.claim("data.commoncrawl.org", gap, 0.0, None)
-    assert fo.degraded and fo.name == "memory"
-    assert c1.wait <= 3 * gap + 0.001  # at most one widened gap before the first local grant
-    await asyncio.sleep(3 * gap + 0.01)
-    c2 = await fo.claim("data.commoncrawl.org", gap, 0.0, None)
-    c3 = await fo.claim("data.commoncrawl.org", gap, 0.0, None)
-    assert c2.granted and c3.granted
-    assert c3.wait - c2.wait == pytest.approx(3 * gap)  # never fail open: the gap is widened x3
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "failed" in r.getMessage()]
-    assert len(warnings) == 1
-    assert changes == [("memory", True)]
-    broken = False
-    for _ in range(100):
-        if not fo.degraded:
-            break
-        await asyncio.sleep(0.02)
-    assert not fo.degraded and fo.name == "file"
-    assert changes[-1] == ("file", False)
-    # The last local grant (c3) may still lie ahead: the first shared grant waits one widened gap after it.
-    held = await fo.claim("data.commoncrawl.org", 0.2, 0.0, None)
-    assert held.outcome is Outcome.HOST_NOT_READY and 0 < held.wait <= 2 * 3 * gap
-    await asyncio.sleep(held.wait)
-    assert (await fo.claim("data.commoncrawl.org", 0.2, 0.0, None)).granted
-    await fo.close()
-
-
 def test_file_store_unopenable_dir_is_a_store_error(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("x")
@@ -309,25 +170,7 @@ async def test_one_coroutine_at_a_time_takes_the_flock(
     await s.close()
 
 
-# -- issue 9: corrupt records, clock steps, odd numbers, fds, names, the flock thread ------------------
-
-H = "data.commoncrawl.org"
-
-
-async def test_memory_store_survives_a_wall_clock_step_back() -> None:
-    """The memory store keeps its own records, so it paces on the monotonic clock (item 19); and on any
-    clock, a step back stalls it no longer than the sanity bound: 30 min back (within the old 1 h trust)
-    stalled every paced request for 30 min before."""
-    import time as time_mod
-
-    c = await MemoryStore().claim(H, 0.1, 0.0, None)
-    assert abs(c.at - time_mod.monotonic()) < 5.0  # slots on the monotonic clock, not the wall clock
-    clock = Clock()
-    s = MemoryStore(clock)
-    assert (await s.claim(H, 0.1, 0.0, None)).granted
-    clock.t -= 1800.0
-    c = await s.claim(H, 0.1, 0.0, 60.0)
-    assert c.granted and c.wait == pytest.approx(0.1)
+# -- issue 9: fds, the flock thread --------------------------------------------------------------------
 
 
 async def test_file_store_keeps_a_bounded_number_of_fds(tmp_path: Path) -> None:
@@ -386,21 +229,3 @@ async def test_a_timed_out_lock_wait_leaves_the_lock_free(tmp_path: Path) -> Non
     assert taker.stdout.strip() == "free"
     assert (await s.claim(H, 0.1, 0.0, None)).granted  # and this store still works
     await s.close()
-
-
-async def test_a_backoff_read_from_the_shared_store_is_kept_in_the_fallback() -> None:
-    """Another proxy's Retry-After, seen on the once-a-second read of the host's state, is mirrored into
-    the fallback: an outage that starts next does not let this proxy send into it (the Redis outage fault
-    test caught a request 2.4 s into a 4 s backoff when this proxy had not claimed that host in between)."""
-    clock = Clock()
-    primary, fallback = MemoryStore(clock), MemoryStore(clock)
-    fo = FailoverStore(primary, fallback, probe_interval=60.0)
-    await primary.mirror_backoff("data.commoncrawl.org", 4.0)  # recorded by another proxy
-    assert (await fallback.host_view("data.commoncrawl.org")).backoff_in == 0.0
-    view = await fo.host_view("data.commoncrawl.org")
-    assert view.backoff_in == pytest.approx(4.0)
-    assert (await fallback.host_view("data.commoncrawl.org")).backoff_in == pytest.approx(4.0)
-    # A fallback claim now waits the backoff out instead of granting at once.
-    c = await fallback.claim("data.commoncrawl.org", 0.2, 0.0, None)
-    assert not c.granted and c.wait >= 4.0 - 0.001
-    await fo.close()

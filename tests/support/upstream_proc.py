@@ -1,0 +1,107 @@
+"""The fake upstream (tests/support/fakeupstream.py) as a process a test starts: its certificates, the
+handle a test drives it through, and the resolve table that maps Common Crawl's hosts to it.
+
+(tests/conftest.py re-exports these names and holds the fixtures built on them.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trustme
+
+from tests.support.processes import PY, ROOT, wait_for
+
+CC_HOSTS = (
+    "data.commoncrawl.org",
+    "index.commoncrawl.org",
+    "commoncrawl.org",
+    "commoncrawl.s3.amazonaws.com",
+    "commoncrawl.s3.us-east-1.amazonaws.com",
+)
+OTHER_HOSTS = ("other.example", "localhost")
+
+
+@dataclass
+class Certs:
+    ca: trustme.CA
+    ca_file: Path
+    server_pem: Path
+
+
+def make_certs(d: Path) -> Certs:
+    """The upstream's CA and leaf for every name the fake upstream answers, written into ``d``."""
+    ca = trustme.CA()
+    leaf = ca.issue_cert(*CC_HOSTS, *OTHER_HOSTS, "127.0.0.1")
+    ca.cert_pem.write_to_path(d / "upstream-ca.pem")
+    leaf.private_key_and_cert_chain_pem.write_to_path(d / "server.pem")
+    return Certs(ca, d / "upstream-ca.pem", d / "server.pem")
+
+
+@dataclass
+class Upstream:
+    proc: subprocess.Popen[bytes]
+    port: int
+    plain_port: int
+
+    def _url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.plain_port}{path}"
+
+    def log(self) -> list[dict[str, Any]]:
+        with urllib.request.urlopen(self._url("/__log"), timeout=10) as r:
+            return [json.loads(line) for line in r.read().decode().splitlines() if line]
+
+    def control(self, cmd: dict[str, Any]) -> None:
+        req = urllib.request.Request(
+            self._url("/__control"),
+            data=json.dumps(cmd).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+
+    def reset(self) -> None:
+        self.control({"reset": True})
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def start_upstream(certs: Certs, tmp: Path, files_dir: Path | None = None) -> Upstream:
+    port_file = tmp / f"upstream-port-{time.monotonic_ns()}"
+    cmd = [
+        PY,
+        "-m",
+        "tests.support.fakeupstream",
+        "--cert",
+        str(certs.server_pem),
+        "--port-file",
+        str(port_file),
+        "--plain-port",
+        "0",
+    ]
+    if files_dir:
+        cmd += ["--files-dir", str(files_dir)]
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    wait_for(lambda: port_file.exists() or proc.poll() is not None, what="fake upstream")
+    if proc.poll() is not None:
+        raise RuntimeError("fake upstream failed to start")
+    tls, plain = map(int, port_file.read_text().split())
+    return Upstream(proc, tls, plain)
+
+
+def resolve_table(up: Upstream) -> str:
+    lines = [f'"{h}:443" = "127.0.0.1:{up.port}"' for h in (*CC_HOSTS, *OTHER_HOSTS)]
+    lines += [f'"{h}:80" = "127.0.0.1:{up.plain_port}"' for h in (*CC_HOSTS, *OTHER_HOSTS)]
+    return "\n".join(lines)
