@@ -28,9 +28,10 @@ def access_path(raw: str, limit: int = PATH_LIMIT) -> str:
     return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class AccessRecord:
-    """One exchange as the access log shows it, built once by the forwarder (rendered by logs.py)."""
+    """One exchange as the access log shows it, built once by the forwarder (rendered by logs.py).
+    Not frozen: a frozen dataclass sets each of its 13 fields through ``object.__setattr__`` (per request)."""
 
     client: str
     method: str

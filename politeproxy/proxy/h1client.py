@@ -25,6 +25,7 @@ from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
 KEEPALIVE = 30.0  # seconds an idle connection is kept (aiohttp's keepalive_timeout in upstream.py)
 DNS_TTL = 60.0  # seconds a system resolver answer is kept (aiohttp's ttl_dns_cache)
 DNS_ENTRIES = 256  # names remembered at most; the table is emptied when full
+RETRIES_ON_STALE = 3  # reused connections found closed before their answer, tried past in one GET
 
 
 class H1Client:
@@ -56,7 +57,7 @@ class H1Client:
         host, port = url.raw_host or "", url.port or 0
         key = (url.scheme, host, port)
         head = _request_head(url, host, port, headers)
-        for _ in range(2):  # a reused connection the upstream closed meanwhile gets one fresh try
+        for _ in range(RETRIES_ON_STALE + 1):  # a reused connection the upstream closed meanwhile: next one
             conn = self._take(key) or await self._connect(key)
             answer = H1Answer(conn, url, self.read_timeout, self.high_water)
             answer.on_release = self._put
@@ -151,10 +152,10 @@ class H1Client:
             except ssl.SSLError as e:  # a certificate that does not verify: no other address will do better
                 why = e.verify_message if isinstance(e, ssl.SSLCertVerificationError) else e
                 raise UpstreamFailed(502, f"TLS to {where} failed: {why}") from None
-            except TimeoutError:
-                raise UpstreamFailed(504, f"connecting to {where} timed out") from None
-            except OSError as e:
+            except OSError as e:  # TimeoutError included: the next address may answer (bounded by _connect)
                 last = e
+        if isinstance(last, TimeoutError):
+            raise UpstreamFailed(504, f"connecting to {where} timed out")
         why = (last.strerror or str(last)) if last is not None else "no address"
         raise UpstreamFailed(502, f"cannot connect to {where}: {why}")
 

@@ -78,6 +78,11 @@ class H1Conn(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
+            if not a.status:  # still in the head: llhttp keeps a partial line itself, so bound the bytes here
+                a.head_seen += len(data)
+                if a.head_seen > MAX_HEAD:
+                    raise UpstreamFailed(502, f"answer head over {MAX_HEAD} bytes")
+                a.wake()  # the read timeout runs between reads, also while a head arrives in pieces
         except Exception as e:  # noqa: BLE001 - llhttp's errors and our bounds: the answer fails, one line
             inner = e.__context__ if isinstance(e.__context__, UpstreamFailed) else e
             reason = inner.message if isinstance(inner, UpstreamFailed) else (str(e) or type(e).__name__)
@@ -117,6 +122,11 @@ class H1Conn(asyncio.Protocol):
                 a.ended(None)
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.answer.complete:  # type: ignore[union-attr]
+            # a second answer in the same read: never asked for, and it must not overwrite the first
+            raise UpstreamFailed(502, "bytes after the end of the answer")
+
     def on_status(self, status: bytes) -> None:
         self.answer.reason_raw += status  # type: ignore[union-attr]
 
@@ -145,6 +155,7 @@ class H1Answer:
         "_chunks",
         "_error",
         "_head_bytes",
+        "head_seen",
         "_high",
         "_paused",
         "_raw",
@@ -172,6 +183,7 @@ class H1Answer:
         self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
         self._raw: list[tuple[str, str]] = []
         self._head_bytes = 0
+        self.head_seen = 0  # bytes read while no answer head was complete (1xx answers included)
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._high = high_water
@@ -203,12 +215,12 @@ class H1Answer:
         self.status = status
         self.reason = self.reason_raw.decode("latin-1")
         self.headers = CIMultiDictProxy(CIMultiDict(self._raw))
-        self._wake()
+        self.wake()
 
     def feed(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
-        self._wake()
+        self.wake()
         if self._buffered > self._high and not self._paused and self.conn.transport is not None:
             self._paused = True
             self.conn.transport.pause_reading()
@@ -217,7 +229,7 @@ class H1Answer:
         if self.status:  # an interim 1xx completes as a message of its own
             self.complete = True
             self.keep_alive = keep_alive
-            self._wake()
+            self.wake()
 
     def ended(self, cut: str | None) -> None:
         """The connection ended: a clean end of a close-delimited body, a cut, or no answer at all."""
@@ -230,12 +242,12 @@ class H1Answer:
             self.fail(UpstreamFailed(502, f"upstream {self.conn.where} cut the answer: {self.cut_reason}"))
         else:
             self.complete = True
-            self._wake()
+            self.wake()
 
     def fail(self, error: UpstreamFailed) -> None:
         if self._error is None and not self.complete:
             self._error = error
-            self._wake()
+            self.wake()
 
     def _close_delimited(self) -> bool:
         h = self.headers
@@ -243,7 +255,7 @@ class H1Answer:
             "Content-Length" not in h and "chunked" not in ",".join(h.getall("Transfer-Encoding", ())).lower()
         )
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)

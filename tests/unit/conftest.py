@@ -1,4 +1,5 @@
-"""Fixtures the Lua script modules share (tests/unit/test_claim_cases.py, test_redis_script_edges.py)."""
+"""Fixtures the Lua script modules share (tests/unit/test_claim_cases.py, test_redis_script_edges.py), and
+those of the lean client's tests (tests/unit/test_h1client_*.py, defined in tests/support/rawupstream.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from tests.support.rawupstream import ca, make_client, server_tls  # noqa: F401 - fixtures, found by name
 from tests.support.redis_server import RedisServer, redis_fixture
 
 server = redis_fixture("server", scope="module", each_kind=True)  # one per module and server kind
