@@ -61,11 +61,18 @@ def frame_key(frame: str) -> str:
 # Areas of the proxy, each a test on a sample's frames (a sample may fall in several).
 AREAS: tuple[tuple[str, Callable[[list[str]], bool]], ...] = (
     (
-        "response writes to the client (aiohttp StreamWriter._write: TLS + send)",
-        lambda ks: any(k.endswith("StreamWriter._write") for k in ks),
+        "response writes to the client (aiohttp StreamWriter._write/_writelines: TLS + send)",
+        lambda ks: any(k.endswith(("StreamWriter._write", "StreamWriter._writelines")) for k in ks),
     ),
     ("TLS decrypt (ssl.py SSLObject.read)", lambda ks: any(k.endswith("SSLObject.read") for k in ks)),
-    ("upstream client (Upstream.request)", lambda ks: any(k.endswith("Upstream.request") for k in ks)),
+    (
+        "upstream client (Upstream.request: aiohttp; h1client/h1conn: the lean one for GETs)",
+        lambda ks: any(
+            k.endswith("Upstream.request")
+            or k.startswith(("politeproxy/proxy/h1client", "politeproxy/proxy/h1conn"))
+            for k in ks
+        ),
+    ),
     (
         "pacer and store (politeproxy/pacing/, stores/)",
         lambda ks: any(k.startswith(("politeproxy/pacing/", "politeproxy/stores/")) for k in ks),
