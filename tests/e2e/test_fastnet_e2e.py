@@ -47,3 +47,25 @@ def test_a_blind_tunnel_and_its_close_on_aiofastnet(fast: ProxyProc) -> None:
         pass
     still_serves(fast)
     assert "Traceback" not in fast.log()
+
+
+@pytest.mark.parametrize(
+    ("path", "cut"),
+    [
+        ("/closedelim/300000?cut=reset", True),
+        ("/closedelim/300000?cut=noclose_notify", True),
+        ("/cutmid/300000", True),
+        ("/closedelim/300000?cut=none", False),
+    ],
+)
+def test_a_cut_upstream_body_is_a_cut_on_aiofastnet(fast: ProxyProc, path: str, cut: bool) -> None:
+    """The lean upstream client tells a clean end of a close-delimited body from a cut by the transport's
+    ``eof_received``; aiofastnet's TLS transport offers no readable TLS object to ask, so it must call it
+    on a close_notify only. A cut reaches the client as a cut (requests raises), a clean end whole."""
+    url = f"https://data.commoncrawl.org{path}"
+    if cut:
+        with pytest.raises(requests.exceptions.RequestException):
+            requests.get(url, proxies=proxies(fast), verify=str(bundle(fast)), timeout=60).raise_for_status()
+    else:
+        r = requests.get(url, proxies=proxies(fast), verify=str(bundle(fast)), timeout=60)
+        assert r.status_code == 200 and len(r.content) == 300000
