@@ -45,6 +45,22 @@ print(json.dumps(out), flush=True)
 """
 
 
+def start_ccrawl(data_dir: Path, n: int, go: Path) -> subprocess.Popen[str]:
+    """Start the ccrawl stand-in on ``<data_dir>/ratelimit.lock``; it returns once the lock file is open.
+
+    It takes ``n`` grants, one gap apart on the shared schedule, once the file ``go`` exists.
+    """
+    ccrawl = subprocess.Popen(
+        [sys.executable, "-c", CCRAWL, str(data_dir / "ratelimit.lock"), str(n), str(GAP_NS), str(go)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert ccrawl.stdout is not None
+    assert ccrawl.stdout.readline().strip() == "ready"
+    return ccrawl
+
+
 @pytest.mark.slow  # a rate: ccrawl-style processes and the proxy on one schedule
 def test_ccrawl_and_proxy_share_one_schedule(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream, tmp_path: Path
@@ -54,22 +70,7 @@ def test_ccrawl_and_proxy_share_one_schedule(
     warm_upstream_pool(p.env)
     n_proxy, n_ccrawl = 40, 40
     clients = start_clients([p.env], "data.commoncrawl.org", n_proxy, 6, "/size/16", tmp_path)
-    ccrawl = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            CCRAWL,
-            str(data_dir / "ratelimit.lock"),
-            str(n_ccrawl),
-            str(GAP_NS),
-            str(clients.go),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert ccrawl.stdout is not None
-    assert ccrawl.stdout.readline().strip() == "ready"
+    ccrawl = start_ccrawl(data_dir, n_ccrawl, clients.go)
     clients.fire()
     [proxied] = clients.results()
     out, _ = ccrawl.communicate(timeout=60)

@@ -236,8 +236,12 @@ def test_k8s_manifest_parses_and_is_consistent():
     assert data_dir in mounts
     assert args[args.index("--listen") + 1] == "0.0.0.0:3128"
 
-    # Every Service selects some Deployment's pods and targets a port they declare.
-    for name, service in by_kind["Service"].items():
+    _check_services_reach_pods(by_kind["Service"], deployments)
+
+
+def _check_services_reach_pods(services: dict[str, dict], deployments: dict[str, dict]) -> None:
+    """Every Service selects some Deployment's pods and targets a port they declare."""
+    for name, service in services.items():
         selector = service["spec"]["selector"]
         matching = [
             d
