@@ -1,4 +1,5 @@
-"""The upstream client: one pooled aiohttp session, verified TLS, streamed bodies, curl-style --resolve.
+"""The upstream side: one pooled aiohttp session, verified TLS, streamed bodies, curl-style --resolve; GETs
+without a body go through the lean client (``h1client``) on the same TLS context and --resolve map.
 
 Connections are shared out per class (paced, exempt, passthrough) so that long downloads of one class
 cannot take every connection from the others; a wait for a free connection of one's own class is a local
