@@ -17,6 +17,8 @@ import ssl
 import time
 from collections.abc import Callable
 
+import aiohappyeyeballs
+from aiohappyeyeballs import AddrInfoType
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -25,6 +27,9 @@ from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
 KEEPALIVE = 30.0  # seconds an idle connection is kept (aiohttp's keepalive_timeout in upstream.py)
 DNS_TTL = 60.0  # seconds a system resolver answer is kept (aiohttp's ttl_dns_cache)
 DNS_ENTRIES = 256  # names remembered at most; the table is emptied when full
+HAPPY_EYEBALLS_DELAY = (
+    0.25  # seconds before the next address is tried alongside (RFC 8305; aiohttp's default)
+)
 RETRIES_ON_STALE = 3  # reused connections found closed before their answer, tried past in one GET
 
 
@@ -48,7 +53,7 @@ class H1Client:
         self.high_water = high_water
         self.idle: dict[tuple[str, str, int], list[H1Conn]] = {}
         self.idle_count = 0
-        self.dns: dict[tuple[str, int], tuple[float, list[tuple[str, int, int]]]] = {}
+        self.dns: dict[tuple[str, int], tuple[float, list[AddrInfoType]]] = {}
         self.sweeper: asyncio.TimerHandle | None = None
         self.closing = False
 
@@ -133,43 +138,57 @@ class H1Client:
             raise UpstreamFailed(504, f"connecting to {where} timed out") from None
 
     async def _open(
-        self, addrs: list[tuple[str, int, int]], key: tuple[str, str, int], where: str, tls: bool
+        self, infos: list[AddrInfoType], key: tuple[str, str, int], where: str, tls: bool
     ) -> H1Conn:
+        """TCP to the first address that answers (happy eyeballs, as aiohttp's connector: a blackholed IPv6
+        address costs 0.25 s, not the connect timeout), then TLS; both within connect_timeout."""
         loop = asyncio.get_running_loop()
-        last: OSError | None = None
-        for ip, p, family in addrs:  # each address in turn, as aiohttp's connector does
-            try:
-                async with asyncio.timeout(self.connect_timeout):
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                sock = await aiohappyeyeballs.start_connection(
+                    infos, happy_eyeballs_delay=HAPPY_EYEBALLS_DELAY, interleave=1
+                )
+                try:
                     _, conn = await loop.create_connection(
                         lambda: H1Conn(key, where, tls),
-                        ip,
-                        p,
-                        family=family,
+                        sock=sock,
                         ssl=self.tls if tls else None,
                         server_hostname=key[1] if tls else None,
                     )
-                return conn
-            except ssl.SSLError as e:  # a certificate that does not verify: no other address will do better
-                why = e.verify_message if isinstance(e, ssl.SSLCertVerificationError) else e
-                raise UpstreamFailed(502, f"TLS to {where} failed: {why}") from None
-            except OSError as e:  # TimeoutError included: the next address may answer (bounded by _connect)
-                last = e
-        if isinstance(last, TimeoutError):
-            raise UpstreamFailed(504, f"connecting to {where} timed out")
-        why = (last.strerror or str(last)) if last is not None else "no address"
-        raise UpstreamFailed(502, f"cannot connect to {where}: {why}")
+                except BaseException:
+                    sock.close()
+                    raise
+            return conn
+        except ssl.SSLError as e:  # a certificate that does not verify, or a broken handshake
+            why = e.verify_message if isinstance(e, ssl.SSLCertVerificationError) else e
+            raise UpstreamFailed(502, f"TLS to {where} failed: {why}") from None
+        except TimeoutError:
+            raise UpstreamFailed(504, f"connecting to {where} timed out") from None
+        except OSError as e:  # every address refused or unreachable
+            raise UpstreamFailed(502, f"cannot connect to {where}: {e.strerror or e}") from None
 
-    async def _resolve(self, host: str, port: int) -> list[tuple[str, int, int]]:
+    async def _resolve(self, host: str, port: int) -> list[AddrInfoType]:
         hit = self.lookup(host, port)
         if hit is not None:
             ip, p = hit
-            return [(ip, p, socket.AF_INET6 if ":" in ip else socket.AF_INET)]
+            v6 = ":" in ip
+            sockaddr = (ip, p, 0, 0) if v6 else (ip, p)
+            return [
+                (
+                    socket.AF_INET6 if v6 else socket.AF_INET,
+                    socket.SOCK_STREAM,
+                    socket.IPPROTO_TCP,
+                    "",
+                    sockaddr,
+                )
+            ]
         now = time.monotonic()
         cached = self.dns.get((host, port))
         if cached is not None and now - cached[0] < DNS_TTL:
             return cached[1]
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        addrs = [(str(sa[0]), int(sa[1]), int(fam)) for fam, _, _, _, sa in infos]
+        addrs: list[AddrInfoType] = list(
+            await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        )
         if not addrs:
             raise socket.gaierror(f"no address for {host}")
         if len(self.dns) >= DNS_ENTRIES:

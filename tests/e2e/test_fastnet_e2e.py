@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from tests.conftest import Certs, ProxyProc, Upstream, wait_for
+from tests.e2e.test_forward_hardening import CUT_CASES
 from tests.support.proxyio import bundle, connect_tunnel, proxies, start_with, still_serves
 
 pytest.importorskip("aiofastnet")
@@ -49,15 +50,7 @@ def test_a_blind_tunnel_and_its_close_on_aiofastnet(fast: ProxyProc) -> None:
     assert "Traceback" not in fast.log()
 
 
-@pytest.mark.parametrize(
-    ("path", "cut"),
-    [
-        ("/closedelim/300000?cut=reset", True),
-        ("/closedelim/300000?cut=noclose_notify", True),
-        ("/cutmid/300000", True),
-        ("/closedelim/300000?cut=none", False),
-    ],
-)
+@pytest.mark.parametrize(("path", "cut"), CUT_CASES)
 def test_a_cut_upstream_body_is_a_cut_on_aiofastnet(fast: ProxyProc, path: str, cut: bool) -> None:
     """The lean upstream client tells a clean end of a close-delimited body from a cut by the transport's
     ``eof_received``; aiofastnet's TLS transport offers no readable TLS object to ask, so it must call it

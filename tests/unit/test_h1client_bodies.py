@@ -1,9 +1,5 @@
-"""The lean upstream HTTP/1.1 client (``proxy/h1client.py``, ``proxy/h1conn.py``):
-bodies, interim answers and the bounds on an
-answer head.
-
-Each socket test starts a small server on 127.0.0.1 (tests/support/rawupstream.py) that writes the exact
-bytes it chooses, and checks what the client makes of them."""
+"""The lean upstream client (``proxy/h1client.py``, ``proxy/h1conn.py``): bodies, interim answers and the
+bounds on an answer head, each answered by a raw server on 127.0.0.1 (tests/support/rawupstream.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The lean upstream HTTP/1.1 client (``proxy/h1client.py``, ``proxy/h1conn.py``):
-timeouts, refused and unresolvable upstreams,
-the DNS cache and verified TLS.
-
-Each socket test starts a small server on 127.0.0.1 (tests/support/rawupstream.py) that writes the exact
-bytes it chooses, and checks what the client makes of them."""
+"""The lean upstream client: timeouts, refused and unresolvable upstreams, the DNS cache and verified TLS,
+each against a raw server on 127.0.0.1 writing the bytes a test chooses (tests/support/rawupstream.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import trustme
+from aiohappyeyeballs import AddrInfoType
 from yarl import URL
 
 from politeproxy.proxy import h1client
@@ -126,6 +123,11 @@ async def test_a_tls_handshake_that_never_ends_gives_504(make_client: Callable[.
 # --- DNS --------------------------------------------------------------------------------------------------
 
 
+def v4(port: int) -> AddrInfoType:
+    """One getaddrinfo answer for 127.0.0.1:port, as the client caches them."""
+    return (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port))
+
+
 async def test_the_resolve_map_comes_first_and_system_answers_are_cached(
     make_client: Callable[..., H1Client],
 ) -> None:
@@ -138,14 +140,11 @@ async def test_the_resolve_map_comes_first_and_system_answers_are_cached(
         a = await client.get(URL(f"http://localhost:{srv.port}/"), headers())  # /etc/hosts: offline
         a.close()
         _, addrs = client.dns[("localhost", srv.port)]
-        assert ("127.0.0.1", srv.port, socket.AF_INET) in addrs
+        assert ("127.0.0.1", srv.port) in [info[4][:2] for info in addrs]
 
-        # a cached answer is used as it stands: each address in turn, a refused one skipped
+        # a cached answer is used as it stands: a refused address gives way to the next (happy eyeballs)
         fresh = time.monotonic()
-        client.dns[("cached.invalid", 80)] = (
-            fresh,
-            [("127.0.0.1", closed_port(), socket.AF_INET), ("127.0.0.1", srv.port, socket.AF_INET)],
-        )
+        client.dns[("cached.invalid", 80)] = (fresh, [v4(closed_port()), v4(srv.port)])
         a = await client.get(URL("http://cached.invalid/"), headers())
         assert await read_all(a) == b"hello"
         a.release()
@@ -156,7 +155,7 @@ async def test_an_expired_dns_answer_is_asked_again(make_client: Callable[..., H
     async with RawServer(answering(ok())) as srv:
         client = make_client(lambda host, port: None)
         stale = time.monotonic() - h1client.DNS_TTL - 1
-        client.dns[("localhost", srv.port)] = (stale, [("127.0.0.1", closed_port(), socket.AF_INET)])
+        client.dns[("localhost", srv.port)] = (stale, [v4(closed_port())])
         a = await client.get(URL(f"http://localhost:{srv.port}/"), headers())  # not the stale, closed port
         a.close()
         assert client.dns[("localhost", srv.port)][0] > stale
@@ -167,7 +166,7 @@ async def test_the_dns_table_is_emptied_when_full(make_client: Callable[..., H1C
         client = make_client(lambda host, port: None)
         now = time.monotonic()
         for i in range(h1client.DNS_ENTRIES):
-            client.dns[(f"n{i}.invalid", 80)] = (now, [("127.0.0.1", 1, socket.AF_INET)])
+            client.dns[(f"n{i}.invalid", 80)] = (now, [v4(1)])
         a = await client.get(URL(f"http://localhost:{srv.port}/"), headers())
         a.close()
         assert list(client.dns) == [("localhost", srv.port)]
@@ -247,3 +246,30 @@ async def test_tls_close_delimited_body_without_close_notify_is_a_cut(
             and e.message == f"upstream {H}:443 cut the answer: TLS closed without close_notify"
         )
         a.close()
+
+
+async def test_an_address_that_never_answers_gives_way_to_the_next_at_once(
+    make_client: Callable[..., H1Client],
+) -> None:
+    """Happy eyeballs: a blackholed first address (here a listener whose full backlog drops every SYN,
+    as a broken IPv6 route would) costs the 0.25 s attempt delay, not the connect timeout."""
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    fillers = [socket.socket() for _ in range(4)]
+    for f in fillers:
+        f.setblocking(False)
+        f.connect_ex(full.getsockname())
+    try:
+        async with RawServer(answering(ok())) as srv:
+            client = make_client(lambda host, port: None, connect_timeout=5.0)
+            client.dns[("hang.invalid", 80)] = (time.monotonic(), [v4(full.getsockname()[1]), v4(srv.port)])
+            started = time.monotonic()
+            a = await client.get(URL("http://hang.invalid/"), headers())
+            took = time.monotonic() - started
+            assert await read_all(a) == b"hello"
+            a.release()
+            assert h1client.HAPPY_EYEBALLS_DELAY <= took < 2.5, took
+    finally:
+        for s in [full, *fillers]:
+            s.close()

@@ -1,9 +1,5 @@
-"""The lean upstream HTTP/1.1 client (``proxy/h1client.py``, ``proxy/h1conn.py``):
-which connections go back to the pool, the request
-head on the wire, flow control under a slow reader.
-
-Each socket test starts a small server on 127.0.0.1 (tests/support/rawupstream.py) that writes the exact
-bytes it chooses, and checks what the client makes of them."""
+"""The lean upstream client: which connections go back to the pool and are reused, the request head on the
+wire, flow control under a slow reader (raw servers on 127.0.0.1, tests/support/rawupstream.py)."""
 
 from __future__ import annotations
 

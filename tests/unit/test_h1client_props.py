@@ -1,9 +1,5 @@
-"""The lean upstream HTTP/1.1 client (``proxy/h1client.py``, ``proxy/h1conn.py``):
-properties of the parser of untrusted upstream
-bytes, fed straight into the protocol (no socket).
-
-Each socket test starts a small server on 127.0.0.1 (tests/support/rawupstream.py) that writes the exact
-bytes it chooses, and checks what the client makes of them."""
+"""Properties of the lean upstream client's parser of untrusted upstream bytes (``proxy/h1conn.py``): any
+bytes, and valid answers split anywhere, fed straight into the connection protocol without a socket."""
 
 from __future__ import annotations
 
