@@ -269,7 +269,8 @@ async def test_an_address_that_never_answers_gives_way_to_the_next_at_once(
             took = time.monotonic() - started
             assert await read_all(a) == b"hello"
             a.release()
-            assert h1client.HAPPY_EYEBALLS_DELAY <= took < 2.5, took
+            # the second address was tried after the attempt delay, long before the 5 s connect timeout
+            assert 0.8 * h1client.HAPPY_EYEBALLS_DELAY <= took < 2.5, took
     finally:
         for s in [full, *fillers]:
             s.close()
