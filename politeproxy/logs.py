@@ -124,6 +124,10 @@ def setup_logging(verbose: int, fmt: str) -> None:
     # Neither format shows where a line was logged from, so logging need not walk the stack for the caller
     # of every record (the logging HOWTO's "Optimization" advice; the access line is one record per request).
     logging._srcfile = None  # type: ignore[attr-defined]
+    # Nor thread, process or multiprocessing names (the same HOWTO section): each is looked up per record.
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     if fmt == "json":
         sys.excepthook = _log_uncaught
 
