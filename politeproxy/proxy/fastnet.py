@@ -12,6 +12,7 @@ import asyncio
 import importlib
 import logging
 import os
+import ssl
 
 log = logging.getLogger("politeproxy")
 
@@ -35,6 +36,21 @@ def enable(loop: asyncio.AbstractEventLoop | None = None) -> str | None:
         log.warning("aiofastnet could not patch the event loop (%s); using the loop's own transports", e)
         return None
     return f"aiofastnet {getattr(fast, '__version__', '?')}"
+
+
+NO_CLOSE_NOTIFY = "TLS closed without close_notify"
+
+
+def close_notify_missing(tls: object) -> str | None:
+    """After the peer's end, whether its TLS close was clean: a TLS object that read a close_notify says
+    "zero return", one whose TCP connection just ended says "want read". None for clean, else why not."""
+    try:
+        data = tls.read(1)  # type: ignore[attr-defined]
+    except ssl.SSLZeroReturnError:
+        return None
+    except (ssl.SSLError, ValueError, OSError, AttributeError):
+        return NO_CLOSE_NOTIFY
+    return None if data == b"" else NO_CLOSE_NOTIFY
 
 
 def tls_object(transport: asyncio.BaseTransport) -> object | None:

@@ -9,16 +9,23 @@ head, a head over its bound or a cut turns into an ``UpstreamFailed`` the reader
 from __future__ import annotations
 
 import asyncio
-import ssl
+from collections.abc import Callable
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from politeproxy.proxy.fastnet import tls_object
+from politeproxy.proxy.fastnet import NO_CLOSE_NOTIFY, close_notify_missing, tls_object
 
 MAX_HEAD = 64 * 1024  # bytes of one answer head (aiohttp bounds each line at 8 KiB, not the head)
 MAX_FIELDS = 256  # header lines of one answer head
+
+
+def length_unknown(headers: CIMultiDictProxy[str]) -> bool:
+    """No Content-Length and not chunked: a body with one ends only when the connection does (RFC 9112 6.3
+    rule 8). ``upstream.close_delimited`` asks this too, with the method and status that have no body."""
+    te = ",".join(headers.getall("Transfer-Encoding", ())).lower()
+    return "Content-Length" not in headers and "chunked" not in te
 
 
 class UpstreamFailed(Exception):
@@ -96,19 +103,13 @@ class H1Conn(asyncio.Protocol):
         return False
 
     def _tls_cut(self) -> str | None:
-        """asyncio's and uvloop's TLS transports call ``eof_received`` on a bare TCP close too: their TLS
-        object then says "want read" where a close_notify says "zero return". aiofastnet's transport
-        offers no readable one, and calls it only on a close_notify (``upstream.EndWatch`` alike)."""
+        """asyncio's and uvloop's TLS transports call ``eof_received`` on a bare TCP close too, so their TLS
+        object is asked; aiofastnet's offers no readable one and calls it only on a close_notify
+        (``upstream.EndWatch`` alike)."""
         obj = tls_object(self.transport) if self.transport is not None else None
         if obj is None or not hasattr(obj, "read"):
             return None
-        try:
-            data = obj.read(1)
-        except ssl.SSLZeroReturnError:
-            return None
-        except (ssl.SSLError, ValueError, OSError, AttributeError):
-            return "TLS closed without close_notify"
-        return None if data == b"" else "TLS closed without close_notify"
+        return close_notify_missing(obj)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.lost = True
@@ -117,7 +118,7 @@ class H1Conn(asyncio.Protocol):
             if exc is not None:
                 a.ended("connection reset")
             elif self.tls:
-                a.ended("TLS closed without close_notify")
+                a.ended(NO_CLOSE_NOTIFY)
             else:
                 a.ended(None)
 
@@ -195,7 +196,7 @@ class H1Answer:
         self.keep_alive = False
         self.cut_reason: str | None = None
         self.closed = False
-        self.on_release: object = None  # set by the pool: where a reusable connection goes back
+        self.on_release: Callable[[H1Conn], None] | None = None  # the pool's: a reusable connection goes back
 
     # fed by the connection
     def header(self, name: bytes, value: bytes) -> None:
@@ -237,7 +238,7 @@ class H1Answer:
             return
         if not self.status:
             self.fail(UpstreamFailed(502, f"upstream {self.conn.where} closed without answering", gone=True))
-        elif cut is not None or not self._close_delimited():
+        elif cut is not None or not length_unknown(self.headers):
             self.cut_reason = cut or "connection closed before the answer's end"
             self.fail(UpstreamFailed(502, f"upstream {self.conn.where} cut the answer: {self.cut_reason}"))
         else:
@@ -248,12 +249,6 @@ class H1Answer:
         if self._error is None and not self.complete:
             self._error = error
             self.wake()
-
-    def _close_delimited(self) -> bool:
-        h = self.headers
-        return (
-            "Content-Length" not in h and "chunked" not in ",".join(h.getall("Transfer-Encoding", ())).lower()
-        )
 
     def wake(self) -> None:
         w = self._waiter
@@ -274,10 +269,6 @@ class H1Answer:
 
     def at_eof(self) -> bool:
         return self.complete and not self._chunks
-
-    def cut(self) -> str | None:
-        """Why a close-delimited body ended short (``EndWatch``'s question), or None for a clean end."""
-        return self.cut_reason
 
     async def read(self, n: int) -> bytes:
         while not self._chunks:
@@ -328,7 +319,7 @@ class H1Answer:
         conn = self.conn
         conn.answer = None
         if self.complete and self.keep_alive and not self._chunks and conn.usable() and self.on_release:
-            self.on_release(conn)  # type: ignore[operator]
+            self.on_release(conn)
         elif self.complete:
             _close(conn)
         else:

@@ -23,9 +23,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from politeproxy.policy import settings as defaults
-from politeproxy.proxy.fastnet import tls_object
+from politeproxy.proxy.fastnet import NO_CLOSE_NOTIFY, close_notify_missing, tls_object
 from politeproxy.proxy.h1client import H1Client
-from politeproxy.proxy.h1conn import H1Answer, UpstreamFailed
+from politeproxy.proxy.h1conn import H1Answer, UpstreamFailed, length_unknown
 
 # RFC 9110 7.6.1 and the proxy-only fields: never forwarded in either direction.
 HOP_BY_HOP = frozenset(
@@ -81,8 +81,7 @@ def close_delimited(resp: Answer, method: str) -> bool:
     """The body ends only when the upstream closes: no Content-Length, not chunked (RFC 9112 6.3 rule 8)."""
     if method == "HEAD" or resp.status < 200 or resp.status in NO_BODY_STATUS:
         return False
-    te = ",".join(resp.headers.getall("Transfer-Encoding", [])).lower()
-    return "Content-Length" not in resp.headers and "chunked" not in te
+    return length_unknown(resp.headers)
 
 
 def describe_error(e: BaseException, url: URL) -> tuple[int, str]:
@@ -138,14 +137,8 @@ class EndWatch:
 
     def _tls(self) -> str | None:
         if self.notified is not None:
-            return None if self.notified[0] else "TLS closed without close_notify"
-        try:
-            data = self.tls.read(1)  # type: ignore[union-attr]
-        except ssl.SSLZeroReturnError:
-            return None
-        except (ssl.SSLError, ValueError, OSError, AttributeError):
-            return "TLS closed without close_notify"
-        return None if data == b"" else "TLS closed without close_notify"
+            return None if self.notified[0] else NO_CLOSE_NOTIFY
+        return close_notify_missing(self.tls)
 
 
 def _watch_close_notify(proto: asyncio.BaseProtocol) -> list[bool]:

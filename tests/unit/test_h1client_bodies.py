@@ -80,7 +80,7 @@ async def test_close_delimited_body_ended_by_a_clean_close_is_complete(
         client = make_client(to(srv.port))
         a = await client.get(URL(f"http://{H}/"), headers())
         assert await read_all(a) == b"all of it"
-        assert a.content.at_eof() and a.cut() is None
+        assert a.content.at_eof() and a.cut_reason is None
         a.release()
         assert client.idle_count == 0  # ended by the close: nothing to pool
 
@@ -102,7 +102,7 @@ async def test_close_delimited_body_ended_by_a_reset_is_a_cut(make_client: Calla
         _, e = await read_until_failure(a)
         assert e.status == 502
         assert e.message == f"upstream {WHERE} cut the answer: connection reset"
-        assert a.cut() == "connection reset" and not a.content.at_eof()
+        assert a.cut_reason == "connection reset" and not a.content.at_eof()
         a.close()
 
 

@@ -220,7 +220,7 @@ async def test_tls_close_delimited_body_with_close_notify_is_complete(
         client = make_client(to(srv.port), tls=trusting(ca))
         a = await client.get(URL(f"https://{H}/"), headers())
         assert await read_all(a) == b"to the end"
-        assert a.cut() is None
+        assert a.cut_reason is None
         a.release()
 
 
