@@ -23,18 +23,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
-import resource
 import ssl
 import statistics
 import sys
 import time
-from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 try:
-    import httptools
+    import httptools  # noqa: F401 - the floor server's parser: say so here, before anything starts
 except ImportError:
     print("floor_probe: httptools is missing; install it with `.venv/bin/pip install httptools`")
     sys.exit(2)
@@ -42,198 +39,30 @@ except ImportError:
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
+from bench.bulk import curl_download  # noqa: E402
 from bench.common import DATA_HOST, PY, Bench, log, make_certs, rss_mib, table  # noqa: E402
 from bench.cpu_per_request import cpu_seconds  # noqa: E402
+from bench.floor_server import raise_nofile  # noqa: E402
 from bench.small_gets import run_hey  # noqa: E402
 from bench.stats import cpu_jiffies, spread  # noqa: E402
 from bench.two_processes import busy_share  # noqa: E402
 from tests.conftest import wait_for  # noqa: E402
 
-HELD: list[asyncio.Future[None]] = []
-
-
-def raise_nofile() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (resource.getrlimit(resource.RLIMIT_NOFILE)[1],) * 2)
-
-
-# -- the floor probe (the --serve process) --------------------------------------------------------------
-
-
-class Pool:
-    """Keep-alive TLS connections to the upstream, at most ``cap``; callers wait in FIFO order."""
-
-    def __init__(self, port: int, ctx: ssl.SSLContext, cap: int = 64) -> None:
-        self.port, self.ctx, self.cap, self.n = port, ctx, cap, 0
-        self.idle: list[UpConn] = []
-        self.waiting: deque[Callable[[UpConn], None]] = deque()
-
-    def acquire(self, cb: Callable[[UpConn], None]) -> None:
-        if self.idle:
-            cb(self.idle.pop())
-        elif self.n < self.cap:
-            self.n += 1
-            asyncio.get_running_loop().create_task(self._open(cb))
-        else:
-            self.waiting.append(cb)
-
-    async def _open(self, cb: Callable[[UpConn], None]) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            _, up = await loop.create_connection(
-                lambda: UpConn(self), "127.0.0.1", self.port, ssl=self.ctx, server_hostname=DATA_HOST
-            )
-        except OSError:
-            self.n -= 1
-            return
-        cb(up)
-
-    def release(self, up: UpConn) -> None:
-        if self.waiting:
-            self.waiting.popleft()(up)
-        else:
-            self.idle.append(up)
-
-    def lost(self, up: UpConn) -> None:
-        self.n -= 1
-        if up in self.idle:
-            self.idle.remove(up)
-
-
-class UpConn(asyncio.Protocol):
-    """One upstream connection: send a request head, parse the answer, relay it to the waiting client."""
-
-    def __init__(self, pool: Pool) -> None:
-        self.pool, self.parser = pool, httptools.HttpResponseParser(self)
-        self.client: ClientConn | None = None
-        self.reason, self.head, self.body = b"", [], []  # type: tuple[bytes, list[bytes], list[bytes]]
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.pool.lost(self)
-        if self.client is not None:
-            self.client.transport.close()
-
-    def send(self, client: ClientConn, req: bytes) -> None:
-        self.client = client
-        self.transport.write(req)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self.transport.close()
-
-    def on_status(self, reason: bytes) -> None:
-        self.reason = reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.head.append(b"%s: %s\r\n" % (name, value))
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-
-    def on_message_complete(self) -> None:
-        status = self.parser.get_status_code()
-        msg = b"HTTP/1.1 %d %s\r\n%s\r\n%s" % (status, self.reason, b"".join(self.head), b"".join(self.body))
-        client, self.client, self.head, self.body = self.client, None, [], []
-        if client is not None and not client.transport.is_closing():
-            client.transport.write(msg)
-        if self.parser.should_keep_alive():
-            self.pool.release(self)
-        else:
-            self.transport.close()
-
-
-class ClientConn(asyncio.Protocol):
-    """A client connection: a CONNECT head in plain text (or /__held, /__release), then HTTPS requests."""
-
-    def __init__(self, pool: Pool, ctx: ssl.SSLContext) -> None:
-        self.pool, self.ctx, self.tls = pool, ctx, False
-        self.parser = httptools.HttpRequestParser(self)
-        self.url, self.head = b"", []  # type: tuple[bytes, list[bytes]]
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:  # CONNECT: answer, then terminate TLS on this connection
-            self.transport.pause_reading()
-            self.transport.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-            asyncio.get_running_loop().create_task(self._upgrade())
-        except httptools.HttpParserError:
-            self.transport.close()
-
-    async def _upgrade(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            tls = await loop.start_tls(self.transport, self, self.ctx, server_side=True)
-        except (OSError, ssl.SSLError):
-            self.transport.close()
-            return
-        assert tls is not None
-        self.transport, self.tls, self.url = tls, True, b""
-        self.parser = httptools.HttpRequestParser(self)
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.head.append(b"%s: %s\r\n" % (name, value))
-
-    def on_message_complete(self) -> None:
-        url, head, self.url, self.head = self.url, self.head, b"", []
-        if not self.tls:
-            return self._control(url) if self.parser.get_method() != b"CONNECT" else None
-        req = b"GET %s HTTP/1.1\r\n%s\r\n" % (url, b"".join(head))
-        if url.startswith(b"/hold/"):  # the floor of a held request: a future and what it will send
-            fut = asyncio.get_running_loop().create_future()
-            fut.add_done_callback(lambda _f: self.pool.acquire(lambda up: up.send(self, req[:4] + req[9:])))
-            HELD.append(fut)
-            return None
-        self.pool.acquire(lambda up: up.send(self, req))
-        return None
-
-    def _control(self, url: bytes) -> None:
-        if url == b"/__release":
-            for fut in HELD:
-                fut.set_result(None)
-            HELD.clear()
-        body = b"%d" % len(HELD)
-        self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (
-            len(body), body))  # fmt: skip
-        self.transport.close()
-
-
-async def serve(a: argparse.Namespace) -> None:
-    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server_ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    server_ctx.set_alpn_protocols(["http/1.1"])
-    server_ctx.load_cert_chain(a.cert)
-    pool = Pool(a.upstream_port, ssl.create_default_context(cafile=a.ca))
-    loop = asyncio.get_running_loop()
-    srv = await loop.create_server(lambda: ClientConn(pool, server_ctx), "127.0.0.1", 0, backlog=4096)
-    await asyncio.to_thread(Path(a.port_file).write_text, str(srv.sockets[0].getsockname()[1]))
-    await asyncio.sleep(a.lifetime)  # bounded: the probe stops by itself
-
-
 # -- the driver -----------------------------------------------------------------------------------------
 
 
-def start_floor(b: Bench, up: Any, certs: Any, lifetime: float) -> tuple[int, int]:
-    """The floor probe in its own process: (pid, port)."""
+def start_floor(b: Bench, up: Any, certs: Any, lifetime: float) -> common.Proxy:
+    """The floor probe (bench/floor_server.py) in its own process."""
     pf = b.tmp / f"floor-port-{time.monotonic_ns()}"
-    cmd = [PY, str(Path(__file__).resolve()), "--serve", "--port-file", str(pf), "--upstream-port",
+    server = Path(__file__).resolve().parent / "floor_server.py"
+    cmd = [PY, str(server), "--port-file", str(pf), "--upstream-port",
            str(up.port), "--ca", str(certs.ca_file), "--cert", str(certs.server_pem),
            "--lifetime", str(lifetime)]  # fmt: skip
     proc = b.spawn(cmd, "floor.log")
     wait_for(lambda: pf.exists() and pf.read_text() != "" or proc.poll() is not None, 30, "floor probe")
     if proc.poll() is not None:
         raise RuntimeError(f"floor probe exited: {(b.tmp / 'floor.log').read_text()}")
-    return proc.pid, int(pf.read_text())
+    return common.Proxy("floor", proc, int(pf.read_text()), certs.ca_file)
 
 
 Sample = dict[str, list[float]]
@@ -281,10 +110,9 @@ def throughput(a: argparse.Namespace) -> str:
     with Bench() as b:
         certs = make_certs(b.tmp)
         up = common.start_upstream(b, certs)
-        fpid, fport = start_floor(b, up, certs, a.rounds * len(a.conc) * 3 * (a.duration + 3) + 120)
+        fl = start_floor(b, up, certs, a.rounds * len(a.conc) * 3 * (a.duration + 3) + 120)
         pp = common.start_politeproxy(b, up, common.PACING_OFF)
-        floor = f"http://127.0.0.1:{fport}"
-        paths = [("direct", None, None), ("floor", floor, fpid), ("politeproxy", pp.url, pp.pid)]
+        paths = [("direct", None, None), ("floor", fl.url, fl.pid), ("politeproxy", pp.url, pp.pid)]
         direct = f"https://127.0.0.1:{up.port}/size/1024"
         got = measure_paths(a, paths, f"https://{DATA_HOST}/size/1024", direct)
     return report(a, got, [n for n, _, _ in paths])
@@ -349,10 +177,45 @@ def held_mode(a: argparse.Namespace) -> str:
     with Bench() as b:
         certs = make_certs(b.tmp)
         up = common.start_upstream(b, certs)
-        pid, port = start_floor(b, up, certs, 600)
+        fl = start_floor(b, up, certs, 600)
+        pid, port = fl.pid, fl.port
         rows = uvloop.run(asyncio.wait_for(hold(a, port, pid, certs.ca_file), 480))
     return f"Floor probe holding {a.held:,} HTTPS requests (one process of clients)\n\n" + table(
         ["measure", "value"], rows)  # fmt: skip
+
+
+def bulk_mode(a: argparse.Namespace) -> str:
+    """One ``a.bulk``-byte download with curl per path and round (rotated): MB/s and proxy CPU per GiB."""
+    with Bench() as b:
+        certs = make_certs(b.tmp)
+        up = common.start_upstream(b, certs)
+        fl = start_floor(b, up, certs, a.rounds * 3 * 60 + 120)
+        paths = [
+            ("direct", None),
+            ("floor", fl),
+            ("politeproxy", common.start_politeproxy(b, up, common.PACING_OFF)),
+        ]
+        url = f"https://{DATA_HOST}/size/{a.bulk}"
+        got: Sample = {}
+        for r in range(a.rounds):
+            for name, px in paths[r % 3 :] + paths[: r % 3]:
+                c0 = cpu_seconds(px.pid) if px else 0.0
+                speed = curl_download(url, a.bulk, px.ca_file if px else certs.ca_file, px, up.port)
+                cpu = (cpu_seconds(px.pid) - c0) * (1 << 30) / a.bulk if px else float("nan")
+                got.setdefault(f"{name} MB/s", []).append(speed / 1e6)
+                got.setdefault(f"{name} cpu", []).append(cpu)
+                log(f"bulk round {r + 1} {name}: {speed / 1e6:.0f} MB/s, proxy CPU {cpu:.2f} s per GiB")
+    rows = []
+    for name, px in paths:
+        speeds = got[f"{name} MB/s"]
+        vs = [x / y for x, y in zip(speeds, got["direct MB/s"], strict=True)]
+        rows.append(
+            [name, spread(speeds), spread(vs, 2) if px else "", spread(got[f"{name} cpu"], 2) if px else ""]
+        )
+    head = ["path", "MB/s median (range)", "vs direct, per round", "proxy CPU s per GiB"]
+    return f"One {a.bulk / (1 << 20):,.0f} MiB download (curl), {a.rounds} rounds, rotated\n\n" + table(
+        head, rows
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -361,23 +224,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=4.0)
     p.add_argument("--conc", default="1,16,64")
     p.add_argument("--held", type=int, nargs="?", const=2000, default=0, help="held-memory mode, N clients")
-    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
-    for k in ("--port-file", "--ca", "--cert"):
-        p.add_argument(k, help=argparse.SUPPRESS)
-    p.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--lifetime", type=float, default=600.0, help=argparse.SUPPRESS)
+    p.add_argument("--bulk", type=int, nargs="?", const=1 << 30, default=0, help="bulk mode, N bytes")
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
     a = p.parse_args(argv)
     if a.quick:
         a.rounds, a.duration, a.conc, a.held = 1, 0.5, "1,4", min(a.held, 20)
+        a.bulk = min(a.bulk, 8 << 20)
     a.conc = [int(x) for x in a.conc.split(",")]
-    if a.serve:
-        import uvloop
-
-        raise_nofile()
-        uvloop.run(serve(a))
-        return
-    text = held_mode(a) if a.held else throughput(a)
+    text = held_mode(a) if a.held else bulk_mode(a) if a.bulk else throughput(a)
     print(f"Machine: {common.machine_note()}\n\n{text}")
 
 

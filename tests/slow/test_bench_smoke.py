@@ -112,6 +112,8 @@ def test_floor_probe() -> None:
     assert [r[1] for r in rows(out, "1")] == ["direct", "floor", "politeproxy"], out
     held = run("floor_probe.py", "--held", "20")
     assert "| answers after release | 200: 20 |" in held, held
+    bulk = run("floor_probe.py", "--bulk")  # 8 MiB with --quick: the floor streams a body past 64 KiB
+    assert "One 8 MiB download" in bulk and "| floor |" in bulk and "| politeproxy |" in bulk, bulk
 
 
 @pytest.mark.parametrize(
