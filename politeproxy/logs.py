@@ -7,14 +7,12 @@ message, ``JsonFormatter`` writes the record's fields. Nothing re-parses a line 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
-import threading
 import time
 from types import TracebackType
-from typing import Any, TextIO
+from typing import Any
 
 from politeproxy.proxy.events import AccessRecord, NoProxyEvents
 
@@ -117,72 +115,6 @@ class PlainFormatter(logging.Formatter):
         return self.default_msec_format % (self._text, record.msecs)
 
 
-class LoopBatchedHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes the lines logged during one pass of the event loop with one write.
-
-    The access line is one record per request, each otherwise its own write system call on the loop's thread
-    (issue 15, BENCHMARKS.md "cold path": 3.2 -> 2.5 writes per small GET at c=16). Lines logged on a
-    thread that runs an event loop are kept until the end of the current pass (``call_soon``); a line from
-    any other thread, or while no loop runs, is written at once, after the lines kept before it, so order
-    holds.
-    ``flush()`` (``logging.shutdown`` at exit calls it) writes what is kept. A line is at most one loop
-    pass late; only a process killed within that pass loses it."""
-
-    def __init__(self, stream: TextIO) -> None:
-        super().__init__(stream)
-        self._kept: list[str] = []
-        self._scheduled = False
-        # The loop last seen on the thread last seen: asyncio._get_running_loop() costs a getpid()
-        # system call per call on Python 3.11, once per line otherwise.
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = 0
-
-    def emit(self, record: logging.LogRecord) -> None:  # called under the handler's lock (Handler.handle)
-        try:
-            line = self.format(record) + self.terminator
-        except Exception:  # noqa: BLE001 - logging's own rule: a bad record is reported, never raised
-            self.handleError(record)
-            return
-        self._kept.append(line)
-        loop = self._loop
-        if loop is None or threading.get_ident() != self._thread or not loop.is_running():
-            # the first line, another thread's, or the loop seen last has stopped: look again
-            loop = asyncio._get_running_loop()
-            if loop is None:
-                self._write_kept()  # the lines kept before this one first: order holds
-                return
-            self._loop, self._thread, self._scheduled = loop, threading.get_ident(), False
-        if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._drain)
-
-    def _drain(self) -> None:
-        self.acquire()
-        try:
-            self._scheduled = False
-            self._write_kept()
-        finally:
-            self.release()
-
-    def flush(self) -> None:
-        self.acquire()
-        try:
-            self._write_kept()
-        finally:
-            self.release()
-
-    def _write_kept(self) -> None:
-        if not self._kept:
-            return
-        text = "".join(self._kept)
-        self._kept.clear()
-        try:
-            self.stream.write(text)
-            self.stream.flush()
-        except (OSError, ValueError):  # stderr closed or gone: nowhere left to say so
-            pass
-
-
 def error_line(message: str, fmt: str) -> str:
     """A fatal error as the log format writes it: ``run`` exits with it, before or after logging is set
     up, so that in JSON mode even a refusal to start is a JSON line (issue 13)."""
@@ -197,7 +129,7 @@ def setup_logging(verbose: int, fmt: str) -> None:
 
     In JSON mode Python's warnings and an uncaught exception go through the handler too, so nothing the
     process writes to stderr is plain text."""
-    handler = LoopBatchedHandler(sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else PlainFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
