@@ -1,11 +1,8 @@
 """The floor of issue 15: what the least Python asyncio proxy that terminates TLS on both legs costs here.
 
-The floor probe is a minimal intercepting forward proxy on uvloop, in its own process: read a ``CONNECT``
-head, answer 200, ``loop.start_tls(server_side=True)`` with the fake upstream's leaf for
-data.commoncrawl.org, parse each request with httptools (llhttp), forward it over a pooled keep-alive
-verified-TLS connection to the fake upstream, parse the answer with httptools and relay head and body to
-the client in one write. No pacing, logs, metrics or store; GET-only, Content-Length bodies: an upper
-bound on what any proxy of this shape can do, not a proxy.
+The floor probe is the minimal intercepting forward proxy of ``bench/floor_server.py`` (uvloop, httptools,
+one pooled verified-TLS upstream; no pacing, logs, metrics or store), run in its own process: an upper
+bound on what any proxy of this shape can do for small GETs and held requests, not a proxy.
 
 ``.venv/bin/python bench/floor_probe.py [--rounds 3] [--duration 4] [--conc 1,16,64]`` starts the fake
 upstream, the floor probe and politeproxy (pacing, cache and exempt ceiling off, as bench/small_gets.py's
@@ -15,7 +12,10 @@ concurrency: req/s median (range), the per-round ratio to direct, each proxy's C
 
 ``--held N`` (default 2000 when given bare) instead opens N TLS clients through the floor probe, each
 sending one GET the probe holds (a future per request, no forwarding) and reports the probe's RSS idle and
-at the peak: KiB per held request. Needs ``.venv/bin/pip install httptools``.
+at the peak: KiB per held request. ``--bulk [BYTES]`` (1 GiB when given bare) downloads once per path
+and round with curl through direct, the floor and politeproxy: MB/s and each proxy's CPU seconds per GiB
+(for bulk the floor is not a floor: BENCHMARKS.md, "Bulk through the floor probe"). Needs
+``.venv/bin/pip install httptools``.
 """
 
 from __future__ import annotations

@@ -112,10 +112,9 @@ class UpConn(asyncio.Protocol):
         self.head.append(b"%s: %s\r\n" % (name, value))
 
     def on_body(self, body: bytes) -> None:
-        if self.streaming:  # written once per read (data_received): one TLS write per socket read
-            self.body.append(body)
+        self.body.append(body)  # while streaming, written once per read (data_received)
+        if self.streaming:
             return
-        self.body.append(body)
         self.size += len(body)
         if self.size > STREAM_AT:  # a large answer: the head and what came so far, then the rest as it comes
             self.streaming = True
@@ -187,7 +186,6 @@ class ClientConn(asyncio.Protocol):
             return
         assert tls is not None
         self.transport, self.tls, self.url = tls, True, b""
-        tls.set_write_buffer_limits(high=1 << 20)  # as a relay of large bodies wants: fewer pauses
         self.parser = httptools.HttpRequestParser(self)
 
     def on_url(self, url: bytes) -> None:
