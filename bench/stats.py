@@ -137,12 +137,17 @@ def cpu_jiffies() -> tuple[int, int]:
     return sum(vals), idle
 
 
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The machine's busy share of all cores (0..1) between two ``cpu_jiffies()`` readings."""
+    total, idle = after[0] - before[0], after[1] - before[1]
+    return (total - idle) / max(1, total)
+
+
 def cpu_busy(interval: float = 1.0) -> float:
     """Fraction of all cores busy over ``interval`` seconds (0..1), from /proc/stat."""
-    t0, i0 = cpu_jiffies()
+    before = cpu_jiffies()
     time.sleep(interval)
-    t1, i1 = cpu_jiffies()
-    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+    return busy_share(before, cpu_jiffies())
 
 
 def wait_quiet(threshold: float = 0.15, max_wait: float = 60.0) -> float:

@@ -31,13 +31,7 @@ from bench.common import (  # noqa: E402
     table,
 )
 from bench.small_gets import run_hey  # noqa: E402
-from bench.stats import cpu_jiffies  # noqa: E402
-
-
-def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
-    """The machine's busy share of all cores between two ``cpu_jiffies()`` readings."""
-    total, idle = after[0] - before[0], after[1] - before[1]
-    return (total - idle) / max(1, total)
+from bench.stats import busy_share, cpu_jiffies  # noqa: E402
 
 
 def busy_while(f: Callable[[], float]) -> tuple[float, float]:
