@@ -27,7 +27,7 @@ from tests.conftest import (
     start_upstream,
     wait_for,
 )
-from tests.support.measure import max_in_window, run_clients
+from tests.support.measure import over_budget, run_clients
 
 D = "data.commoncrawl.org"
 Factory = Callable[..., ProxyProc]
@@ -69,31 +69,39 @@ def metric_lines(p: ProxyProc, name: str) -> list[str]:
 
 
 @pytest.mark.slow  # fair shares measured over a flood of paced slots (seconds)
-def test_a_single_request_goes_within_two_slots_behind_a_greedy_pipeline(
+def test_a_polite_pipeline_gets_about_every_other_slot_behind_a_greedy_one(
     proxy_factory: Factory, upstream: Upstream
 ) -> None:
-    gap = 0.2  # the default: a slot is long against the jitter of a loaded 2-core box
+    """One request at a time from a polite pipeline, beside a greedy one with ~75 queued. Under FIFO each
+    polite request would wait behind the whole queue (~75 slots); under fair shares it goes at the next
+    slot or the one after (the exact order is tested on the fake clock, tests/unit/test_pacer_clock.py).
+
+    Jitter tolerated: a polite request's next one reaches the proxy a little after its answer, so it may miss
+    one slot, and a grant delivered late by a busy loop costs one more. So each polite request is allowed
+    3 greedy grants before it on average (30 over 10), still 25 times fewer than FIFO's ~75 each."""
+    gap = 0.1
     p = proxy_factory(upstream, config(gap))
     polite = requests.Session()
     polite.proxies = {"https": f"http://polite:@127.0.0.1:{p.port}"}
     bundle = p.env["REQUESTS_CA_BUNDLE"]
     assert polite.get(f"https://{D}/p/polite/warm", timeout=30, verify=bundle).status_code == 200
-    greedy = run_clients(named(p, "greedy"), f"https://{D}/p/greedy/", 80, 80)
+    greedy = run_clients(named(p, "greedy"), f"https://{D}/p/greedy/", 300, 80)
     try:
         wait_for(lambda: sum(1 for _t, who in arrivals(upstream) if who == "greedy") >= 5, 30, "greedy")
         t0 = time.time()
-        r = polite.get(f"https://{D}/p/polite/one", timeout=30, verify=bundle)  # on the tunnel made above
-        assert r.status_code == 200
+        for i in range(10):  # on the tunnel made above, one after another
+            assert polite.get(f"https://{D}/p/polite/{i}", timeout=30, verify=bundle).status_code == 200
     finally:
         greedy.terminate()
         greedy.communicate(timeout=30)
     log = arrivals(upstream)
     mine = [t for t, who in log if who == "polite" and t >= t0]
-    assert len(mine) == 1
-    ahead = [t for t, who in log if who == "greedy" and t0 <= t < mine[0]]
-    queued = sum(1 for t, who in log if who == "greedy" and t >= mine[0])
-    # FIFO would put it behind the greedy pipeline's ~75 queued requests (15 s at this gap).
-    assert len(ahead) <= 2, f"{len(ahead)} greedy grants went first; {queued} came after"
+    assert len(mine) == 10
+    ahead = [t for t, who in log if who == "greedy" and t0 <= t < mine[-1]]
+    served = sum(1 for _t, who in log if who == "greedy")
+    # The greedy client still had ~80 requests queued when the last polite one went (it was stopped then).
+    assert served <= 300 - 80, f"the greedy pipeline ran dry ({served} of 300 served): this proves nothing"
+    assert len(ahead) <= 30, f"{len(ahead)} greedy grants went before 10 polite requests"
 
 
 @pytest.mark.slow  # fair shares measured over a flood of paced slots (seconds)
@@ -148,11 +156,11 @@ def test_three_floods_share_the_budget_and_refusals_come_only_beyond_a_share(
     log = arrivals(upstream)
     times = [t for t, _who in log]
     shown = [(round(t - times[0], 3), who) for t, who in log[:12]]
-    # While the proxy's loop accepts the 450 connections, the first grant's upstream write can be late and
-    # land next to the second (seen on the tree before pipelines too): the budget is checked strictly
-    # from the end of that flood, and the start is allowed that one early arrival.
-    assert max_in_window([t for t in times if t >= times[0] + 0.5]) <= 1 / gap + 1, shown
-    assert max_in_window(times) <= 1 / gap + 2, shown
+    # Jitter tolerated: 0.15 s of late grants (three gaps) over 2 s windows (40 slots). While the proxy's
+    # loop accepts the 450 connections, the first grants' upstream writes can be late and bunch up; a busy
+    # box delays more. Pacing ignored, or twice the rate, puts 80 in such a window: the bound (44) proves it.
+    over = over_budget(times, 1 / gap, window=2.0, late=0.15)
+    assert over is None, f"{over}; first arrivals {shown}"
 
 
 async def _flood(port: int, name: str, n: int) -> tuple[aiohttp.ClientSession, list[asyncio.Task[Any]]]:

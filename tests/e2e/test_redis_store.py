@@ -59,7 +59,10 @@ async def test_claims_are_gap_apart_and_counted(store: RedisStore) -> None:
     # box once took 80 ms), never more.
     took = time.monotonic() - began
     assert 0.25 - took - 0.01 <= last.wait <= 0.25 + 0.01, (last.wait, took)
-    assert abs(last.at - (time.time() + last.wait)) < 0.05  # ``at`` is in the local clock
+    # ``at`` is in the local clock: now + wait, read right after the call. The margin is a busy loop's
+    # delay between the answer and this line (a burner beside the suite); a server-clock ``at`` would be
+    # off by the whole clock difference, which the skew tests (tests/slow/test_redis_cluster.py) cover.
+    assert abs(last.at - (time.time() + last.wait)) < 0.25
 
 
 async def test_gap_zero_counts_but_does_not_schedule(store: RedisStore, raw: aioredis.Redis) -> None:

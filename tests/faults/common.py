@@ -24,6 +24,7 @@ from tests.support.measure import (
     budget_report,
     busiest_window,
     max_in_window,
+    over_budget,
     requests_during,
     results,
     run_load,
@@ -118,18 +119,29 @@ def sender(path: str) -> str:
     return path.split("?")[0]
 
 
+# The budget check of the fault tests: 2 s windows (ten slots, long against a late grant) and up to 0.4 s of
+# lateness (two gaps): what three proxies, their load clients and the other xdist worker cost a grant on a
+# 2-core box with a CPU burner beside it (make test-repeat). A proxy that ignored the shared schedule, or
+# both fallbacks granting at full rate, puts 20 or more in such a window, so the bound (13) still proves it.
+BUDGET_WINDOW = 2.0
+BUDGET_LATE = 0.4
+
+
 def assert_budget(arrivals: Sequence[dict[str, Any]], marks: dict[str, float] | None = None) -> int:
-    """No sliding 1 s window holds more than rate + 1 arrivals, at every paced host together."""
+    """No sliding BUDGET_WINDOW holds more than the budget rule allows (tests/support/measure.py), at every
+    paced host together. Returns the busiest 1 s window's count, for the test's printout."""
     times = [a["t"] for a in arrivals]
-    most = max_in_window(times, 1.0)
-    if most > RATE + 1:
-        start, _ = busiest_window(times)
+    over = over_budget(times, RATE, BUDGET_WINDOW, BUDGET_LATE)
+    if over:
+        start, _ = busiest_window(times, BUDGET_WINDOW)
         # Who sent them: the load tag (proxy) and host of each arrival in the busiest window.
-        busy = [a for a in arrivals if start <= a["t"] < start + 1]
+        busy = [a for a in arrivals if start <= a["t"] < start + BUDGET_WINDOW]
         who = Counter(sender(a["path"]) for a in busy)
         gaps = " ".join(f"{(b['t'] - a['t']) * 1000:.0f}" for a, b in zip(busy, busy[1:], strict=False))
-        raise AssertionError(f"{budget_report(times, RATE, marks)}; by sender {dict(who)}; gaps ms {gaps}")
-    return most
+        raise AssertionError(
+            f"{over}; {budget_report(times, RATE, marks)}; by sender {dict(who)}; gaps ms {gaps}"
+        )
+    return max_in_window(times, 1.0)
 
 
 def assert_no_request_during(

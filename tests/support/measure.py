@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -29,6 +30,29 @@ def max_in_window(times: Sequence[float], window: float = 1.0) -> int:
         j = bisect.bisect_left(ts, t + window)
         best = max(best, j - i)
     return best
+
+
+# The budget rule every rate test uses (README, "Writing a timing test that does not flake"). On the
+# schedule a window of W seconds holds at most floor(W * rate) + 1 grants (both ends can land on a slot).
+# The schedule is kept, not re-spaced from the send time, so a grant delivered L seconds late (a busy event
+# loop, a starved process) can be followed by the next one on time: it adds at most ceil(L * rate) arrivals
+# to some window. A test names the lateness it tolerates (``late``, seconds); one grant late by under a gap
+# is ``late = 1 / rate``.
+def budget_bound(rate: float, window: float, late: float) -> int:
+    """The most arrivals a ``window`` may hold at ``rate``/s when grants may arrive up to ``late`` s late."""
+    return math.floor(window * rate + 1e-9) + 1 + math.ceil(late * rate - 1e-9)
+
+
+def over_budget(times: Sequence[float], rate: float, window: float, late: float) -> str | None:
+    """None if every sliding ``window`` holds at most ``budget_bound``; else what the busiest one held."""
+    bound = budget_bound(rate, window, late)
+    start, count = busiest_window(times, window)
+    if count <= bound:
+        return None
+    return (
+        f"{count} arrivals in the {window:g} s from {start:.3f}; the bound is {bound} "
+        f"({rate:g}/s over {window:g} s, plus {late:g} s of late grants)"
+    )
 
 
 def busiest_window(times: Sequence[float], window: float = 1.0) -> tuple[float, int]:
