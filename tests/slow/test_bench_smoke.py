@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +16,30 @@ BENCH = ROOT / "bench"
 
 
 def run(script: str, *args: str, timeout: float = 60) -> str:
+    """Run a bench script with --quick. It starts proxies and upstreams of its own: on a timeout the whole
+    process group is killed, so a hung run leaves no proxy spinning beside the rest of the suite."""
     env = {**os.environ, "POLITEPROXY_BENCH_CACHE": str(ROOT / ".no-bench-cache")}
-    r = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, str(BENCH / script), "--quick", *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
         cwd=ROOT,
         env=env,
+        start_new_session=True,
     )
-    assert r.returncode == 0, f"{script} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r.stdout
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{script} took over {timeout:g}s:\n{out[-3000:]}\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, f"{script} failed:\n{out[-3000:]}\n{err[-3000:]}"
+    return out
 
 
 def rows(out: str, first_cell: str) -> list[list[str]]:
@@ -81,9 +95,11 @@ def test_held() -> None:
 
 
 def test_pacing() -> None:
-    out = run("pacing.py", "--store", "memory,file,redis")
-    got = [r for r in rows(out, "memory") + rows(out, "file") if len(r) == 10]  # not the claim table
-    assert len(got) >= 5
+    # Memory and Redis only: the file store's accuracy is tests/slow/test_pacing_accuracy.py's subject, and
+    # its four more proxies took this smoke run past a minute beside a CPU burner (make test-repeat).
+    out = run("pacing.py", "--store", "memory,redis", timeout=150)
+    got = [r for r in rows(out, "memory") + rows(out, "redis") if len(r) == 10]  # not the claim table
+    assert len(got) >= 3
     for r in got:
         assert r[-1] == "0", out  # every request answered 200 and seen upstream
         # A smoke run is too short and too noisy for a lower bound (a loaded box starts late); a ratio far
