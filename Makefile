@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test lint bench clean
+.PHONY: run test test-repeat lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test: $(VENV)/.installed-test
 	$(BIN)/ruff check politeproxy tests bench
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2
+
+# The flake finder: the suite N times in a row beside one CPU burner; prints each test that ever failed.
+N ?= 5
+test-repeat: $(VENV)/.installed-test
+	$(BIN)/python -m tests.support.repeat -n $(N)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check politeproxy tests bench
