@@ -1,5 +1,6 @@
 """Fair shares between pipelines (start-time fair queuing over slots), with a fake clock: the pure queue
-state hands out slots as the dispatcher would, one per ``gap``, and no loop or sleep is involved."""
+state hands out slots as the dispatcher would, one per ``gap``, and no loop or sleep is involved. The one
+test through the Pacer runs on a virtual clock (tests/support/virtual_clock.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from politeproxy.policy.fairness import (
     PipelineRule,
 )
 from politeproxy.stores.memory import MemoryStore
+from tests.support.virtual_clock import T0, VirtualClock, vclock_fixture  # noqa: F401 - the vclock fixture
 
 D = "data.commoncrawl.org"
 I = "index.commoncrawl.org"  # noqa: E741 - a host, not a number
@@ -228,19 +230,21 @@ def test_the_user_name_is_the_pipeline() -> None:
     assert locked.pipeline(basic("urls", "pw"), "127.0.0.1") == "urls"
 
 
-async def test_max_queued_refuses_at_once_beyond_the_pipelines_cap() -> None:
+async def test_max_queued_refuses_at_once_beyond_the_pipelines_cap(vclock: VirtualClock) -> None:
     settings_ = PacingSettings(gap=10.0, max_wait=100.0, pipelines=(PipelineRule("bulk", max_queued=3),))
-    pacer = Pacer(MemoryStore(), settings_)
+    pacer = Pacer(MemoryStore(clock=vclock), settings_, monotonic=vclock)
     held = []
     for _ in range(5):  # one goes at once, one holds the reserved slot, three wait in the line
         held.append(asyncio.ensure_future(pacer.wait_paced(D, pipeline="bulk")))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(1 / 64)
     assert pacer.state.pipeline_depth("bulk") == 3 and not held[-1].done()
+    assert [f.done() for f in held] == [True, False, False, False, False]
     with pytest.raises(WaitTooLong) as e:
         await pacer.wait_paced(D, pipeline="bulk")
-    assert e.value.reason == "max_queued" and e.value.wait >= 1.0
+    assert vclock() - T0 == 5 / 64  # refused at once
+    assert e.value.reason == "max_queued" and e.value.wait == 3 * 10.0  # its three queued, a gap each
     other = asyncio.ensure_future(pacer.wait_paced(D, pipeline="lookup"))  # another pipeline still queues
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(1 / 16)
     assert not other.done()
     assert pacer.state.pipeline_depth("lookup") == 1
     for f in [*held, other]:

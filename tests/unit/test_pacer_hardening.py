@@ -1,8 +1,8 @@
 """Issue 9 items of the pacer, in process: feedback survives cancellation (5), bounded tables and labels (9),
 metrics memory without scrapes (15), a bounded queue (21), a dispatcher that neither floods the log nor spins
-on a store error (24), and the exempt places. Real asyncio and a MemoryStore; a store that fails or stalls is
-a small subclass, as the store is the unit's dependency. Items 9 and 21 through a real proxy are in
-tests/e2e/test_pacing_hardening.py."""
+on a store error (24), and the exempt places. Real asyncio on a virtual clock (tests/support/virtual_clock.py)
+and a MemoryStore; a store that fails or stalls is a small subclass, as the store is the unit's dependency.
+Items 9 and 21 through a real proxy are in tests/e2e/test_pacing_hardening.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import fcntl
 import logging
 import os
 import re
-import time
 import tracemalloc
 from collections import deque
 from collections.abc import AsyncIterator
@@ -27,6 +26,7 @@ from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.classify import Klass
 from politeproxy.stores.base import StoreError
 from politeproxy.stores.memory import MemoryStore
+from tests.support.virtual_clock import T0, VirtualClock, vclock_fixture  # noqa: F401 - the vclock fixture
 
 A = "data.commoncrawl.org"
 # The label cap's parts, read this way so that the test also runs (and fails) against the code before it.
@@ -37,7 +37,7 @@ TABLE_CAP = 256  # what the pacer promises for any per-host table (state.HINT_CA
 
 def settings(**kw: object) -> PacingSettings:
     base: dict[str, object] = dict(
-        gap=0.001, max_wait=5.0, host_intervals=(), backoff=BackoffPolicy(jitter=0)
+        gap=1 / 64, max_wait=5.0, host_intervals=(), backoff=BackoffPolicy(jitter=0)
     )
     base.update(kw)
     return PacingSettings(**base)  # type: ignore[arg-type]
@@ -46,8 +46,8 @@ def settings(**kw: object) -> PacingSettings:
 class SlowStore(MemoryStore):
     """Each throttle write takes ``hold`` seconds: the window in which a client may leave."""
 
-    def __init__(self, hold: float) -> None:
-        super().__init__(rand=lambda: 0.0)
+    def __init__(self, hold: float, clock: VirtualClock) -> None:
+        super().__init__(clock=clock, rand=lambda: 0.0)
         self.hold = hold
 
     async def throttled(self, host: str, retry_after: float | None, policy: BackoffPolicy, *rest):  # type: ignore[no-untyped-def]
@@ -58,8 +58,8 @@ class SlowStore(MemoryStore):
 class BrokenStore(MemoryStore):
     """Claims raise while ``broken``; each message carries a different number, as real ones do."""
 
-    def __init__(self, exc: type[Exception] = StoreError) -> None:
-        super().__init__(rand=lambda: 0.0)
+    def __init__(self, clock: VirtualClock, exc: type[Exception] = StoreError) -> None:
+        super().__init__(clock=clock, rand=lambda: 0.0)
         self.broken = True
         self.claims = 0
         self.exc = exc
@@ -98,9 +98,11 @@ async def closing() -> AsyncIterator[list[Pacer]]:
 # -- item 5: feedback survives the caller's cancellation -------------------------------------------------
 
 
-async def test_a_throttle_is_recorded_although_the_client_left_during_answered(closing: list[Pacer]) -> None:
-    store = SlowStore(0.2)
-    pacer = Pacer(store, settings())
+async def test_a_throttle_is_recorded_although_the_client_left_during_answered(
+    closing: list[Pacer], vclock: VirtualClock
+) -> None:
+    store = SlowStore(0.25, vclock)
+    pacer = Pacer(store, settings(), monotonic=vclock)
     closing.append(pacer)
     started = asyncio.Event()
 
@@ -111,37 +113,38 @@ async def test_a_throttle_is_recorded_although_the_client_left_during_answered(c
 
     task = asyncio.create_task(client())
     await started.wait()
-    await asyncio.sleep(0.05)  # answered() runs; the store write is in flight
+    await asyncio.sleep(1 / 16)  # answered() runs; the store write is in flight
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert (await store.host_view(A)).throttles == 0  # not yet written when the client left
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.25)
     view = await store.host_view(A)
-    assert view.throttles == 1 and view.backoff_in > 25  # the Retry-After: 30 holds
+    assert view.throttles == 1
+    assert view.backoff_in == T0 + 0.25 + 30 - vclock()  # the Retry-After: 30 holds from the write
 
 
-async def test_close_waits_for_feedback_in_flight(closing: list[Pacer]) -> None:
-    store = SlowStore(0.3)
-    pacer = Pacer(store, settings())
+async def test_close_waits_for_feedback_in_flight(vclock: VirtualClock) -> None:
+    store = SlowStore(0.25, vclock)
+    pacer = Pacer(store, settings(), monotonic=vclock)
     async with pacer.permit(A, Klass.PACED) as p:
         task = asyncio.create_task(p.answered(503, "20"))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(1 / 64)
         task.cancel()
     await pacer.close()  # shutdown right after the client left: the throttle must still be written
+    assert vclock() - T0 == 0.25  # close() returned when the write did
     assert (await store.host_view(A)).throttles == 1
 
 
-async def test_close_is_bounded_when_a_feedback_write_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pacer_mod, "FEEDBACK_CLOSE_TIMEOUT", 0.2, raising=False)
-    pacer = Pacer(SlowStore(3600.0), settings())
+async def test_close_is_bounded_when_a_feedback_write_hangs(vclock: VirtualClock) -> None:
+    pacer = Pacer(SlowStore(3600.0, vclock), settings(), monotonic=vclock)
     async with pacer.permit(A, Klass.PACED) as p:
         task = asyncio.create_task(p.answered(503, None))
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(1 / 64)
         task.cancel()
-    t0 = time.monotonic()
+    t0 = vclock()
     await pacer.close()
-    assert time.monotonic() - t0 < 3.0  # bounded, not the store's hour
+    assert vclock() - t0 == pacer_mod.FEEDBACK_CLOSE_TIMEOUT  # bounded, not the store's hour
     leftover = [t for t in asyncio.all_tasks() if "record" in repr(t.get_coro())]
     assert not leftover, "a feedback task outlived close()"
 
@@ -163,10 +166,12 @@ def host_labels(text: str) -> set[str]:
     return set(re.findall(r'host="([^"]*)"', text))
 
 
-async def test_500_names_leave_bounded_tables_and_label_series(closing: list[Pacer]) -> None:
+async def test_500_names_leave_bounded_tables_and_label_series(
+    closing: list[Pacer], vclock: VirtualClock
+) -> None:
     metrics = Metrics()
-    store = MemoryStore(rand=lambda: 0.0)
-    pacer = Pacer(store, settings(exempt_respect_backoff=False), metrics)
+    store = MemoryStore(clock=vclock, rand=lambda: 0.0)  # virtual: 500 paced slots cost no real time
+    pacer = Pacer(store, settings(exempt_respect_backoff=False), metrics, monotonic=vclock)
     closing.append(pacer)
     names = [f"n{i}.commoncrawl.org" for i in range(500)]
     for host in names:
@@ -232,17 +237,18 @@ def test_grants_without_a_scrape_keep_metrics_memory_flat() -> None:
 # -- item 21: every queue is bounded -----------------------------------------------------------------------
 
 
-async def test_waiters_beyond_the_cap_are_refused_at_once(closing: list[Pacer]) -> None:
+async def test_waiters_beyond_the_cap_are_refused_at_once(closing: list[Pacer], vclock: VirtualClock) -> None:
     events = Recorder()
-    store = MemoryStore(rand=lambda: 0.0)
+    store = MemoryStore(clock=vclock, rand=lambda: 0.0)
     # Pacing off and the host backing off: nothing but the cap limits the line.
-    pacer = Pacer(store, settings(gap=0.0, max_wait=20.0, exempt_max_in_flight=1), events)
+    settings_ = settings(gap=0.0, max_wait=20.0, exempt_max_in_flight=1)
+    pacer = Pacer(store, settings_, events, monotonic=vclock)
     closing.append(pacer)
     await pacer.record(A, 503, 10.0)
     n = pacer_mod.DEFAULT_MAX_QUEUE if hasattr(pacer_mod, "DEFAULT_MAX_QUEUE") else 1024
-    t0 = time.monotonic()
     tasks = [asyncio.create_task(pacer.wait_paced(A)) for _ in range(n + 76)]
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0)  # each task's first step: queued, or refused
+    assert vclock() == T0  # refused at once, not after max_wait
     refused = [t for t in tasks if t.done()]
     assert pacer.depth() == n
     assert len(refused) == 76
@@ -250,7 +256,6 @@ async def test_waiters_beyond_the_cap_are_refused_at_once(closing: list[Pacer]) 
         e = t.exception()
         assert isinstance(e, WaitTooLong) and e.reason == "queue_full" and e.wait >= 1.0
     assert events.rejections.count((A, "queue_full")) == 76
-    assert time.monotonic() - t0 < 5.0  # refused at once, not after max_wait
     # Exempt reads that would have to wait count too; one with a free place does not wait.
     other = "index.commoncrawl.org"
     async with pacer.permit(other, Klass.EXEMPT):
@@ -267,28 +272,30 @@ async def test_waiters_beyond_the_cap_are_refused_at_once(closing: list[Pacer]) 
 # -- item 24: a persistent dispatcher error -----------------------------------------------------------------
 
 
-@pytest.mark.slow  # watches the dispatcher's error backoff for 1.6 s, then its recovery
 @pytest.mark.parametrize("exc", [StoreError, RuntimeError])
 async def test_a_failing_store_logs_once_and_the_dispatcher_backs_off(
-    exc: type[Exception], caplog: pytest.LogCaptureFixture, closing: list[Pacer]
+    exc: type[Exception], caplog: pytest.LogCaptureFixture, closing: list[Pacer], vclock: VirtualClock
 ) -> None:
     caplog.set_level(logging.INFO, logger="politeproxy")
-    store = BrokenStore(exc)
-    pacer = Pacer(store, settings(max_wait=10.0))
+    store = BrokenStore(vclock, exc)
+    pacer = Pacer(store, settings(max_wait=10.0), monotonic=vclock)
     closing.append(pacer)
     waiter = asyncio.create_task(pacer.wait_paced(A))
     await asyncio.sleep(1.6)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1, [r.getMessage() for r in errors]  # one line; repeats are counted, not logged
     assert sum(r.exc_info is not None for r in errors) == (0 if exc is StoreError else 1)
-    # Backing off 0.1, 0.2, 0.4, 0.8 s: about 5 claims in 1.6 s, where a fixed 0.1 s retry made 16.
-    assert store.claims <= 8
+    # Backing off 0.1, 0.2, 0.4, 0.8 s: claims at 0, 0.1, 0.3, 0.7 and 1.5 s, where a fixed 0.1 s retry
+    # made 16; the next at 3.1 s (after 1.6 s more).
+    assert store.claims == 5
     store.broken = False
-    async with asyncio.timeout(4.0):  # the backoff is capped: a recovered store is used again soon
-        await waiter
+    assert await waiter == pytest.approx(3.1, abs=1e-6)  # the loop's clock counts whole microseconds
+    assert store.claims == 6
     assert any("recovered" in r.getMessage() for r in caplog.records)
 
 
+# On the real clock: another open file description holds a real flock, and the store waits for it in a real
+# thread against time.monotonic() (stores/file.py, _LockWait); virtual time would not move that thread.
 @pytest.mark.slow  # holds the lock 2 s, then waits for the recovery
 async def test_a_file_store_locked_elsewhere_logs_one_line_and_recovers(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, closing: list[Pacer]
@@ -347,16 +354,17 @@ async def test_an_exempt_place_handed_to_a_waiter_that_left_passes_on() -> None:
     assert all(t.done() for t in holders) and places.in_flight(A) == 3
 
 
-async def test_an_exempt_read_survives_a_store_that_cannot_answer(closing: list[Pacer]) -> None:
+async def test_an_exempt_read_survives_a_store_that_cannot_answer(
+    closing: list[Pacer], vclock: VirtualClock
+) -> None:
     class NoView(MemoryStore):
         async def host_view(self, host: str):  # type: ignore[no-untyped-def]
             raise StoreError("redis: connection refused")
 
-    store = NoView(rand=lambda: 0.0)
-    pacer = Pacer(store, settings())
+    store = NoView(clock=vclock, rand=lambda: 0.0)
+    pacer = Pacer(store, settings(), monotonic=vclock)
     closing.append(pacer)
     async with pacer.permit(A, Klass.EXEMPT) as p:  # no backoff known anywhere: it goes
-        await p.answered(503, "0.3")  # the store records it; the local hint holds it too
-    t0 = time.monotonic()
-    async with pacer.permit(A, Klass.EXEMPT):
-        assert time.monotonic() - t0 >= 0.25  # the local hint still applied the backoff
+        await p.answered(503, "1")  # the store records it; the local hint holds it too
+    async with pacer.permit(A, Klass.EXEMPT) as p:
+        assert p.waited == 1.0 == vclock() - T0  # the backoff still applied, exactly
