@@ -66,7 +66,8 @@ def test_three_proxies_share_one_budget(
     # 30 clients and Redis). The upper bound is the budget rule; the lower one is loose (slower is polite).
     # Three proxies each keeping its own 50/s would put ~150 in a second: the bound (54) still proves it.
     rate = achieved_rate(times)
-    assert rate <= 119 / (119 * 0.02 - LATE), f"combined rate {rate:.2f}/s"
+    gaps = len(times) - 1  # the first arrival may be up to LATE late: the span shrinks by that much
+    assert rate <= gaps / (gaps * GAP - LATE), f"combined rate {rate:.2f}/s"
     assert rate >= 50.0 * 0.8, f"combined rate {rate:.2f}/s"
     over = over_budget(times, 50.0, window=1.0, late=LATE)
     assert over is None, over

@@ -26,7 +26,7 @@ from politeproxy.policy.retry import decide_retry
 from politeproxy.stores.base import Store
 from politeproxy.stores.file import FileStore
 from politeproxy.stores.memory import MemoryStore
-from tests.support.measure import max_in_window
+from tests.support.measure import budget_bound, max_in_window
 from tests.support.virtual_clock import T0, VirtualClock, vclock_fixture  # noqa: F401 - the vclock fixture
 
 A = "data.commoncrawl.org"
@@ -51,7 +51,7 @@ def assert_paced(times: Sequence[float], gap: float = GAP, late: int = 0) -> Non
     """The budget rule: no window of W seconds holds more than floor(W / gap) + 1 grants, plus ``late``
     grants delivered late (a late grant may be followed by the next one on time)."""
     for w in WINDOWS:
-        assert max_in_window(times, w) <= math.floor(w / gap) + 1 + late, (w, since(times))
+        assert max_in_window(times, w) <= budget_bound(1 / gap, w, late * gap), (w, since(times))
 
 
 class Recorder(NoEvents):
