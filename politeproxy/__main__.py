@@ -1,3 +1,3 @@
-from politeproxy.cli import main
+from politeproxy.commands.cli import main
 
 raise SystemExit(main())

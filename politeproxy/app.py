@@ -13,11 +13,13 @@ from typing import Any
 
 from aiohttp import web
 
-from politeproxy import admin as admin_mod
-from politeproxy import config as config_mod
-from politeproxy.config import Config, ConfigError, changes, env_number, parse_hostport
-from politeproxy.logs import AccessLog
-from politeproxy.metrics import Metrics
+from politeproxy.config import loading as config_mod
+from politeproxy.config.loading import Config, ConfigError, changes, env_number, parse_hostport
+from politeproxy.config.startup import announce_pacing, format_gap, probe_store
+from politeproxy.observe import admin as admin_mod
+from politeproxy.observe.logs import AccessLog
+from politeproxy.observe.metrics import Metrics
+from politeproxy.observe.status import StatusBoard, StatusEvents
 from politeproxy.pacing.base import RepeatLog
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.access import Access, is_loopback
@@ -30,8 +32,6 @@ from politeproxy.proxy.events import Tee
 from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
-from politeproxy.startup import announce_pacing, format_gap, probe_store
-from politeproxy.status import StatusBoard, StatusEvents
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore

@@ -1,4 +1,4 @@
-"""The admin endpoints answered in one place (politeproxy/admin.py): --metrics-listen gives the same
+"""The admin endpoints answered in one place (politeproxy/observe/admin.py): --metrics-listen gives the same
 answers as the proxy port, and the access line is one record, plain or JSON."""
 
 from __future__ import annotations

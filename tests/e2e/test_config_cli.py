@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import requests
 
-from politeproxy.config import ConfigError, load
+from politeproxy.config.loading import ConfigError, load
 from tests.conftest import POLITEPROXY, ROOT, Certs, Upstream, free_port, need_tool, wait_for
 from tests.e2e.test_proxy_io import FAST, upstream_toml
 
@@ -145,7 +145,7 @@ def test_config_errors_name_the_key_in_process(tmp_path: Path) -> None:
 
 
 def test_env_prints_every_export_line(tmp_path: Path) -> None:
-    from politeproxy.envlines import NO_PROXY
+    from politeproxy.commands.envlines import NO_PROXY
 
     d = tmp_path / "d"
     r = cli(tmp_path, "env", "--data-dir", str(d), "--listen", "127.0.0.1:4567")
@@ -343,7 +343,7 @@ def test_metrics_listen_beyond_loopback_answers_only_allowed_clients(
 def test_redis_url_from_the_environment_and_never_logged() -> None:
     """POLITEPROXY_REDIS_URL (the deploy files' password path) sets schedule.redis_url over the file, and
     the change lines of a reload name it without its value; passwords likewise."""
-    from politeproxy.config import build, changes, env_overrides
+    from politeproxy.config.loading import build, changes, env_overrides
 
     secret = "redis://:s3cret@redis:6379/0"
     cfg = build(

@@ -280,7 +280,7 @@ def deploy_configs() -> list[tuple[str, str]]:
 
 
 def test_deploy_configs_pass_the_proxys_own_validation():
-    from politeproxy import config as proxy_config
+    from politeproxy.config import loading as proxy_config
 
     names = [name for name, _ in deploy_configs()]
     assert {"politeproxy.toml", "container.toml", "k8s.yaml:politeproxy.toml"} <= set(names)
@@ -293,7 +293,7 @@ def test_deploy_configs_pass_the_proxys_own_validation():
 
 def test_deploy_redis_urls_with_the_password_reach_the_config():
     """The env override the deploy files set is what the proxy's config ends up using."""
-    from politeproxy import config as proxy_config
+    from politeproxy.config import loading as proxy_config
 
     password = "0123abcd" * 8
     compose = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))

@@ -18,7 +18,7 @@ from pathlib import Path
 import certifi
 import pytest
 
-from politeproxy import doctor
+from politeproxy.commands import doctor
 from tests.conftest import (
     NO_ROBOTS,
     POLITEPROXY,

@@ -15,7 +15,7 @@ import certifi
 import pytest
 import requests
 
-from politeproxy.envlines import system_roots
+from politeproxy.commands.envlines import system_roots
 from tests.conftest import POLITEPROXY, ROOT, free_port, need_tool, wait_for
 
 VARS = (

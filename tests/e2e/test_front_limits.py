@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from politeproxy import config
 from politeproxy.app import App
+from politeproxy.config import loading as config
 from tests.conftest import Certs, ProxyProc, Upstream, wait_for
 from tests.e2e.test_bad_input import no_tracebacks, one_line_reason, read_to_close
 from tests.e2e.test_proxy_io import (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from politeproxy.config import build
+from politeproxy.config.loading import build
 from tests.conftest import POLITEPROXY, ROOT, free_port
 
 RUN_TIMEOUT = 30.0

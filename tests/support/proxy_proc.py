@@ -94,7 +94,7 @@ def client_env(proxy_port: int, data_dir: Path) -> dict[str, str]:
     """The environment a user gets from ``eval "$(politeproxy env)"``, read from the real command: the CLI's
     ``env`` run in this process (the same code and output, without an interpreter start for every proxy;
     test_config_cli runs ``politeproxy env`` as a process)."""
-    from politeproxy import cli
+    from politeproxy.commands import cli
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from politeproxy.logs import PLAIN_FORMAT, AccessLog, JsonFormatter, error_line
+from politeproxy.observe.logs import PLAIN_FORMAT, AccessLog, JsonFormatter, error_line
 from politeproxy.policy.backoff import Delay
 from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.events import PATH_LIMIT, AccessRecord, access_path

@@ -1,6 +1,7 @@
 """Which handler answers a request on a plain proxy connection or inside a tunnel (no sockets): origin
 form and ``*`` go to the injected admin handler, absolute form is forwarded (or refused 407), and inside
-a tunnel nothing reaches the admin handler. Then the admin answers themselves (politeproxy/admin.py)."""
+a tunnel nothing reaches the admin handler. Then the admin answers themselves
+(politeproxy/observe/admin.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from politeproxy.admin import Admin
-from politeproxy.metrics import Metrics
+from politeproxy.observe.admin import Admin
+from politeproxy.observe.metrics import Metrics
 from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from politeproxy.config import ConfigError, build
+from politeproxy.config.loading import ConfigError, build
 from politeproxy.policy.classify import Classifier, Klass, bucket_request
 from politeproxy.policy.hosts import (
     AWS_REGIONS,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from politeproxy.config import ConfigError, build
+from politeproxy.config.loading import ConfigError, build
 from politeproxy.policy.cacherules import (
     Bypass,
     ByteRange,

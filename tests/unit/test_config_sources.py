@@ -12,9 +12,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from politeproxy.config import ConfigError, build, env_overrides, load
-from politeproxy.overrides import parse_users
-from politeproxy.paths import resolve_path
+from politeproxy.config.loading import ConfigError, build, env_overrides, load
+from politeproxy.config.overrides import parse_users
+from politeproxy.config.paths import resolve_path
 from politeproxy.policy.redis_url import check_redis_url, mask_url, redis_address
 
 # -- redis_url --------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def test_resolve_path_is_absolute_or_a_config_error(value: str) -> None:
 def test_long_name_lists_are_summed_up_on_one_line() -> None:
     """`politeproxy ca` and its missing-names warning: the S3 endpoint forms run to 183 names, so the
     line shows four and a count (``ca --all`` lists them)."""
-    from politeproxy.cli import _names
+    from politeproxy.commands.cli import _names
 
     names = [f"h{i}.example" for i in range(183)]
     assert _names(names[:4]) == "h0.example, h1.example, h2.example, h3.example"

@@ -6,7 +6,7 @@ import io
 import json
 import logging
 
-from politeproxy.logs import PLAIN_FORMAT, AccessLog, JsonFormatter
+from politeproxy.observe.logs import PLAIN_FORMAT, AccessLog, JsonFormatter
 from politeproxy.proxy.events import AccessRecord
 
 

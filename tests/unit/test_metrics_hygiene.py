@@ -7,7 +7,7 @@ import platform
 from prometheus_client.parser import text_string_to_metric_families
 
 from politeproxy import __version__
-from politeproxy.metrics import Metrics
+from politeproxy.observe.metrics import Metrics
 from politeproxy.pacing.base import PacingSettings
 from politeproxy.policy.fairness import PipelineRule
 

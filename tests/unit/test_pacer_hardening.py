@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from politeproxy import metrics as metrics_mod
-from politeproxy.metrics import Metrics
+from politeproxy.observe import metrics as metrics_mod
+from politeproxy.observe.metrics import Metrics
 from politeproxy.pacing import pacer as pacer_mod
 from politeproxy.pacing.pacer import Pacer, PacingSettings, WaitTooLong
 from politeproxy.policy.backoff import BackoffPolicy

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from politeproxy.config import ConfigError, build
+from politeproxy.config.loading import ConfigError, build
 from politeproxy.policy.backoff import RETRY_AFTER_MAX, parse_retry_after
 from politeproxy.policy.hosts import normalize_host, valid_hostname, validate_pattern
 from politeproxy.policy.settings import (
@@ -132,7 +132,7 @@ def test_parse_number_reads_signed_decimals() -> None:
 def test_build_never_accepts_a_non_finite_number(section: str, value: Any) -> None:
     """Whatever value any key of a section gets, build() either refuses it with a ConfigError or every
     number in the resulting config is finite and non-negative."""
-    from politeproxy.config import SCHEMA
+    from politeproxy.config.loading import SCHEMA
 
     for key in SCHEMA[section]:
         try:

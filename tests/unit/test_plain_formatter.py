@@ -7,7 +7,7 @@ import logging
 from hypothesis import given
 from hypothesis import strategies as st
 
-from politeproxy.logs import PLAIN_FORMAT, PlainFormatter
+from politeproxy.observe.logs import PLAIN_FORMAT, PlainFormatter
 
 
 @given(created=st.floats(min_value=0, max_value=4e9, allow_nan=False), msg=st.text(max_size=20))

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from politeproxy.config import build
+from politeproxy.config.loading import build
 from politeproxy.policy.settings import (
     DURATION_BOUNDS,
     RATE_KEYS,

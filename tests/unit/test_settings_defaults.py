@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from politeproxy.config import build
+from politeproxy.config.loading import build
 from politeproxy.pacing.pacer import PacingSettings
 from politeproxy.policy import settings as d
 from politeproxy.policy.backoff import BackoffPolicy

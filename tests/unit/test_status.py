@@ -1,6 +1,6 @@
-"""The status document (politeproxy/status.py, pacing/snapshot.py), its admin routes and the terminal view
-(politeproxy/statusview.py), in-process: a real Pacer on a MemoryStore with waiters put in its lines, no
-dispatcher running, so every count is exact."""
+"""The status document (politeproxy/observe/status.py, pacing/snapshot.py), its admin routes and the
+terminal view (politeproxy/observe/statusview.py), in-process: a real Pacer on a MemoryStore with waiters put
+in its lines, no dispatcher running, so every count is exact."""
 
 from __future__ import annotations
 
@@ -23,17 +23,17 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from rich.console import Console
 
-from politeproxy import status as status_mod
-from politeproxy import statuspage, statusview
-from politeproxy.admin import Admin
-from politeproxy.metrics import Metrics
+from politeproxy.observe import status as status_mod
+from politeproxy.observe import statuspage, statusview
+from politeproxy.observe.admin import Admin
+from politeproxy.observe.metrics import Metrics
+from politeproxy.observe.status import History, StatusBoard, StatusEvents, host_state
 from politeproxy.pacing import snapshot
 from politeproxy.pacing.pacer import Pacer, PacingSettings
 from politeproxy.pacing.state import Waiter
 from politeproxy.policy.backoff import BackoffPolicy, Kind
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import PipelineRule
-from politeproxy.status import History, StatusBoard, StatusEvents, host_state
 from politeproxy.stores.base import HostView, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.memory import MemoryStore

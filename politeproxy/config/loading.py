@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from politeproxy.overrides import apply_overrides, env_overrides
+from politeproxy.config.overrides import apply_overrides, env_overrides
+from politeproxy.config.paths import resolve_paths
 from politeproxy.pacing.pacer import PacingSettings
-from politeproxy.paths import resolve_paths
 from politeproxy.policy import settings as d
 from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.cacherules import CacheLimits, CacheRule, default_rules

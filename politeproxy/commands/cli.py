@@ -10,8 +10,8 @@ import sys
 from typing import Any
 
 from politeproxy import __version__
-from politeproxy.config import Config, ConfigError, check_environment, env_overrides, load
-from politeproxy.logs import error_line, setup_logging
+from politeproxy.config.loading import Config, ConfigError, check_environment, env_overrides, load
+from politeproxy.observe.logs import error_line, setup_logging
 from politeproxy.policy.fairness import clean_name
 
 EXIT_CONFIG = 2
@@ -111,7 +111,7 @@ def _config_and_ca(args: argparse.Namespace) -> tuple[Config, Any] | int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from politeproxy.envlines import export_lines, trust_bundle
+    from politeproxy.commands.envlines import export_lines, trust_bundle
 
     got = _config_and_ca(args)
     if isinstance(got, int):
@@ -147,7 +147,7 @@ def cmd_ca(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from politeproxy import doctor
+    from politeproxy.commands import doctor
 
     return doctor.main(args)
 
@@ -162,7 +162,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from politeproxy import statusview
+    from politeproxy.observe import statusview
 
     url = args.admin
     if url is None:  # the proxy this config (or --listen) describes

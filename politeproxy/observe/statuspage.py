@@ -1,5 +1,5 @@
 """The status page at ``GET /`` on the admin port: one self-contained HTML document that fetches ``status``
-(the JSON document of ``politeproxy.status``) every few seconds and draws it, with a chart of achieved
+(the JSON document of ``politeproxy.observe.status``) every few seconds and draws it, with a chart of achieved
 against configured rate over the last 15 minutes in inline SVG.
 
 Nothing is fetched but ``status`` from the page's own origin: no CDN, no web font, no image. The

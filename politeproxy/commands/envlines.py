@@ -19,7 +19,7 @@ from urllib.parse import quote
 import certifi
 
 from politeproxy import __version__
-from politeproxy.config import Config
+from politeproxy.config.loading import Config
 
 # Never through the proxy: loopback, and the cloud metadata and credential endpoints (AWS IMDS over
 # IPv4 and IPv6, ECS task credentials, GCP's name for it). A proxy in front of them would leak

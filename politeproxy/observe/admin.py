@@ -16,8 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from politeproxy import statuspage
-from politeproxy.metrics import Metrics
+from politeproxy.observe import statuspage
+from politeproxy.observe.metrics import Metrics
 from politeproxy.policy.access import Access
 from politeproxy.proxy.responses import error_response
 

@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 
 from politeproxy import __version__
 from politeproxy.cache.base import RESULTS, CacheEvents
-from politeproxy.metricparts import (
+from politeproxy.observe.metricparts import (
     FREE_HOST_LABELS,
     OTHER,
     PINNED_HOSTS,

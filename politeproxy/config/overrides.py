@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from politeproxy.paths import resolve_path
+from politeproxy.config.paths import resolve_path
 from politeproxy.policy.redis_url import check_redis_url
 from politeproxy.policy.settings import ConfigError, parse_duration
 from politeproxy.policy.values import _choice, _hostport, _optional_hostport, _str, _table_of

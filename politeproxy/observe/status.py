@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from politeproxy import __version__
-from politeproxy.metrics import Metrics, RateWindow
+from politeproxy.observe.metrics import Metrics, RateWindow
 from politeproxy.pacing import snapshot
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.classify import Klass

@@ -1,0 +1,1 @@
+"""The command line: the CLI, doctor, env lines."""

@@ -1,0 +1,1 @@
+"""Settings, loading, overrides from flags and env, paths, start-up checks."""

@@ -1,0 +1,1 @@
+"""What the proxy shows: metrics, logs, the status document, page and terminal view, admin routes."""
