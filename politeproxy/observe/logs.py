@@ -1,6 +1,6 @@
 """Logging: the handler setup, the JSON formatter, and the access line.
 
-The forwarder hands over one structured ``AccessRecord`` per exchange (through ``ProxyEvents.access``).
+The forwarder hands over its typed ``Exchange`` once the exchange is done (through ``ProxyEvents.access``).
 ``AccessLog`` logs it with a plain message and the record attached; the plain formatter prints the
 message, ``JsonFormatter`` writes the record's fields. Nothing re-parses a line another part produced.
 """
@@ -14,7 +14,8 @@ import time
 from types import TracebackType
 from typing import Any
 
-from politeproxy.proxy.events import AccessRecord, NoProxyEvents
+from politeproxy.proxy.events import NoProxyEvents
+from politeproxy.proxy.exchange import Exchange
 
 access_log = logging.getLogger("politeproxy.access")
 # Loggers at INFO whatever the verbosity: the access line, the start line, and the operator's events
@@ -23,13 +24,13 @@ ALWAYS_INFO = ("politeproxy.access", "politeproxy.start", "politeproxy.events")
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def access_fields(r: AccessRecord) -> dict[str, Any]:
+def access_fields(r: Exchange) -> dict[str, Any]:
     """The access record as the JSON log shows it (its keys are part of the log format)."""
     out: dict[str, Any] = {
         "client": r.client,
         "method": r.method,
         "host": r.host,
-        **({"path": r.path} if r.path is not None else {}),
+        "path": r.path,
         "class": r.klass,
         "wait": round(r.wait, 4),
         "status": r.status,
@@ -38,10 +39,8 @@ def access_fields(r: AccessRecord) -> dict[str, Any]:
     }
     if r.note is not None:
         out["note"] = r.note
-    if r.pipeline is not None:
-        out["pipeline"] = r.pipeline
-    if r.retries is not None:
-        out["retries"] = r.retries
+    out["pipeline"] = r.pipeline
+    out["retries"] = r.retries
     if r.cache is not None:
         out["cache"] = r.cache
     return out
@@ -53,25 +52,25 @@ class AccessLog(NoProxyEvents):
     def __init__(self, logger: logging.Logger = access_log) -> None:
         self.logger = logger
 
-    def access(self, record: AccessRecord) -> None:
+    def access(self, record: Exchange) -> None:
         if not self.logger.isEnabledFor(logging.INFO):
             return
         # Formatted only when a handler writes it; the JSON formatter reads ``extra["access"]`` instead.
         # The path follows the host with no space (host/path reads as the URL); it has no spaces itself.
         self.logger.info(
-            "%s %s %s%s %s wait=%.3fs status=%s bytes=%d duration=%.3fs%s%s%s%s",
+            "%s %s %s%s %s wait=%.3fs status=%s bytes=%d duration=%.3fs retries=%d%s pipeline=%s%s",
             record.client,
             record.method,
             record.host,
-            record.path or "",
+            record.path,
             record.klass,
             record.wait,
             record.status,
             record.bytes,
             record.duration,
-            f" retries={record.retries}" if record.retries is not None else "",
+            record.retries,
             f" note={record.note}" if record.note is not None else "",
-            f" pipeline={record.pipeline}" if record.pipeline is not None else "",
+            record.pipeline,
             f" cache={record.cache}" if record.cache is not None else "",
             extra={"access": record},
         )
@@ -87,7 +86,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
         }
         access = getattr(record, "access", None)
-        if isinstance(access, AccessRecord):
+        if isinstance(access, Exchange):
             out.update(access_fields(access))
         else:
             out["message"] = record.getMessage()

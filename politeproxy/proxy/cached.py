@@ -37,6 +37,7 @@ from politeproxy.policy.cacherules import (
 )
 from politeproxy.policy.classify import Klass
 from politeproxy.proxy.cachetee import Tee
+from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.passage import stamp
 
 log = logging.getLogger("politeproxy")
@@ -114,7 +115,7 @@ class CacheFront:
         self.events.cache_size(nbytes)
 
     async def exchange(
-        self, request: web.BaseRequest, klass: Klass, host: str, url: URL, info: dict[str, Any], go: Go
+        self, request: web.BaseRequest, klass: Klass, host: str, url: URL, ex: Exchange, go: Go
     ) -> web.StreamResponse:
         """Answer ``request`` from the cache, or through ``go`` (the pacer and the upstream)."""
         if klass is Klass.PASSTHROUGH:
@@ -125,23 +126,23 @@ class CacheFront:
         if d is None:
             return await go()
         if isinstance(d, Bypass):
-            self._result(info, "bypass")
+            self._result(ex, "bypass")
             return await go()
         if d.refresh:  # the client's no-cache: fetch again and replace
-            self._result(info, "miss")
-            return await self._fetch(request, d, info, go)
+            self._result(ex, "miss")
+            return await self._fetch(request, d, ex, go)
         found = await self._lookup(d, request.headers)
         if isinstance(found, Found):
-            return await self._hit(request, klass, found, info)
+            return await self._hit(request, klass, found, ex)
         if found == "encoding":
-            self._result(info, "bypass")
+            self._result(ex, "bypass")
             return await go()  # the client cannot take the stored coding: relayed, not stored
         miss = "stale" if found in ("stale", "corrupt") else "miss"
-        return await self._single_flight(request, klass, d, info, go, miss)
+        return await self._single_flight(request, klass, d, ex, go, miss)
 
-    def _result(self, info: dict[str, Any], result: str) -> None:
-        info["cache"] = result
-        self.events.cache_result(result, info["pipeline"])
+    def _result(self, ex: Exchange, result: str) -> None:
+        ex.cache = result
+        self.events.cache_result(result, ex.pipeline)
 
     async def _lookup(self, d: Cacheable, req_headers: Mapping[str, str]) -> Found | str:
         """A fresh entry the client can take, else "absent", "stale", "corrupt", "encoding" or "error"."""
@@ -164,7 +165,7 @@ class CacheFront:
         return found
 
     async def _single_flight(
-        self, request: web.BaseRequest, klass: Klass, d: Cacheable, info: dict[str, Any], go: Go, miss: str
+        self, request: web.BaseRequest, klass: Klass, d: Cacheable, ex: Exchange, go: Go, miss: str
     ) -> web.StreamResponse:
         """One upstream request for concurrent identical misses; ``miss`` is how the first look counted."""
         name = key_name(d.key)
@@ -176,9 +177,9 @@ class CacheFront:
                 pass
             found = await self._lookup(d, request.headers)
             if isinstance(found, Found):
-                return await self._hit(request, klass, found, info)
-            self._result(info, miss)
-            return await self._fetch(request, d, info, go)  # the leader failed: go ourselves
+                return await self._hit(request, klass, found, ex)
+            self._result(ex, miss)
+            return await self._fetch(request, d, ex, go)  # the leader failed: go ourselves
         flight = _Flight(self, name)
         try:
             flight.lock = await self._lock(d.key)
@@ -188,9 +189,9 @@ class CacheFront:
                 found = await self._lookup(d, request.headers)
                 if isinstance(found, Found):
                     flight.release()
-                    return await self._hit(request, klass, found, info)
-            self._result(info, miss)
-            return await self._fetch(request, d, info, go, flight)
+                    return await self._hit(request, klass, found, ex)
+            self._result(ex, miss)
+            return await self._fetch(request, d, ex, go, flight)
         finally:
             if not flight.deferred:
                 flight.release()
@@ -216,12 +217,12 @@ class CacheFront:
         self,
         request: web.BaseRequest,
         d: Cacheable,
-        info: dict[str, Any],
+        ex: Exchange,
         go: Go,
         flight: _Flight | None = None,
     ) -> web.StreamResponse:
         tee = Tee(self, d)
-        info["tee"] = tee
+        ex.tee = tee
         try:
             resp = await go()
         except asyncio.CancelledError:
@@ -233,8 +234,8 @@ class CacheFront:
             tee.discard()
             raise
         finally:
-            info.pop("tee", None)
-        ok = info.get("note") is None and info.get("status") == tee.status
+            ex.tee = None
+        ok = ex.note is None and ex.status == tee.status
         await asyncio.shield(self._commit(tee, ok, flight))  # waiters look as soon as it is in place
         return resp
 
@@ -250,16 +251,16 @@ class CacheFront:
         return task
 
     async def _hit(
-        self, request: web.BaseRequest, klass: Klass, found: Found, info: dict[str, Any]
+        self, request: web.BaseRequest, klass: Klass, found: Found, ex: Exchange
     ) -> web.StreamResponse:
         """Answer from disk with the stored headers plus Age and Via; never a short body."""
-        self._result(info, "hit")
-        self.events.cache_slot_saved(info["pipeline"])  # paced or exempt alike: a request never sent
+        self._result(ex, "hit")
+        self.events.cache_slot_saved(ex.pipeline)  # paced or exempt alike: a request never sent
         meta = found.meta
         headers: CIMultiDict[str] = CIMultiDict(meta.headers)
         headers["Age"] = str(age_seconds(meta.stored, time.time()))
         stamp(headers)
-        info["status"] = meta.status
+        ex.status = meta.status
         out = web.StreamResponse(status=meta.status, headers=headers)
         ahead: asyncio.Task[bytes] | None = None
         try:
@@ -273,12 +274,12 @@ class CacheFront:
                 left -= len(chunk)
                 ahead = self._read(found, left)  # the next read runs while this chunk goes out
                 await out.write(chunk)
-                info["bytes"] += len(chunk)
+                ex.bytes += len(chunk)
             await out.write_eof()
         except (ConnectionError, aiohttp.ClientError):
-            info["note"] = "client_gone"
+            ex.note = "client_gone"
         except (OSError, TimeoutError) as e:
-            info["note"] = "cache_read_failed"
+            ex.note = "cache_read_failed"
             log.warning("cache read failed mid-answer (%s): the client connection is cut", e)
             if request.transport is not None:
                 request.transport.abort()

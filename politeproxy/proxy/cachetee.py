@@ -4,20 +4,36 @@ announced byte came through (proxy/cached.py makes and finishes it)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
+from politeproxy.cache.base import CacheEvents
 from politeproxy.cache.entry import Corrupt, Writer
-from politeproxy.policy.cacherules import STORED_HEADERS, Cacheable, Store, response_decision
+from politeproxy.cache.store import DiskStore
+from politeproxy.policy.cacherules import STORED_HEADERS, Cacheable, CacheLimits, Store, response_decision
 
-if TYPE_CHECKING:
-    from politeproxy.proxy.cached import CacheFront
+T = TypeVar("T")
+
+
+class Disk(Protocol):
+    """What a tee needs of the cache front (cached.CacheFront, which makes the tees and imports this)."""
+
+    @property
+    def limits(self) -> CacheLimits: ...
+    @property
+    def store(self) -> DiskStore: ...
+    @property
+    def events(self) -> CacheEvents: ...
+    async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
+    def bg(self, fn: Callable[[], object]) -> None: ...
+    def disk_problem(self, e: BaseException) -> None: ...
+    async def report_size(self) -> None: ...
 
 
 class Tee:
     """Fed by relay() with the answer's head and each chunk; writes a storable answer to a temp file."""
 
-    def __init__(self, front: CacheFront, d: Cacheable) -> None:
+    def __init__(self, front: Disk, d: Cacheable) -> None:
         self.front, self.d = front, d
         self.writer: Writer | None = None
         self.expected = 0

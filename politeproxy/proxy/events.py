@@ -7,8 +7,9 @@ the two with ``Tee``. The proxy layer knows neither.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Protocol
+
+from politeproxy.proxy.exchange import Exchange
 
 PATH_LIMIT = 120  # characters of the path an access line keeps
 _RAW_LIMIT = 4 * PATH_LIMIT  # what is looked at at all: a path can be 8 KiB
@@ -28,26 +29,6 @@ def access_path(raw: str, limit: int = PATH_LIMIT) -> str:
     return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
 
 
-@dataclass(slots=True)
-class AccessRecord:
-    """One exchange as the access log shows it, built once by the forwarder (rendered by logs.py).
-    Not frozen: a frozen dataclass sets each of its 13 fields through ``object.__setattr__`` (per request)."""
-
-    client: str
-    method: str
-    host: str
-    klass: str
-    wait: float
-    status: int
-    bytes: int
-    duration: float
-    note: str | None = None
-    pipeline: str | None = None  # who asked (bounded name), None when no pipeline was named yet
-    path: str | None = None  # the request target, already through ``access_path``
-    retries: int | None = None  # tries the proxy repeated after a throttle (None: not counted)
-    cache: str | None = None  # "hit", "miss", "stale" or "bypass" for a cacheable host (issue 14)
-
-
 class ProxyEvents(Protocol):
     """What the proxy layer reports. ``direction`` is "client_to_upstream" or "upstream_to_client"."""
 
@@ -56,7 +37,7 @@ class ProxyEvents(Protocol):
     def bytes_relayed(self, direction: str, n: int) -> None: ...
     def tunnels_changed(self, open_now: int) -> None: ...
     def retried(self, host: str) -> None: ...
-    def access(self, record: AccessRecord) -> None: ...
+    def access(self, record: Exchange) -> None: ...
 
 
 class NoProxyEvents:
@@ -77,7 +58,7 @@ class NoProxyEvents:
     def retried(self, host: str) -> None:
         pass
 
-    def access(self, record: AccessRecord) -> None:
+    def access(self, record: Exchange) -> None:
         pass
 
 
@@ -119,6 +100,6 @@ class Tee:
         for s in self.sinks:
             s.retried(host)
 
-    def access(self, record: AccessRecord) -> None:
+    def access(self, record: Exchange) -> None:
         for s in self.sinks:
             s.access(record)

@@ -11,7 +11,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -28,7 +27,8 @@ from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.retry import decide_retry
 from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import OperatorLog
-from politeproxy.proxy.events import AccessRecord, ProxyEvents, access_path
+from politeproxy.proxy.events import ProxyEvents, access_path
+from politeproxy.proxy.exchange import Exchange, Tunnel
 from politeproxy.proxy.passage import held
 from politeproxy.proxy.relay import relay
 from politeproxy.proxy.responses import error_response
@@ -46,7 +46,7 @@ log = logging.getLogger("politeproxy")
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Try:
     """What stays the same across the tries of one request."""
 
@@ -72,8 +72,7 @@ class Forwarder:
         access: Access,
         robots: RobotsWatcher | None,
         admin: Handler,
-        tunnel_target: Callable[[RequestHandler], tuple[str, int] | None],
-        tunnel_pipeline: Callable[[RequestHandler], str | None] = lambda _h: None,
+        tunnel_of: Callable[[RequestHandler], Tunnel | None],
     ) -> None:
         self.classifier = classifier
         self.pacer = pacer
@@ -82,8 +81,7 @@ class Forwarder:
         self.access = access
         self.robots = robots
         self.admin = admin  # /metrics, /healthz, /ca.pem: answered by the top level (admin.py)
-        self.tunnel_target = tunnel_target
-        self.tunnel_pipeline = tunnel_pipeline  # the name the tunnel's CONNECT carried
+        self.tunnel_of = tunnel_of  # the intercepted tunnel a connection serves, None for a plain one
         self.oplog = OperatorLog()  # backoffs, blocks, probes, refusals: at INFO without -v
         self.cache: CacheFront | None = None  # the shared disk cache (issue 14), set by app.py when enabled
 
@@ -91,8 +89,8 @@ class Forwarder:
         return self.classifier.hosts.matches(host)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        target = self.tunnel_target(request.protocol)  # type: ignore[arg-type]
-        if target is None:
+        tunnel = self.tunnel_of(request.protocol)  # type: ignore[arg-type]
+        if tunnel is None:
             raw = request.raw_path
             if raw.startswith("/") or raw == "*":
                 return await self.admin(request)
@@ -111,8 +109,10 @@ class Forwarder:
                 self.oplog.refused(request.remote or "?", 400, "not a URL this proxy can forward")
                 return error_response(400, f"not a URL this proxy can forward: {raw[:200]!r}")
             host = normalize_host(url.host)
-            return await self._forward(request, url.scheme, host, url.port or 80, url.raw_path_qs)
-        host, port = target
+            # Who asks: this request's proxy user name, else its address
+            who = self.access.pipeline(request.headers.get("Proxy-Authorization"), request.remote)
+            return await self._forward(request, url.scheme, host, url.port or 80, url.raw_path_qs, who)
+        host, port = tunnel.host, tunnel.port
         hh = request.headers.get("Host", "")
         if not hh and request.version < (1, 1):
             hh = f"{host}:{port}"  # HTTP/1.0 may omit Host: inside a tunnel it can only mean the target
@@ -130,80 +130,49 @@ class Forwarder:
             self.events.rejected(host if self.hosts_paced(host) else "other", "misdirected")
             self.oplog.refused(request.remote or "?", 421, f"{hh[:100]!r} inside the tunnel to {host}:{port}")
             return error_response(421, f"this tunnel reaches only {host}:{port}, not {hh!r}")
-        return await self._forward(request, "https", host, port, path)
-
-    def _pipeline(self, request: web.BaseRequest) -> str:
-        """Who asks: the user name its tunnel's CONNECT carried, or this plain request's; else its address."""
-        if self.tunnel_target(request.protocol) is not None:  # type: ignore[arg-type]
-            return self.pacer.pipeline(self.tunnel_pipeline(request.protocol) or request.remote)  # type: ignore[arg-type]
-        return self.pacer.pipeline(
-            self.access.pipeline(request.headers.get("Proxy-Authorization"), request.remote)
-        )
+        return await self._forward(request, "https", host, port, path, tunnel.who)
 
     async def _forward(
-        self, request: web.BaseRequest, scheme: str, host: str, port: int, path: str
+        self, request: web.BaseRequest, scheme: str, host: str, port: int, path: str, who: str
     ) -> web.StreamResponse:
+        """``who``: the pipeline asked for (the proxy user name, else the client's address)."""
         started = time.monotonic()
         klass = self.classifier.classify(request.method, host, path, "Range" in request.headers)
-        label = host if klass is not Klass.PASSTHROUGH else "other"
         netloc = f"[{host}]" if ":" in host else host
         url = URL(f"{scheme}://{netloc}:{port}{path or '/'}", encoded=True)
-        # The pipeline: the proxy user name, else the client address; bounded by the pacer's names.
-        info: dict[str, Any] = {"wait": 0.0, "status": 0, "bytes": 0, "pipeline": self._pipeline(request)}
-        info.update(retries=0, path=access_path(path), held=klass is not Klass.PASSTHROUGH)
+        # Bounded here, once: the permit, the metrics, the access line and the headers all take this name.
+        pipeline = self.pacer.pipeline(who)
+        ex = Exchange(request.remote or "?", request.method, host, access_path(path), klass, pipeline)
         try:
             if self.cache is None:
-                resp = await self._exchange(request, klass, host, url, started, info)
+                resp = await self._exchange(request, ex, url, started)
             else:  # a hit is answered before the pacer; a miss goes through _exchange, teed to disk
-                go = lambda: self._exchange(request, klass, host, url, started, info)  # noqa: E731
-                resp = await self.cache.exchange(request, klass, host, url, info, go)
-            if not resp.prepared and info["held"]:  # our own answer (it has Via): how long it was held
-                held(resp.headers, info["wait"], info["pipeline"])  # type: ignore[arg-type]
+                go = lambda: self._exchange(request, ex, url, started)  # noqa: E731
+                resp = await self.cache.exchange(request, klass, host, url, ex, go)
+            if not resp.prepared and ex.held:  # our own answer (it has Via): how long it was held
+                held(resp.headers, ex.wait, ex.pipeline)  # type: ignore[arg-type]
         except asyncio.CancelledError:
             # handler_cancellation: the client closed its connection while we waited or relayed
-            info.setdefault("note", "client_gone")
+            if ex.note is None:
+                ex.note = "client_gone"
             log.info("%s %s %s: client went away", request.remote, request.method, loggable(url))
             raise
         finally:
-            info["duration"] = time.monotonic() - started
-            self._access(request, host, klass, info)
-        self.events.answered(label, klass.value, info["status"] or None, info["pipeline"])
+            ex.duration = time.monotonic() - started
+            self.events.access(ex)
+        self.events.answered(ex.label, klass.value, ex.status or None, ex.pipeline)
         return resp
 
-    def _access(self, request: web.BaseRequest, host: str, klass: Klass, info: dict[str, Any]) -> None:
-        self.events.access(
-            AccessRecord(
-                client=request.remote or "?",
-                method=request.method,
-                host=host,
-                klass=klass.value,
-                wait=info["wait"],
-                status=info["status"],
-                bytes=info["bytes"],
-                duration=info["duration"],
-                note=info.get("note"),
-                pipeline=info["pipeline"],
-                path=info["path"],
-                retries=info["retries"],
-                cache=info.get("cache"),
-            )
-        )
-
     async def _exchange(
-        self,
-        request: web.BaseRequest,
-        klass: Klass,
-        host: str,
-        url: URL,
-        arrived: float,
-        info: dict[str, Any],
+        self, request: web.BaseRequest, ex: Exchange, url: URL, arrived: float
     ) -> web.StreamResponse:
+        host, klass = ex.host, ex.klass
         has_body = request.body_exists
         t = _Try(
             host=host,
             url=url,
             headers=strip_hop_by_hop(request.headers, drop=("Host", "Expect")),
-            body=self._body(request, self.events, info) if has_body else None,
+            body=self._body(request, self.events, ex) if has_body else None,
             expect=has_body and request.headers.get("Expect", "").lower() == "100-continue",
             arrived=arrived,
         )
@@ -211,16 +180,16 @@ class Forwarder:
         while True:
             try:
                 if klass is Klass.PASSTHROUGH:
-                    out = await self._attempt(request, None, t, info, 0)
+                    out = await self._attempt(request, None, t, ex, 0)
                 else:
-                    async with self.pacer.permit(host, klass, arrived, info["pipeline"]) as p:
-                        info["wait"] = p.waited
-                        out = await self._attempt(request, p, t, info, retries_left)
+                    async with self.pacer.permit(host, klass, arrived, ex.pipeline) as p:
+                        ex.wait = p.waited
+                        out = await self._attempt(request, p, t, ex, retries_left)
             except WaitTooLong as e:
-                info["status"], info["note"] = 503, e.reason  # "max_wait" or "queue_full"
-                info["wait"] = time.monotonic() - arrived  # held this long before the refusal
+                ex.status, ex.note = 503, e.reason  # "max_wait" or "queue_full"
+                ex.wait = time.monotonic() - arrived  # held this long before the refusal
                 why = e.why if "; " in e.why else e.why + self.pacer.state_note(host)  # blocked/backing off
-                self.oplog.refused(info["pipeline"], 503, why)
+                self.oplog.refused(ex.pipeline, 503, why)
                 resp = error_response(503, why, {"Retry-After": str(retry_after_seconds(e.wait))})
                 if t.expect and not t.continued:
                     resp.force_close()  # the client holds its body back: this connection cannot go on
@@ -228,11 +197,11 @@ class Forwarder:
             if isinstance(out, web.StreamResponse):
                 return out
             retries_left -= 1
-            info["retries"] += 1
+            ex.retries += 1
             await asyncio.sleep(out)  # bounded: decide_retry keeps it within max_wait
 
     async def _attempt(
-        self, request: web.BaseRequest, p: Permit | None, t: _Try, info: dict[str, Any], retries_left: int
+        self, request: web.BaseRequest, p: Permit | None, t: _Try, ex: Exchange, retries_left: int
     ) -> web.StreamResponse | float:
         """One try upstream, holding the permit: the relayed answer, or how long to wait before a retry."""
         if t.expect and not t.continued:
@@ -241,9 +210,9 @@ class Forwarder:
             t.continued = True
         method = request.method
         pool = p.klass.value if p is not None else Klass.PASSTHROUGH.value
-        probe = p is not None and self.pacer.store.probing(p.host)  # the one request after a block
+        probe = p is not None and p.probe  # the one request after a block
         if probe:
-            self.oplog.probe(t.host, method, info["path"])
+            self.oplog.probe(t.host, method, ex.path)
         exchange = self.upstream.exchange(
             method, t.url, t.headers, t.body, pool, self.upstream.connect_timeout
         )
@@ -251,11 +220,11 @@ class Forwarder:
             upstream = await exchange.__aenter__()  # no AsyncExitStack per request (issue 15: hot path)
         except PoolFull as e:
             self.events.rejected(t.host if p is not None else "other", "pool_full")
-            info["status"], info["note"] = 503, "pool_full"
+            ex.status, ex.note = 503, "pool_full"
             self.oplog.pool_full(e)
             return error_response(503, f"{e}; try again shortly", {"Retry-After": "1"})
         except Exception as e:  # noqa: BLE001 - every upstream failure shape is one line, never a traceback
-            return await self._failed(request, p, t, e, info)
+            return await self._failed(request, p, t, e, ex)
         try:
             if p is not None:
                 delay = await self._answered(p, upstream.status, upstream.headers.get("Retry-After"))
@@ -263,7 +232,7 @@ class Forwarder:
                 if self.robots is not None:
                     self.robots.ensure(t.host)  # the host answered: worth its robots.txt
                 elapsed = time.monotonic() - t.arrived
-                info["retry_after"] = delay.seconds if delay is not None else None
+                ex.retry_after = delay.seconds if delay is not None else None
                 d = decide_retry(
                     method,
                     t.body is not None,
@@ -283,8 +252,8 @@ class Forwarder:
                         d.after,
                     )
                     return d.after
-            info["status"] = upstream.status
-            return await relay(request, upstream, info, self.events)
+            ex.status = upstream.status
+            return await relay(request, upstream, ex, self.events)
         finally:
             await exchange.__aexit__(None, None, None)
 
@@ -304,28 +273,26 @@ class Forwarder:
         return d
 
     async def _failed(
-        self, request: web.BaseRequest, p: Permit | None, t: _Try, e: BaseException, info: dict[str, Any]
+        self, request: web.BaseRequest, p: Permit | None, t: _Try, e: BaseException, ex: Exchange
     ) -> web.StreamResponse:
-        if info.get("note") == "client_gone":  # the request body broke on our side: not the upstream's doing
+        if ex.note == "client_gone":  # the request body broke on our side: not the upstream's doing
             log.info("%s %s %s: client went away", request.remote, request.method, loggable(t.url))
-            info["status"] = 499
+            ex.status = 499
             return error_response(400, "the request body ended early")
         status, message = describe_error(e, t.url)
         message = loggable(message)
         if p is not None:
             self.oplog.answered(t.host, None, await self._answered(p, None, None), False)
-        info["status"], info["note"] = status, "upstream_error"
+        ex.status, ex.note = status, "upstream_error"
         log.info("%s %s: %d %s", request.method, loggable(t.url), status, message)
         return error_response(status, message)
 
     @staticmethod
-    async def _body(
-        request: web.BaseRequest, events: ProxyEvents, info: dict[str, Any]
-    ) -> AsyncIterator[bytes]:
+    async def _body(request: web.BaseRequest, events: ProxyEvents, ex: Exchange) -> AsyncIterator[bytes]:
         try:
             async for chunk in request.content.iter_chunked(CHUNK):
                 events.bytes_relayed("client_to_upstream", len(chunk))
                 yield chunk
         except (OSError, aiohttp.ClientError, HttpProcessingError):
-            info["note"] = "client_gone"
+            ex.note = "client_gone"
             raise

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
 import h11
 
 from politeproxy.policy import routing
-from politeproxy.policy.routing import Refusal, Route
-from politeproxy.proxy.responses import BadRequestOneLine, BurstLimitedLog, plain_response
-
-if TYPE_CHECKING:
-    from politeproxy.proxy.listener import Proxy
+from politeproxy.policy.access import Access
+from politeproxy.policy.routing import Refusal, Route, Target
+from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.exchange import Tunnel
+from politeproxy.proxy.responses import BadRequestOneLine, BoundedServer, BurstLimitedLog, plain_response
 
 log = logging.getLogger("politeproxy")
 refusals = BurstLimitedLog(log)  # refusal lines, rate-limited per client
@@ -25,10 +26,46 @@ http_log = logging.getLogger("politeproxy.http")
 http_log.addFilter(BadRequestOneLine(refusals))
 
 
+class Limits(Protocol):
+    """The bounds a connection's first head is read within (listener.Timeouts)."""
+
+    @property
+    def header(self) -> float: ...
+    @property
+    def max_header_size(self) -> int: ...
+    @property
+    def max_connections(self) -> int: ...
+
+
+class Listener(Protocol):
+    """What the front needs of the listener (listener.Proxy, which owns the connections and imports
+    this module): the bounds, the checks, and where a routed connection goes."""
+
+    @property
+    def timeouts(self) -> Limits: ...
+    @property
+    def access(self) -> Access: ...
+    @property
+    def events(self) -> ProxyEvents: ...
+    @property
+    def tunnel_ports(self) -> frozenset[int]: ...
+    @property
+    def clients(self) -> set[asyncio.BaseTransport]: ...
+    @property
+    def plain_server(self) -> BoundedServer: ...
+    def admit(self, transport: asyncio.BaseTransport) -> bool: ...
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
+    def hosts_paced(self, host: str) -> bool: ...
+    async def intercept(
+        self, transport: asyncio.Transport, tunnel: Tunnel, leftover: bytes, answered: bool = False
+    ) -> None: ...
+    async def tunnel(self, front: FrontProtocol, target: Target, leftover: bytes, who: str) -> None: ...
+
+
 class FrontProtocol(asyncio.Protocol):
     """Reads the first request head of a client connection and routes the connection."""
 
-    def __init__(self, proxy: Proxy) -> None:
+    def __init__(self, proxy: Listener) -> None:
         self.proxy = proxy
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
@@ -151,9 +188,11 @@ class FrontProtocol(asyncio.Protocol):
         decision = routing.route(target, paced=paced, tunnel_ports=self.proxy.tunnel_ports)
         if isinstance(decision, Refusal):
             self.refuse(decision)
-        elif decision is Route.INTERCEPT:
-            who = self.proxy.access.pipeline(headers.get("proxy-authorization"), self.client)
-            await self.proxy.intercept(self.transport, self.client, target.host, target.port, leftover, who)
+            return
+        # The pipeline every request in this tunnel counts in, read once: its user name, else the address.
+        who = self.proxy.access.pipeline(headers.get("proxy-authorization"), self.client)
+        if decision is Route.INTERCEPT:
+            tunnel = Tunnel(self.client, target.host, target.port, who)
+            await self.proxy.intercept(self.transport, tunnel, leftover)
         else:
-            who = self.proxy.access.pipeline(headers.get("proxy-authorization"), self.client)
             await self.proxy.tunnel(self, target, leftover, who)

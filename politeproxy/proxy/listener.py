@@ -26,6 +26,7 @@ from politeproxy.policy.routing import Refusal, Target
 from politeproxy.proxy import fastnet, intercept, tunnel
 from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.exchange import Tunnel
 from politeproxy.proxy.forward import Forwarder, Handler
 from politeproxy.proxy.front import FrontProtocol, http_log, refusals
 from politeproxy.proxy.peek import PeekingTunnel
@@ -94,8 +95,7 @@ class Proxy:
         self.events = events
         self.access = access
         self.timeouts = timeouts
-        self.tunnels: dict[RequestHandler, tuple[str, int]] = {}
-        self.tunnel_pipelines: dict[RequestHandler, str] = {}  # the pipeline each CONNECT named
+        self.tunnels: dict[RequestHandler, Tunnel] = {}  # the intercepted connections aiohttp serves
         self.server: asyncio.Server | None = None
         self.destinations = tunnel.Destinations(
             allow_private_destinations, upstream.resolver.lookup, upstream.connect_timeout
@@ -115,8 +115,7 @@ class Proxy:
             access=access,
             robots=robots,
             admin=admin,
-            tunnel_target=self.tunnels.get,
-            tunnel_pipeline=self.tunnel_pipelines.get,
+            tunnel_of=self.tunnels.get,
         )
         limit, report, kwargs = timeouts.max_header_size, self._report, _server_kwargs(timeouts)
         self.plain_server = BoundedServer(self._plain, lambda h: None, limit, report, **kwargs)
@@ -187,7 +186,6 @@ class Proxy:
         self.events.tunnels_changed(self.open_tunnels)
 
     def _tunnel_lost(self, handler: RequestHandler) -> None:
-        self.tunnel_pipelines.pop(handler, None)
         if self.tunnels.pop(handler, None) is not None:
             self._tunnel_change(-1)
 
@@ -216,22 +214,22 @@ class Proxy:
 
     # -- CONNECT ------------------------------------------------------------------------------------
 
-    async def intercept(  # the CONNECT's facts; answered: the peek sent the 200 already
-        self, transport: asyncio.Transport, client: str, host: str, port: int, leftover: bytes, who: str = "",
-        answered: bool = False,
-    ) -> None:  # fmt: skip
+    async def intercept(
+        self, transport: asyncio.Transport, tunnel: Tunnel, leftover: bytes, answered: bool = False
+    ) -> None:
+        """Intercept the CONNECT ``tunnel``; ``answered``: the peek sent the 200 already."""
+
         def attach(tls: asyncio.Transport) -> asyncio.Protocol:
             proto = self.tunnel_server()
-            self.tunnels[proto] = (host, port)
-            self.tunnel_pipelines[proto] = who or client
+            self.tunnels[proto] = tunnel
             self._tunnel_change(+1)
             return proto
 
         await intercept.upgrade(
             transport,
-            client,
-            host,
-            port,
+            tunnel.client,
+            tunnel.host,
+            tunnel.port,
             leftover,
             context_for=self.ca.context,
             handshake_timeout=self.timeouts.handshake,
@@ -242,7 +240,7 @@ class Proxy:
     def _bytes_seen(self, from_client: bool, n: int) -> None:
         self.events.bytes_relayed("client_to_upstream" if from_client else "upstream_to_client", n)
 
-    async def tunnel(self, front: FrontProtocol, target: Target, leftover: bytes, who: str = "") -> None:
+    async def tunnel(self, front: FrontProtocol, target: Target, leftover: bytes, who: str) -> None:
         """A tunnel to a checked address of ``target`` (resolved here, once): blind, unless the client's
         TLS hello names a paced host (peek.py), which is then intercepted like a CONNECT to that host."""
         assert front.transport is not None
@@ -258,7 +256,8 @@ class Proxy:
             return
 
         async def by_name(transport: asyncio.Transport, name: str, initial: bytes) -> None:
-            await self.intercept(transport, front.client, name, target.port, initial, who, answered=True)
+            tunnel = Tunnel(front.client, name, target.port, who)
+            await self.intercept(transport, tunnel, initial, answered=True)
 
         where = (target.host, target.port)
         await self.peeker.open(front.transport, front.client, where, leftover, dests, by_name)

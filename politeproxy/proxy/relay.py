@@ -8,13 +8,13 @@ gets it close-delimited and cannot see a cut. Never reads a whole body: one CHUN
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from politeproxy.policy.backoff import retry_after_seconds
 from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.passage import stamp
 from politeproxy.proxy.upstream import (
     CHUNK,
@@ -37,18 +37,18 @@ class _RelayedResponse(web.StreamResponse):
 
 
 async def relay(
-    request: web.BaseRequest, upstream: Answer, info: dict[str, Any], events: ProxyEvents
+    request: web.BaseRequest, upstream: Answer, ex: Exchange, events: ProxyEvents
 ) -> web.StreamResponse:
-    """Stream the answer back; ``info`` (the forwarder's) gets the bytes and a note on a cut or a leave.
+    """Stream the answer back; ``ex`` (the forwarder's) gets the bytes and a note on a cut or a leave.
 
-    ``info["held"]``: the request went through the pacer, so the answer names its wait and pipeline."""
+    ``ex.held``: the request went through the pacer, so the answer names its wait and pipeline."""
     headers = strip_hop_by_hop(upstream.headers)
     if upstream.status in RETRY_AFTER_STATUSES and "Retry-After" not in headers:
         # A throttle or block passed on carries a Retry-After even when upstream gave none (issue 12):
         # duckdb and friends retry within 0.5 s otherwise. The pacer's delay, else one second.
-        headers["Retry-After"] = str(retry_after_seconds(info.get("retry_after") or 1.0))
-    if info.get("held"):
-        stamp(headers, info["wait"], info["pipeline"])
+        headers["Retry-After"] = str(retry_after_seconds(ex.retry_after or 1.0))
+    if ex.held:
+        stamp(headers, ex.wait, ex.pipeline)
     else:
         stamp(headers)  # Via only
     out = _RelayedResponse(status=upstream.status, reason=upstream.reason, headers=headers)
@@ -58,8 +58,8 @@ async def relay(
     try:
         await out.prepare(request)
     except (ConnectionError, aiohttp.ClientError):
-        return _client_gone(request, upstream, info, out)
-    tee = info.get("tee")  # proxy/cached.py: a cacheable answer is written to disk as it streams
+        return _client_gone(request, upstream, ex, out)
+    tee = ex.tee  # proxy/cached.py: a cacheable answer is written to disk as it streams
     if tee is not None:
         await tee.start(request.method, upstream.status, upstream.headers)
     while True:
@@ -70,7 +70,7 @@ async def relay(
             why = f"{type(e).__name__}: {e}"
         if why is not None:
             # Headers are gone already: cut the client off so it sees a truncated body, never a short one.
-            info["note"] = "upstream_broke"
+            ex.note = "upstream_broke"
             log.info("%s %s: upstream failed mid-body: %s", request.method, loggable(upstream.url), why)
             if request.transport is not None:
                 request.transport.abort()
@@ -82,19 +82,19 @@ async def relay(
         try:
             await out.write(chunk)
         except (ConnectionError, aiohttp.ClientError):
-            return _client_gone(request, upstream, info, out)
-        info["bytes"] += len(chunk)
+            return _client_gone(request, upstream, ex, out)
+        ex.bytes += len(chunk)
         events.bytes_relayed("upstream_to_client", len(chunk))
     try:
         await out.write_eof()
     except (ConnectionError, aiohttp.ClientError):
-        return _client_gone(request, upstream, info, out)
+        return _client_gone(request, upstream, ex, out)
     return out
 
 
 def _client_gone(
-    request: web.BaseRequest, upstream: Answer, info: dict[str, Any], out: web.StreamResponse
+    request: web.BaseRequest, upstream: Answer, ex: Exchange, out: web.StreamResponse
 ) -> web.StreamResponse:
-    info["note"] = "client_gone"
+    ex.note = "client_gone"
     log.info("%s %s %s: client went away", request.remote, request.method, loggable(upstream.url))
     return out

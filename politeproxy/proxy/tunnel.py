@@ -117,8 +117,8 @@ async def resolve(target: Target) -> list[Address]:
         target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
     )
     addrs: list[Address] = []
-    for info in infos:
-        a = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+    for _family, _type, _proto, _name, sockaddr in infos:
+        a = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
         if a not in addrs:
             addrs.append(a)
     return addrs

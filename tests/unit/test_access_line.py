@@ -14,8 +14,10 @@ from multidict import CIMultiDict
 
 from politeproxy.observe.logs import PLAIN_FORMAT, AccessLog, JsonFormatter, error_line
 from politeproxy.policy.backoff import Delay
+from politeproxy.policy.classify import Klass
 from politeproxy.proxy.eventlog import OperatorLog
-from politeproxy.proxy.events import PATH_LIMIT, AccessRecord, access_path
+from politeproxy.proxy.events import PATH_LIMIT, access_path
+from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.passage import (
     MAX_VIA,
     PIPELINE_HEADER,
@@ -28,7 +30,7 @@ from politeproxy.proxy.passage import (
 from politeproxy.proxy.upstream import PoolFull
 
 
-def _render(formatter: logging.Formatter, record: AccessRecord) -> str:
+def _render(formatter: logging.Formatter, record: Exchange) -> str:
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
@@ -40,9 +42,9 @@ def _render(formatter: logging.Formatter, record: AccessRecord) -> str:
     return out.getvalue().strip()
 
 
-REC = AccessRecord(
-    "10.0.0.1", "GET", "data.commoncrawl.org", "paced", 0.41234, 200, 42, 0.5,
-    pipeline="etl", path="/crawl-data/x.warc.gz", retries=1,
+REC = Exchange(
+    "10.0.0.1", "GET", "data.commoncrawl.org", "/crawl-data/x.warc.gz", Klass.PACED, "etl", 0.41234, 200, 42,
+    0.5, retries=1,
 )  # fmt: skip
 
 
@@ -61,7 +63,9 @@ def test_json_line_has_path_pipeline_and_retries() -> None:
 
 
 def test_the_cache_result_is_on_the_line_in_both_forms() -> None:
-    rec = AccessRecord("10.0.0.1", "GET", "data.commoncrawl.org", "paced", 0.0, 200, 42, 0.01, cache="hit")
+    rec = Exchange(
+        "10.0.0.1", "GET", "data.commoncrawl.org", "/", Klass.PACED, "etl", 0.0, 200, 42, 0.01, cache="hit"
+    )
     assert _render(logging.Formatter(PLAIN_FORMAT), rec).endswith(" cache=hit")
     assert json.loads(_render(JsonFormatter(), rec))["cache"] == "hit"
     assert "cache" not in json.loads(_render(JsonFormatter(), REC))  # not a cacheable request: no key

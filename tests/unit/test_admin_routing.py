@@ -20,6 +20,7 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.proxy.events import NoProxyEvents
+from politeproxy.proxy.exchange import Tunnel
 from politeproxy.proxy.forward import Forwarder
 
 
@@ -48,10 +49,12 @@ def _forwarder(rec: Recorder, users: dict[str, str], tunnel: tuple[str, int] | N
         access=Access([], users),
         robots=None,
         admin=admin,
-        tunnel_target=lambda _proto: tunnel,
+        tunnel_of=lambda _proto: None if tunnel is None else Tunnel("127.0.0.1", *tunnel, "127.0.0.1"),
     )
 
-    async def forward(request: web.BaseRequest, scheme: str, host: str, port: int, path: str) -> web.Response:
+    async def forward(
+        request: web.BaseRequest, scheme: str, host: str, port: int, path: str, who: str
+    ) -> web.Response:
         rec.forwarded.append((scheme, host, port, path))
         return web.Response(text="forwarded")
 

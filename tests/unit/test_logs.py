@@ -1,4 +1,4 @@
-"""The access line is built once (an AccessRecord) and rendered by logs.py, plain or JSON."""
+"""The access line is the forwarder's Exchange, rendered by logs.py, plain or JSON."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import json
 import logging
 
 from politeproxy.observe.logs import PLAIN_FORMAT, AccessLog, JsonFormatter
-from politeproxy.proxy.events import AccessRecord
+from politeproxy.policy.classify import Klass
+from politeproxy.proxy.exchange import Exchange
 
 
-def _render(formatter: logging.Formatter, record: AccessRecord) -> str:
+def _render(formatter: logging.Formatter, record: Exchange) -> str:
     out = io.StringIO()
     handler = logging.StreamHandler(out)
     handler.setFormatter(formatter)
@@ -22,13 +23,16 @@ def _render(formatter: logging.Formatter, record: AccessRecord) -> str:
     return out.getvalue().strip()
 
 
-REC = AccessRecord("10.0.0.1", "GET", "data.commoncrawl.org", "paced", 0.12345, 200, 42, 0.56789)
+REC = Exchange(
+    "10.0.0.1", "GET", "data.commoncrawl.org", "/x", Klass.PACED, "default", 0.12345, 200, 42, 0.56789
+)
 
 
 def test_plain_line() -> None:
     line = _render(logging.Formatter(PLAIN_FORMAT), REC)
     assert line.endswith(
-        "10.0.0.1 GET data.commoncrawl.org paced wait=0.123s status=200 bytes=42 duration=0.568s"
+        "10.0.0.1 GET data.commoncrawl.org/x paced wait=0.123s status=200 bytes=42 duration=0.568s"
+        " retries=0 pipeline=default"
     ), line
 
 
@@ -39,17 +43,20 @@ def test_json_line_is_flat_and_rounded() -> None:
         "client": "10.0.0.1",
         "method": "GET",
         "host": "data.commoncrawl.org",
+        "path": "/x",
         "class": "paced",
         "wait": 0.1235,
         "status": 200,
         "bytes": 42,
         "duration": 0.5679,
+        "pipeline": "default",
+        "retries": 0,
     }
 
 
 def test_note_in_both_forms() -> None:
-    rec = AccessRecord("?", "GET", "h", "paced", 0.0, 0, 0, 1.0, note="client_gone")
-    assert _render(logging.Formatter(PLAIN_FORMAT), rec).endswith(" note=client_gone")
+    rec = Exchange("?", "GET", "h", "/", Klass.PACED, "etl", 0.0, 0, 0, 1.0, note="client_gone")
+    assert _render(logging.Formatter(PLAIN_FORMAT), rec).endswith(" retries=0 note=client_gone pipeline=etl")
     assert json.loads(_render(JsonFormatter(), rec))["note"] == "client_gone"
 
 
