@@ -17,35 +17,29 @@ from politeproxy.config.overrides import apply_overrides, env_overrides
 from politeproxy.config.paths import resolve_paths
 from politeproxy.pacing.pacer import PacingSettings
 from politeproxy.policy import settings as d
-from politeproxy.policy.backoff import DEFAULT_THROTTLE_CODES, BackoffPolicy
+from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.cacherules import CacheLimits, CacheRule, default_rules
 from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
 from politeproxy.policy.fairness import PipelineRule, clean_name
-from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS, S3_PATH_STYLE_HOSTS
-from politeproxy.policy.redis_url import check_redis_url
+from politeproxy.policy.hosts import S3_PATH_STYLE_HOSTS
 from politeproxy.policy.settings import (
     ConfigError,
+    RobotsSettings,
     changes,
     check_environment,
     env_number,
     parse_duration,
-    parse_size,
 )
+from politeproxy.policy.table import SETTINGS
 from politeproxy.policy.values import (
+    Conv,
     _bool,
-    _choice,
-    _cidr,
     _dur,
-    _float,
-    _hostport,
-    _int,
     _list,
     _method,
-    _optional_hostport,
     _pattern,
-    _status,
     _str,
-    _table_of,
+    converter,
     parse_hostport,
 )
 
@@ -76,7 +70,6 @@ _RULE = {
     "range_required": (_bool, True),
     "methods": (_list(_method), ["GET", "HEAD"]),
 }
-_HOST = {"interval": (_dur, 0.0)}
 
 
 def _rules(v: Any, key: str) -> list[dict[str, Any]]:
@@ -106,16 +99,6 @@ def _cache_rules(v: Any, key: str) -> list[dict[str, Any]]:
     return out
 
 
-def _size(v: Any, key: str) -> int:
-    return parse_size(v, key)
-
-
-_PIPELINE = {
-    "weight": (_float(*d.PIPELINE_WEIGHT_BOUNDS), d.PIPELINE_WEIGHT),
-    "max_queued": (_int(*d.PIPELINE_MAX_QUEUED_BOUNDS), d.PIPELINE_MAX_QUEUED),
-}
-
-
 def _pipelines(v: Any, key: str) -> dict[str, dict[str, Any]]:
     """``[pipelines.NAME]`` tables: NAME as a client sends it (printable, no spaces or quotes)."""
     if not isinstance(v, dict):
@@ -127,87 +110,49 @@ def _pipelines(v: Any, key: str) -> dict[str, dict[str, Any]]:
             raise ConfigError(
                 f"{key}.{name!r}: a pipeline name is 1-64 printable characters, no spaces or quotes"
             )
-    return {name: _section(t, _PIPELINE, f"{key}.{name}") for name, t in v.items()}
+    return {name: _section(t, _ITEMS["pipelines"], f"{key}.{name}") for name, t in v.items()}
 
 
 def _hosts(v: Any, key: str) -> dict[str, dict[str, Any]]:
     if not isinstance(v, dict):
         raise ConfigError(f"{key}: expected a table of host patterns, got {v!r}")
-    return {_pattern(h, f"{key}.{h}"): _section(t, _HOST, f"{key}.{h}") for h, t in v.items()}
+    return {_pattern(h, f"{key}.{h}"): _section(t, _ITEMS["hosts"], f"{key}.{h}") for h, t in v.items()}
 
 
-# Every default comes from policy/settings.py (d.*), the one home of defaults.
-SCHEMA: dict[str, Any] = {
-    "listen": (_hostport, d.LISTEN),
-    "data_dir": (_str, ""),
-    "allow_clients": (_list(_cidr), []),
-    "metrics_listen": (_optional_hostport, ""),
-    "log_format": (_choice("plain", "json"), d.LOG_FORMAT),
-    "paced_hosts": (_list(_pattern), list(DEFAULT_PACED_HOSTS)),
-    "tunnel_ports": (_list(_int(1, 65535)), list(d.TUNNEL_PORTS)),
-    "allow_private_destinations": (_bool, d.ALLOW_PRIVATE_DESTINATIONS),
-    "intercept_s3_path_style": (_bool, d.INTERCEPT_S3_PATH_STYLE),
-    "auth": {"users": (_table_of(_str), {})},
-    "client": {
-        "handshake_timeout": (_dur, d.HANDSHAKE_TIMEOUT),
-        "header_timeout": (_dur, d.HEADER_TIMEOUT),
-        "idle_timeout": (_dur, d.IDLE_TIMEOUT),
-        "max_header_size": (_int(1024, 1 << 20), d.MAX_HEADER_SIZE),
-        "max_connections": (_int(1, 1_000_000), d.MAX_CLIENT_CONNECTIONS),
-    },
-    "upstream": {
-        "ca_file": (_str, ""),
-        "resolve": (_table_of(_hostport), {}),
-        "connect_timeout": (_dur, d.CONNECT_TIMEOUT),
-        "read_timeout": (_dur, d.READ_TIMEOUT),
-        "max_connections": (_int(1, 100_000), d.UPSTREAM_MAX_CONNECTIONS),
-    },
-    "schedule": {
-        "backend": (_choice("memory", "file", "redis"), d.BACKEND),
-        "global_rate": (_dur, d.GLOBAL_GAP),
-        "redis_url": (check_redis_url, d.REDIS_URL),
-        "redis_prefix": (_str, d.REDIS_PREFIX),
-        "redis_key_ttl": (_dur, d.REDIS_KEY_TTL),
-        "expected_proxies": (_int(1, 1000), d.EXPECTED_PROXIES),
-    },
-    "pacing": {
-        "max_wait": (_dur, d.MAX_WAIT),
-        "retries": (_int(0, 10), d.RETRIES),
-        "max_queue": (_int(1, 1_000_000), d.MAX_QUEUE),
-        "throttle_codes": (_list(_status), sorted(DEFAULT_THROTTLE_CODES)),
-        "backoff_base": (_dur, d.BACKOFF_BASE),
-        "backoff_cap": (_dur, d.BACKOFF_CAP),
-        "backoff_jitter": (_float(0.0, 1.0), d.BACKOFF_JITTER),
-        "block_codes": (_list(_status), list(d.BLOCK_CODES)),
-        "block_hold": (_dur, d.BLOCK_HOLD),
-        "block_hold_cap": (_dur, d.BLOCK_HOLD_CAP),
-        "adaptive": (_bool, d.ADAPTIVE),
-        "adaptive_floor": (_dur, d.ADAPTIVE_FLOOR),
-        "adaptive_recovery": (_dur, d.ADAPTIVE_RECOVERY),
-    },
-    "robots": {
-        "enabled": (_bool, d.ROBOTS_ENABLED),
-        "ttl": (_dur, d.ROBOTS_TTL),
-        "max_crawl_delay": (_dur, d.ROBOTS_MAX_CRAWL_DELAY),
-    },
-    "exempt": {
-        "max_in_flight": (_int(1, 10_000), d.EXEMPT_MAX_IN_FLIGHT),
-        "respect_backoff": (_bool, d.EXEMPT_RESPECT_BACKOFF),
-        "rate": (_dur, d.EXEMPT_RATE),
-        "burst": (_int(*d.EXEMPT_BURST_BOUNDS), d.EXEMPT_BURST),
-        "rules": (_rules, None),
-    },
-    "hosts": (_hosts, None),
-    "pipelines": (_pipelines, {}),
-    "cache": {
-        "enabled": (_bool, d.CACHE_ENABLED),
-        "max_object": (_size, d.CACHE_MAX_OBJECT),
-        "max_range": (_size, d.CACHE_MAX_RANGE),
-        "max_size": (_size, d.CACHE_MAX_SIZE),
-        "collinfo_ttl": (_dur, d.CACHE_COLLINFO_TTL),
-        "rules": (_cache_rules, None),
-    },
-}
+# The kinds of nested tables, checked with the schema machinery below; every other kind's converter is
+# policy/values.py's.
+_NESTED: dict[str, Conv] = {"exempt rules": _rules, "cache rules": _cache_rules}
+# Tables keyed by a name ("hosts.*.interval"): the table's converter and its value when absent.
+_BY_NAME: dict[str, tuple[Conv, Any]] = {"hosts": (_hosts, None), "pipelines": (_pipelines, {})}
+
+
+def _schema() -> dict[str, Any]:
+    """The TOML schema, from the table of settings: nested dicts of (converter, default) per key."""
+    schema: dict[str, Any] = {}
+    for s in SETTINGS:
+        *tables, name = s.path
+        spec = (_NESTED.get(s.kind) or converter(s), s.default)
+        if "*" in tables:  # one key of every [hosts."<pattern>"] table
+            _ITEMS.setdefault(tables[0], {})[name] = spec
+            schema[tables[0]] = _BY_NAME[tables[0]]
+            continue
+        where = schema
+        for t in tables:
+            where = where.setdefault(t, {})
+        where[name] = spec
+    return schema
+
+
+# The schema of one [hosts.X] or [pipelines.X] table.
+_ITEMS: dict[str, dict[str, Any]] = {}
+SCHEMA: dict[str, Any] = _schema()
+
+
+def _fresh(default: Any) -> Any:
+    """A default as a loaded value: tuples in the table stand for lists; never a shared dict or list."""
+    if isinstance(default, tuple):
+        return list(default)
+    return dict(default) if isinstance(default, dict) else default
 
 
 def _section(raw: Any, schema: Mapping[str, Any], prefix: str) -> dict[str, Any]:
@@ -225,7 +170,7 @@ def _section(raw: Any, schema: Mapping[str, Any], prefix: str) -> dict[str, Any]
             out[key] = _section(raw.get(key, {}), spec, where)
         else:
             conv, default = spec
-            out[key] = conv(raw[key], where) if key in raw else default
+            out[key] = conv(raw[key], where) if key in raw else _fresh(default)
     return out
 
 
@@ -238,6 +183,19 @@ class Config:
 
     def __getitem__(self, section: str) -> Any:
         return self.raw[section]
+
+    def get(self, key: str) -> Any:
+        """The value of a dotted key of the table ("schedule.global_rate"); None for a missing one."""
+        value: Any = self.raw
+        for name in key.split("."):
+            if not isinstance(value, dict):
+                return None
+            value = value.get(name)
+        return value
+
+    def robots(self) -> RobotsSettings:
+        r = self.raw["robots"]
+        return RobotsSettings(r["enabled"], r["ttl"], r["max_crawl_delay"])
 
     @property
     def paced_hosts(self) -> list[str]:
@@ -308,7 +266,7 @@ class Config:
 
 
 # Keys that hold a path: made absolute at load time (see paths.py).
-PATH_KEYS: tuple[tuple[str, ...], ...] = (("data_dir",), ("upstream", "ca_file"))
+PATH_KEYS: tuple[tuple[str, ...], ...] = tuple(s.path for s in SETTINGS if s.kind == "path")
 
 
 def build(

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from politeproxy.config.paths import resolve_path
-from politeproxy.policy.redis_url import check_redis_url
-from politeproxy.policy.settings import ConfigError, parse_duration
-from politeproxy.policy.values import _choice, _hostport, _optional_hostport, _str, _table_of
+from politeproxy.policy.settings import ConfigError
+from politeproxy.policy.table import SETTINGS, Setting
+from politeproxy.policy.values import Conv, _str, _table_of, converter
 
 Apply = Callable[[dict[str, Any], Any], None]
 
@@ -56,16 +56,20 @@ def _set(path: tuple[str, ...], conv: Callable[[Any, str], Any], origin: str = "
     return apply
 
 
+# Values from outside the file that a kind reads differently there: a path is relative to the working
+# directory, and [auth] users is one "name:password ..." string. Every other kind reads as in the file.
+_OUTSIDE: dict[str, Conv] = {"path": _cwd_path, "users": parse_users}
+
+
+def _origin(s: Setting) -> str:
+    return " or ".join(x for x in (s.flag, s.env) if x)
+
+
+# Every table entry with a flag or a variable, by its override name ("global_rate").
 OVERRIDES: dict[str, Apply] = {
-    "listen": _set(("listen",), _hostport, "--listen or POLITEPROXY_LISTEN"),
-    "data_dir": _set(("data_dir",), _cwd_path, "--data-dir or POLITEPROXY_DATA_DIR"),
-    "global_rate": _set(
-        ("schedule", "global_rate"), parse_duration, "--global-rate or POLITEPROXY_GLOBAL_RATE"
-    ),
-    "metrics_listen": _set(("metrics_listen",), _optional_hostport, "--metrics-listen"),
-    "redis_url": _set(("schedule", "redis_url"), check_redis_url, "POLITEPROXY_REDIS_URL"),
-    "auth_users": _set(("auth", "users"), parse_users, "POLITEPROXY_AUTH_USERS"),
-    "log_format": _set(("log_format",), _choice("plain", "json"), "--log-format"),
+    s.override: _set(s.path, _OUTSIDE.get(s.kind) or converter(s), _origin(s))
+    for s in SETTINGS
+    if s.env or s.flag
 }
 
 
@@ -81,12 +85,6 @@ def apply_overrides(merged: dict[str, Any], overrides: Mapping[str, Any]) -> Non
 
 def env_overrides(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """The POLITEPROXY_* variables that set config keys; unset or empty ones are None (no override)."""
-    return {
-        "listen": env.get("POLITEPROXY_LISTEN") or None,
-        "data_dir": env.get("POLITEPROXY_DATA_DIR") or None,
-        "global_rate": env.get("POLITEPROXY_GLOBAL_RATE") or None,
-        # Secrets, so that none has to live in the config file: the deploy files pass the Redis
-        # password this way (from a secret); [auth] users likewise.
-        "redis_url": env.get("POLITEPROXY_REDIS_URL") or None,
-        "auth_users": env.get("POLITEPROXY_AUTH_USERS") or None,
-    }
+    # The secrets have one, so that none has to live in the config file: the deploy files pass the
+    # Redis password this way (from a secret); [auth] users likewise.
+    return {s.override: env.get(s.env) or None for s in SETTINGS if s.env}

@@ -15,39 +15,31 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from politeproxy.policy.table import DAY, SETTINGS, SIZE_BOUNDS, default, setting
 
 
 class ConfigError(ValueError):
     """A config value, flag or environment variable is invalid; the message is one line naming it."""
 
 
-DAY = 86400.0
+def bounds_of(key: str) -> tuple[Any, Any]:
+    """The (lowest, highest) of a key with bounds in the table."""
+    b = setting(key).bounds
+    assert b is not None, key
+    return b
 
-# (lowest, highest) per duration key, in seconds. The upper bounds are far above any sensible value and
-# exist so that a typo ("1e9") cannot park the proxy for years.
+
+# (lowest, highest) per duration key, in seconds, from the table. The upper bounds are far above any
+# sensible value and exist so that a typo ("1e9") cannot park the proxy for years.
 DURATION_BOUNDS: dict[str, tuple[float, float]] = {
-    "client.handshake_timeout": (0.0, 3600.0),
-    "client.header_timeout": (0.0, 3600.0),
-    "client.idle_timeout": (0.0, DAY),
-    "upstream.connect_timeout": (0.0, 600.0),
-    "upstream.read_timeout": (0.0, DAY),
-    "schedule.global_rate": (0.0, 3600.0),
-    "schedule.redis_key_ttl": (60.0, 30 * DAY),
-    "pacing.max_wait": (0.0, 3600.0),
-    "pacing.backoff_base": (0.0, 3600.0),
-    "pacing.backoff_cap": (0.0, DAY),
-    "pacing.block_hold": (0.0, DAY),
-    "pacing.block_hold_cap": (0.0, DAY),
-    "pacing.adaptive_floor": (0.0, 3600.0),
-    "pacing.adaptive_recovery": (0.0, DAY),
-    "exempt.rate": (0.0, 60.0),
-    "robots.ttl": (0.0, 30 * DAY),
-    "robots.max_crawl_delay": (0.0, 3600.0),
-    "cache.collinfo_ttl": (0.0, 30 * DAY),
-    "hosts.*.interval": (0.0, 3600.0),
+    s.key: (float(s.bounds[0]), float(s.bounds[1]))
+    for s in SETTINGS
+    if s.kind in ("duration", "rate") and s.bounds is not None
 }
-# The fallback for a duration key not listed above.
+# The fallback for a duration key not listed above ([[cache.rules]] ttl).
 DEFAULT_DURATION_BOUNDS = (0.0, DAY)
 
 # Environment variables that hold numbers: (lowest, highest, default).
@@ -59,78 +51,86 @@ ENV_NUMBERS: dict[str, tuple[float, float, float]] = {
 }
 
 
-# -- defaults: THE one home of every default --------------------------------------------------------
-# config.py's SCHEMA and the dataclasses (PacingSettings, BackoffPolicy, Timeouts, Upstream,
-# RobotsWatcher) read these names; tests/unit/test_settings_defaults.py checks that they agree.
+# -- defaults: named views of the table (policy/table.py), THE one home of every default -------------
+# The dataclasses (PacingSettings, BackoffPolicy, Timeouts, Upstream, RobotsWatcher) read these names;
+# tests/unit/test_settings_defaults.py checks that they agree with what the config loads.
 
-LISTEN = "127.0.0.1:3128"
-LOG_FORMAT = "plain"
-TUNNEL_PORTS = (443,)
-ALLOW_PRIVATE_DESTINATIONS = False
-INTERCEPT_S3_PATH_STYLE = False  # s3[.<region>].amazonaws.com intercepted, /commoncrawl/ paced
+LISTEN: str = default("listen")
+LOG_FORMAT: str = default("log_format")
+TUNNEL_PORTS: tuple[int, ...] = default("tunnel_ports")
+ALLOW_PRIVATE_DESTINATIONS: bool = default("allow_private_destinations")
+INTERCEPT_S3_PATH_STYLE: bool = default("intercept_s3_path_style")
 # [client]
-HANDSHAKE_TIMEOUT = 10.0
-HEADER_TIMEOUT = 15.0
-IDLE_TIMEOUT = 60.0
-MAX_HEADER_SIZE = 32768
-MAX_CLIENT_CONNECTIONS = 4096  # client connections open at once (tunnels included)
+HANDSHAKE_TIMEOUT: float = default("client.handshake_timeout")
+HEADER_TIMEOUT: float = default("client.header_timeout")
+IDLE_TIMEOUT: float = default("client.idle_timeout")
+MAX_HEADER_SIZE: int = default("client.max_header_size")
+MAX_CLIENT_CONNECTIONS: int = default("client.max_connections")
 # [upstream]
-CONNECT_TIMEOUT = 10.0
-READ_TIMEOUT = 60.0
-UPSTREAM_MAX_CONNECTIONS = 256
+CONNECT_TIMEOUT: float = default("upstream.connect_timeout")
+READ_TIMEOUT: float = default("upstream.read_timeout")
+UPSTREAM_MAX_CONNECTIONS: int = default("upstream.max_connections")
 # [schedule]
-BACKEND = "file"
-GLOBAL_GAP = 0.2  # seconds between paced grants: 5 req/s
-REDIS_URL = "redis://127.0.0.1:6379/0"
-REDIS_PREFIX = "politeproxy:"
-REDIS_KEY_TTL = DAY
-EXPECTED_PROXIES = 1
+BACKEND: str = default("schedule.backend")
+GLOBAL_GAP: float = default("schedule.global_rate")  # seconds between paced grants: 5 req/s
+REDIS_URL: str = default("schedule.redis_url")
+REDIS_PREFIX: str = default("schedule.redis_prefix")
+REDIS_KEY_TTL: float = default("schedule.redis_key_ttl")
+EXPECTED_PROXIES: int = default("schedule.expected_proxies")
 # [pacing]
-MAX_WAIT = 25.0  # under duckdb's and cdx_toolkit's 30 s timeouts
-RETRIES = 2
-# Waiters one proxy holds at most (paced lines plus exempt places together).
-MAX_QUEUE = 1024
-BACKOFF_BASE = 1.0
-BACKOFF_FACTOR = 2.0
-BACKOFF_CAP = 300.0
-BACKOFF_JITTER = 0.2
+MAX_WAIT: float = default("pacing.max_wait")  # under duckdb's and cdx_toolkit's 30 s timeouts
+RETRIES: int = default("pacing.retries")
+MAX_QUEUE: int = default("pacing.max_queue")  # paced lines plus exempt places together
+BACKOFF_BASE: float = default("pacing.backoff_base")
+BACKOFF_FACTOR = 2.0  # not a config key
+BACKOFF_CAP: float = default("pacing.backoff_cap")
+BACKOFF_JITTER: float = default("pacing.backoff_jitter")
 # Per-code policies (issue 12): 429/500/503 back off exponentially; a 403 (CloudFront's rate rule) holds the
 # host for BLOCK_HOLD, doubling per consecutive block up to BLOCK_HOLD_CAP, then one probe goes alone.
-THROTTLE_CODES = (429, 500, 503)
-BLOCK_CODES = (403,)
-BLOCK_HOLD = 120.0
-BLOCK_HOLD_CAP = 1800.0
+THROTTLE_CODES: tuple[int, ...] = default("pacing.throttle_codes")
+BLOCK_CODES: tuple[int, ...] = default("pacing.block_codes")
+BLOCK_HOLD: float = default("pacing.block_hold")
+BLOCK_HOLD_CAP: float = default("pacing.block_hold_cap")
 # The adaptive host interval: at least doubled by a throttle (never below the floor), back to the
 # configured one in 4 steps over ADAPTIVE_RECOVERY from the end of the backoff.
-ADAPTIVE = True
-ADAPTIVE_FLOOR = 1.0
-ADAPTIVE_RECOVERY = 60.0
-# [hosts]: index.commoncrawl.org is one fragile pywb server; cdx_toolkit paces it at 1 s
+ADAPTIVE: bool = default("pacing.adaptive")
+ADAPTIVE_FLOOR: float = default("pacing.adaptive_floor")
+ADAPTIVE_RECOVERY: float = default("pacing.adaptive_recovery")
+# [hosts]: index.commoncrawl.org is one fragile pywb server; cdx_toolkit paces it at 1 s. The default
+# [hosts] table is not a key's default: it is what a config without [hosts] gets.
 INDEX_HOST_INTERVAL = 1.0
 HOST_INTERVALS: tuple[tuple[str, float], ...] = (("index.commoncrawl.org", INDEX_HOST_INTERVAL),)
 # [exempt]
-EXEMPT_MAX_IN_FLIGHT = 16
-EXEMPT_RESPECT_BACKOFF = True
-EXEMPT_RATE = 0.02  # the GCRA ceiling of exempt reads per host: 50/s, shared by every proxy on the store
-EXEMPT_BURST = 100
-EXEMPT_BURST_BOUNDS = (1, 100_000)
+EXEMPT_MAX_IN_FLIGHT: int = default("exempt.max_in_flight")
+EXEMPT_RESPECT_BACKOFF: bool = default("exempt.respect_backoff")
+EXEMPT_RATE: float = default("exempt.rate")  # 50/s per host, shared by every proxy on the store
+EXEMPT_BURST: int = default("exempt.burst")
+EXEMPT_BURST_BOUNDS = bounds_of("exempt.burst")
 # [pipelines.NAME]: a pipeline's weight in the fair queue, and its own cap on requests waiting (0 = none)
-PIPELINE_WEIGHT = 1.0
-PIPELINE_WEIGHT_BOUNDS = (0.01, 1000.0)
-PIPELINE_MAX_QUEUED = 0
-PIPELINE_MAX_QUEUED_BOUNDS = (0, 1_000_000)
+PIPELINE_WEIGHT: float = default("pipelines.*.weight")
+PIPELINE_WEIGHT_BOUNDS = bounds_of("pipelines.*.weight")
+PIPELINE_MAX_QUEUED: int = default("pipelines.*.max_queued")
+PIPELINE_MAX_QUEUED_BOUNDS = bounds_of("pipelines.*.max_queued")
 MAX_PIPELINES = 256  # configured [pipelines.*] tables at most (each keeps a metric label for good)
 # [robots]
-ROBOTS_ENABLED = True
-ROBOTS_TTL = 3600.0
-ROBOTS_MAX_CRAWL_DELAY = 10.0
+ROBOTS_ENABLED: bool = default("robots.enabled")
+ROBOTS_TTL: float = default("robots.ttl")
+ROBOTS_MAX_CRAWL_DELAY: float = default("robots.max_crawl_delay")
 # [cache] (issue 14): the shared disk cache of immutable Common Crawl objects, in <data_dir>/cache
-CACHE_ENABLED = True
-CACHE_MAX_OBJECT = 64 << 20  # a 200 answer's body at most
-CACHE_MAX_RANGE = 16 << 20  # a 206 answer's body at most
-CACHE_MAX_SIZE = 2 << 30  # the whole cache, least recently used entries evicted beyond it
-CACHE_COLLINFO_TTL = DAY  # collinfo.json changes once a month
-SIZE_BOUNDS = (0, 1 << 50)  # bytes; a petabyte is already a typo
+CACHE_ENABLED: bool = default("cache.enabled")
+CACHE_MAX_OBJECT: int = default("cache.max_object")
+CACHE_MAX_RANGE: int = default("cache.max_range")
+CACHE_MAX_SIZE: int = default("cache.max_size")
+CACHE_COLLINFO_TTL: float = default("cache.collinfo_ttl")  # collinfo.json changes once a month
+
+
+@dataclass(frozen=True, slots=True)
+class RobotsSettings:
+    """What the robots watcher reads: its typed settings, applied at start and by a reload."""
+
+    enabled: bool = ROBOTS_ENABLED
+    ttl: float = ROBOTS_TTL
+    max_crawl_delay: float = ROBOTS_MAX_CRAWL_DELAY
 
 
 def check_number(value: float, key: str, lo: float = 0.0, hi: float = DAY, unit: str = "") -> float:
@@ -176,9 +176,9 @@ _RATE_UNITS = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hour"
 _DURATION_HELP = 'expected a duration such as "200ms", "1.5s" or "5m"'
 _RATE_HELP = 'expected a gap such as "200ms" or a rate such as "5/s" or "300/m"'
 
-# The keys that space grants: they take a rate ("5/s" = one grant per 200 ms) as well as a gap.
-# Every other duration key is a timeout or a hold and takes a duration only.
-RATE_KEYS = ("schedule.global_rate", "exempt.rate", "pacing.adaptive_floor", "hosts.*.interval")
+# The keys that space grants (kind "rate" in the table): they take a rate ("5/s" = one grant per 200 ms)
+# as well as a gap. Every other duration key is a timeout or a hold and takes a duration only.
+RATE_KEYS = tuple(s.key for s in SETTINGS if s.kind == "rate")
 
 
 def accepts_rate(key: str) -> bool:

@@ -1,6 +1,7 @@
 """The typed checks of config values (policy core, no I/O): each converter takes a raw TOML value and the
-key it came from, and returns the value or raises a ConfigError that names the key. ``config.SCHEMA``
-pairs them with the defaults of policy/settings.py.
+key it came from, and returns the value or raises a ConfigError that names the key. ``converter`` gives
+the one for a table entry (policy/table.py) from its kind and bounds; config/loading.py builds the schema
+from them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,11 @@ from collections.abc import Callable
 from typing import Any
 
 from politeproxy.policy.hosts import normalize_host, validate_pattern
-from politeproxy.policy.settings import ConfigError, check_number, parse_duration
+from politeproxy.policy.redis_url import check_redis_url
+from politeproxy.policy.settings import ConfigError, check_number, parse_duration, parse_size
+from politeproxy.policy.table import Setting
+
+Conv = Callable[[Any, str], Any]
 
 
 def parse_hostport(value: str, key: str, default_port: int | None = None) -> tuple[str, int]:
@@ -121,3 +126,44 @@ def _status(v: Any, key: str) -> int:
 
 def _method(v: Any, key: str) -> str:
     return _str(v, key).upper()
+
+
+def _size(v: Any, key: str) -> int:
+    return parse_size(v, key)
+
+
+def _bounded(make: Callable[[Any, Any], Conv]) -> Callable[[Setting], Conv]:
+    def conv(s: Setting) -> Conv:
+        assert s.bounds is not None, f"{s.key}: kind {s.kind} needs bounds"
+        return make(*s.bounds)
+
+    return conv
+
+
+# kind -> the converter of a table entry of that kind. The nested tables ("exempt rules", "cache rules")
+# are config/loading.py's, since they are checked with the schema machinery.
+CONVERTERS: dict[str, Callable[[Setting], Conv]] = {
+    "duration": lambda s: _dur,  # bounds: settings.DURATION_BOUNDS, from the same table
+    "rate": lambda s: _dur,
+    "int": _bounded(_int),
+    "float": _bounded(_float),
+    "bool": lambda s: _bool,
+    "string": lambda s: _str,
+    "path": lambda s: _str,  # made absolute by config/paths.py when the config loads
+    "choice": lambda s: _choice(*s.choices),
+    "size": lambda s: _size,
+    "host:port": lambda s: _hostport,
+    "host:port or empty": lambda s: _optional_hostport,
+    "redis url": lambda s: check_redis_url,
+    "cidr list": lambda s: _list(_cidr),
+    "host patterns": lambda s: _list(_pattern),
+    "ports": lambda s: _list(_bounded(_int)(s)),
+    "status codes": lambda s: _list(_status),
+    "users": lambda s: _table_of(_str),
+    "resolve table": lambda s: _table_of(_hostport),
+}
+
+
+def converter(s: Setting) -> Conv:
+    """The converter of a table entry, from its kind (a KeyError names a kind nobody reads)."""
+    return CONVERTERS[s.kind](s)
