@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test test-repeat lint bench clean
+.PHONY: run test test-repeat lint typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,8 +41,13 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check politeproxy tests bench
 	$(BIN)/ruff format --check politeproxy tests bench
 
+# mypy with [tool.mypy] in pyproject.toml: --strict on policy, pacing, stores and cache, default checks on
+# the rest (issue 23).
+typecheck: $(VENV)/.installed-test
+	$(BIN)/mypy --config-file pyproject.toml
+
 bench: $(VENV)/.installed-test
 	$(BIN)/python bench/run_all.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info .mypy_cache

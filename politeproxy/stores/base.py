@@ -62,8 +62,13 @@ PROBES_KEPT = 1024  # hosts whose probe this process sent and has not heard back
 
 
 class Store(ABC):
-    name: str = "abstract"
     _probes: dict[str, None] | None = None  # the hosts whose probe this store object granted
+
+    @property
+    def name(self) -> str:
+        """Read-only here: each store names itself with a class attribute; the failover store answers with
+        the store it paces on now."""
+        return "abstract"
 
     def note_probe(self, host: str, c: Claim) -> None:
         """Remember a probe granted here (bounded, the oldest forgotten) until its answer is recorded."""
@@ -78,7 +83,7 @@ class Store(ABC):
     def probing(self, host: str) -> bool:
         """Did this process send the host's probe, still unanswered? Its success must reach the store at
         once (the pacer otherwise writes a success at most once a second): every proxy waits for it."""
-        return bool(self._probes) and host in self._probes  # type: ignore[operator]
+        return self._probes is not None and host in self._probes
 
     def probe_answered(self, host: str) -> None:
         if self._probes:

@@ -67,7 +67,7 @@ class FailoverStore(Store):
         return self.fallback if self.degraded else self.primary
 
     @property
-    def name(self) -> str:  # type: ignore[override]
+    def name(self) -> str:
         return self.active.name
 
     @property

@@ -166,7 +166,7 @@ class RedisStore(Store):
         # or a crash. The arithmetic is backoff.answer_delay's, in Lua; tests/unit/test_claim_cases.py checks.
         self.probe_answered(host)
         ra = None if retry_after is None else duration(retry_after)
-        args = [
+        args: list[int | str] = [
             "" if ra is None else repr(ra),
             repr(policy.base),
             repr(policy.factor),
