@@ -25,6 +25,7 @@ from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.access import Access, is_loopback
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
+from politeproxy.policy.table import restart_only
 from politeproxy.proxy.ca import CAError, CertificateAuthority
 from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import events_log
@@ -40,22 +41,8 @@ from politeproxy.stores.memory import MemoryStore
 log = logging.getLogger("politeproxy")
 start_log = logging.getLogger("politeproxy.start")  # always at INFO (cli.setup_logging)
 
-# Settings that only a restart applies; a reload that changes them says so.
-RESTART_ONLY = (
-    "listen",
-    "data_dir",
-    "log_format",
-    "allow_clients",
-    "metrics_listen",
-    "paced_hosts",
-    "intercept_s3_path_style",  # it changes the CA's name constraints, made at start
-    "tunnel_ports",
-    "allow_private_destinations",
-    "auth",
-    "client",
-    "upstream",
-    "cache",  # the cache's store and limits are opened at start (issue 14)
-)
+# Settings that only a restart applies (the table's, policy/table.py); a reload that changes one says so.
+RESTART_ONLY = restart_only()
 
 
 class StartupError(Exception):
@@ -330,27 +317,15 @@ class App:
             self.metrics.reloads.labels("error").inc()
             return False
         for key in RESTART_ONLY:
-            if new.raw.get(key) != self.cfg.raw.get(key):
+            if new.get(key) != self.cfg.get(key):
                 log.warning("config reload: %s changed but applies only after a restart", key)
-        if new.raw["schedule"] != self.cfg.raw["schedule"]:
-            changed = {
-                k for k in new.raw["schedule"] if new.raw["schedule"][k] != self.cfg.raw["schedule"][k]
-            }
-            if changed - {"global_rate"}:
-                log.warning(
-                    "config reload: schedule.%s applies only after a restart", ", ".join(sorted(changed))
-                )
         settings = new.pacing()
         if settings != self.pacer.settings:
             announce_pacing(settings)
-        self.pacer.update(settings)
-        self.classifier.rules = new.exempt_rules()
-        rb = new["robots"]
-        self.robots.enabled, self.robots.ttl, self.robots.cap = (
-            rb["enabled"],
-            rb["ttl"],
-            rb["max_crawl_delay"],
-        )
+        # Each component applies its own settings.
+        self.pacer.reload(settings)
+        self.classifier.reload(new.exempt_rules())
+        self.robots.reload(new.robots())
         self.metrics.set_configured_gap(settings.gap)
         self.metrics.reloads.labels("ok").inc()
         old, self.cfg = self.cfg.raw, new

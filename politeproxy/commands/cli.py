@@ -13,6 +13,7 @@ from politeproxy import __version__
 from politeproxy.config.loading import Config, ConfigError, check_environment, env_overrides, load
 from politeproxy.observe.logs import error_line, setup_logging
 from politeproxy.policy.fairness import clean_name
+from politeproxy.policy.table import SETTINGS, Setting
 
 EXIT_CONFIG = 2
 DOCTOR_URL = "https://index.commoncrawl.org/collinfo.json"  # politeproxy doctor's one paced request
@@ -25,10 +26,10 @@ def _config_path(args: argparse.Namespace) -> str | None:
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """Environment, then flags: both win over the config file, and a reload applies them again."""
     out = env_overrides()
-    for key in ("listen", "data_dir", "global_rate", "metrics_listen", "log_format"):
-        value = getattr(args, key, None)
+    for s in SETTINGS:
+        value = getattr(args, s.override, None) if s.flag else None
         if value is not None:
-            out[key] = value
+            out[s.override] = value
     return out
 
 
@@ -188,6 +189,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flag(sp: argparse.ArgumentParser, s: Setting, hidden: bool) -> None:
+    """The flag of a table entry (policy/table.py): its doc, its variable and its key as the help."""
+    env = f"env {s.env}; " if s.env else ""
+    text = argparse.SUPPRESS if hidden else f"{s.doc} ({env}config {s.key})"
+    sp.add_argument(s.flag, dest=s.override, choices=s.choices or None, help=text)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="politeproxy", description="One request budget for Common Crawl.")
     p.add_argument("--version", action="version", version=f"politeproxy {__version__}")
@@ -195,23 +203,18 @@ def parser() -> argparse.ArgumentParser:
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--config", help="TOML config file (env POLITEPROXY_CONFIG)")
-        sp.add_argument("--listen", help="HOST:PORT (env POLITEPROXY_LISTEN; default 127.0.0.1:3128)")
-        sp.add_argument("--data-dir", dest="data_dir", help="CA and schedule (env POLITEPROXY_DATA_DIR)")
+        for s in SETTINGS:
+            if s.flag and s.flag_all:
+                _flag(sp, s, hidden=False)
 
     def run_flags(sp: argparse.ArgumentParser, hidden: bool = False) -> None:
         """run's own flags; ``env`` takes them too, ignored, so one ARGS serves both (make run)."""
 
-        def h(text: str) -> str:
-            return argparse.SUPPRESS if hidden else text
-
-        sp.add_argument(
-            "--global-rate",
-            dest="global_rate",
-            help=h('gap between paced grants ("200ms") or a rate ("5/s", "300/m"); 0 = off'),
-        )
-        sp.add_argument("--metrics-listen", dest="metrics_listen", help=h("also serve /metrics on HOST:PORT"))
-        sp.add_argument("--log-format", dest="log_format", choices=("plain", "json"), help=h("log lines"))
-        sp.add_argument("-v", "--verbose", action="count", default=0, help=h("-v: info, -vv: debug"))
+        for s in SETTINGS:
+            if s.flag and not s.flag_all:
+                _flag(sp, s, hidden)
+        help_ = argparse.SUPPRESS if hidden else "-v: info, -vv: debug"
+        sp.add_argument("-v", "--verbose", action="count", default=0, help=help_)
 
     run = sub.add_parser("run", help="run the proxy")
     common(run)

@@ -78,6 +78,10 @@ class Classifier:
     hosts: HostSet
     rules: tuple[ExemptRule, ...] = field(default=DEFAULT_EXEMPT_RULES)
 
+    def reload(self, rules: tuple[ExemptRule, ...]) -> None:
+        """Apply [[exempt.rules]] from a reloaded config; the next request is classified by them."""
+        self.rules = rules
+
     def classify(self, method: str, host: str, path: str, has_range: bool) -> Klass:
         if not self.hosts.matches(host):
             return Klass.PASSTHROUGH

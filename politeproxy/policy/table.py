@@ -75,7 +75,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("upstream.read_timeout", "duration", 60.0, "between reads from upstream", bounds=(0.0, DAY), unit=_D),
     S("upstream.max_connections", "int", 256, "upstream connections in use at once, shared out per class", bounds=(1, 100_000)),
     S("schedule.backend", "choice", "file", "where the shared schedule lives", choices=("memory", "file", "redis")),
-    S("schedule.global_rate", "rate", 0.2, "the gap between paced grants across all paced requests, or a rate; 0 = off", bounds=(0.0, HOUR), unit=_D, reload=True, env="POLITEPROXY_GLOBAL_RATE", flag="--global-rate"),
+    S("schedule.global_rate", "rate", 0.2, 'the gap between paced grants across all paced requests ("200ms"), or a rate ("5/s", "300/m"); 0 = off', bounds=(0.0, HOUR), unit=_D, reload=True, env="POLITEPROXY_GLOBAL_RATE", flag="--global-rate"),
     S("schedule.redis_url", "redis url", "redis://127.0.0.1:6379/0", "redis://, rediss:// or unix://; the password is never logged", env="POLITEPROXY_REDIS_URL"),
     S("schedule.redis_prefix", "string", "politeproxy:", "key prefix: one budget per prefix"),
     S("schedule.redis_key_ttl", "duration", DAY, "how long idle keys live", bounds=(MIN, 30 * DAY), unit=_D),

@@ -56,6 +56,10 @@ class RobotsWatcher:
         self.checked_until: dict[str, float] = {}  # local monotonic: no store read per request
         self.tasks: dict[str, asyncio.Task[None]] = {}
 
+    def reload(self, new: defaults.RobotsSettings) -> None:
+        """Apply [robots] from a reloaded config; hosts already checked keep their answer until it expires."""
+        self.enabled, self.ttl, self.cap = new.enabled, new.ttl, new.max_crawl_delay
+
     def ensure(self, host: str) -> None:
         """Start a background refresh for ``host`` if its Crawl-delay is unknown or stale; never blocks."""
         now = time.monotonic()
