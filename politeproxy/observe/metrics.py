@@ -79,7 +79,8 @@ class _RateCollector(Collector):
 
 
 class Metrics(PacerEvents, ProxyEvents, CacheEvents):
-    """Implements both event Protocols: the pacer's and the proxy's. Nothing else touches Prometheus."""
+    """Implements the event Protocols of the pacer, the proxy and the cache (``rejected`` serves the pacer
+    and the proxy alike). Nothing else touches Prometheus."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, hosts: Iterable[str] = ()) -> None:
         self.clock = clock
@@ -305,9 +306,7 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
 
     # -- PacerEvents ------------------------------------------------------------------------------
 
-    labels_pipelines = True  # the pacer passes ``pipeline=`` to the calls below
-
-    def granted(self, host: str, lateness: float, pipeline: str = DEFAULT_PIPELINE) -> None:
+    def granted(self, host: str, lateness: float, pipeline: str) -> None:
         self.grants.child(host, pipeline).inc()
         self.lateness.child(host).observe(lateness)
         now = self.clock()
@@ -318,7 +317,7 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
             window = self.host_rates[label] = RateWindow()
         window.add(now)
 
-    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str = DEFAULT_PIPELINE) -> None:
+    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None:
         self.wait.child(host, klass.value, pipeline).observe(seconds)
 
     def throttled(self, host: str, code: int, delay: float) -> None:
@@ -327,12 +326,9 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
     def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None:
         self.rejections.labels(host, reason, self.pipeline_label(pipeline)).inc()
 
-    def queue_changed(self, host: str, depth: int) -> None:
-        """A host's total: not a series of its own. The pacer reports every (host, pipeline) line through
-        ``line_changed``; a host's depth is their sum (``sum by (host) (politeproxy_queue_depth)``)."""
-
     def line_changed(self, host: str, pipeline: str, depth: int) -> None:
-        """The depth of one (host, pipeline) line; lines that share a label (``other``) are summed."""
+        """The depth of one (host, pipeline) line; lines that share a label (``other``) are summed. A
+        host's depth is their sum (``sum by (host) (politeproxy_queue_depth)``)."""
         labels = (self.host_label(host), self.pipeline_label(pipeline))
         if labels == (host, pipeline) and OTHER not in labels:
             self.queue_depth.metric.labels(*labels).set(depth)

@@ -19,11 +19,13 @@ from collections.abc import Callable
 from typing import Any
 
 from politeproxy import __version__
+from politeproxy.cache.base import CacheEvents
 from politeproxy.observe.metrics import Metrics, RateWindow
-from politeproxy.pacing import snapshot
-from politeproxy.pacing.pacer import Pacer
+from politeproxy.pacing.base import PacerEvents
+from politeproxy.pacing.pacer import Pacer, PacerSnapshot
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, OTHER_PIPELINE
+from politeproxy.proxy.events import NoProxyEvents, ProxyEvents
 from politeproxy.stores.base import HostView, Store
 
 HISTORY_SPAN = 900.0  # seconds of history kept (15 min)
@@ -73,11 +75,10 @@ class Tally:
         return statistics.median(recent) if recent else None
 
 
-class StatusEvents:
-    """The pacer's events: every call goes on to ``Metrics``; grants and paced waits are also tallied per
-    pipeline here, for the status document. Calls this class does not define go to ``Metrics`` as they are."""
-
-    labels_pipelines = True  # the pacer passes ``pipeline=`` (see pacing.dispatcher.Report)
+class StatusEvents(PacerEvents, ProxyEvents, CacheEvents):
+    """The events app.py hands the pacer and the cache: every call goes on to ``Metrics``; grants and paced
+    waits are also tallied per pipeline, and cache results counted, for the status document. It stands in
+    for ``Metrics`` wherever it is passed, so it implements the same three Protocols, method by method."""
 
     def __init__(self, sink: Metrics, clock: Callable[[], float] = time.monotonic) -> None:
         self.sink = sink
@@ -86,9 +87,6 @@ class StatusEvents:
         self.tallies: dict[str, Tally] = {}
         self.cache_counts = dict.fromkeys(("hit", "miss", "stale", "bypass", "slots_saved", "evicted"), 0)
         self.cache_bytes: int | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.sink, name)
 
     def tally(self, pipeline: str) -> Tally:
         t = self.tallies.get(pipeline)
@@ -99,16 +97,18 @@ class StatusEvents:
             t = self.tallies.setdefault(pipeline, Tally())
         return t
 
-    def granted(self, host: str, lateness: float, pipeline: str = DEFAULT_PIPELINE) -> None:
-        self.sink.granted(host, lateness, pipeline=pipeline)
+    # -- PacerEvents ----------------------------------------------------------------------------------
+
+    def granted(self, host: str, lateness: float, pipeline: str) -> None:
+        self.sink.granted(host, lateness, pipeline)
         now = self.clock()
         self.total.add(now)
         t = self.tally(pipeline)
         t.grants.add(now)
         t.last_host = host
 
-    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str = DEFAULT_PIPELINE) -> None:
-        self.sink.waited(host, klass, seconds, pipeline=pipeline)
+    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None:
+        self.sink.waited(host, klass, seconds, pipeline)
         if klass is Klass.PACED and math.isfinite(seconds):
             self.tally(pipeline).waits.append((self.clock(), seconds))
 
@@ -116,16 +116,30 @@ class StatusEvents:
         self.sink.throttled(host, code, delay)
 
     def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None:
-        self.sink.rejected(host, reason, pipeline=pipeline)
-
-    def queue_changed(self, host: str, depth: int) -> None:
-        self.sink.queue_changed(host, depth)
+        self.sink.rejected(host, reason, pipeline)
 
     def line_changed(self, host: str, pipeline: str, depth: int) -> None:
         self.sink.line_changed(host, pipeline, depth)
 
     def exempt_changed(self, host: str, in_flight: int) -> None:
         self.sink.exempt_changed(host, in_flight)
+
+    # -- ProxyEvents (rejected above serves both) ----------------------------------------------------
+
+    def answered(self, host: str, klass: str, status: int | None, pipeline: str = DEFAULT_PIPELINE) -> None:
+        self.sink.answered(host, klass, status, pipeline)
+
+    def bytes_relayed(self, direction: str, n: int) -> None:
+        self.sink.bytes_relayed(direction, n)
+
+    def tunnels_changed(self, open_now: int) -> None:
+        self.sink.tunnels_changed(open_now)
+
+    def retried(self, host: str) -> None:
+        self.sink.retried(host)
+
+    # The access line is logs.AccessLog's: NoProxyEvents's own empty method, as in Metrics.
+    access = NoProxyEvents.access
 
     # The cache's events (politeproxy.cache.base.CacheEvents): passed on, and counted since start here.
     def cache_result(self, result: str, pipeline: str) -> None:
@@ -220,12 +234,10 @@ class StatusBoard:
             self.sample()
 
     def sample(self) -> None:
-        now = self.pacer.monotonic()
-        gap = self.pacer.settings.gap
-        self.history.sample(
-            now, time.time(), self.pacer.grants, 1.0 / gap if gap > 0 else 0.0, self.pacer.depth()
-        )
-        self.events.prune(now)
+        snap = self.pacer.snapshot()
+        gap = snap.gap
+        self.history.sample(snap.at, time.time(), snap.grants, 1.0 / gap if gap > 0 else 0.0, snap.queued)
+        self.events.prune(snap.at)
 
     async def document(self) -> dict[str, Any]:
         """The document, built afresh at most every ``CACHE_FOR`` seconds (one build at a time)."""
@@ -236,7 +248,7 @@ class StatusBoard:
         return c[1]
 
     async def _build(self) -> dict[str, Any]:
-        snap = snapshot.take(self.pacer)
+        snap = self.pacer.snapshot()
         names = self._host_names(snap)
         views = await self._views(names)
         hosts = [self._host_row(h, views.get(h), snap) for h in names]
@@ -259,10 +271,10 @@ class StatusBoard:
             },
         }
 
-    def _candidates(self, snap: snapshot.PacerSnapshot) -> set[str]:
-        return set(self.hosts) | self.pacer.known_hosts() | set(snap.queued_by_host)
+    def _candidates(self, snap: PacerSnapshot) -> set[str]:
+        return set(self.hosts) | snap.hosts | set(snap.queued_by_host)
 
-    def _host_names(self, snap: snapshot.PacerSnapshot) -> list[str]:
+    def _host_names(self, snap: PacerSnapshot) -> list[str]:
         """The configured hosts, then the others this process knows of, busiest first, up to MAX_HOSTS."""
         others = self._candidates(snap) - set(self.hosts)
         busy = sorted(
@@ -274,7 +286,7 @@ class StatusBoard:
         """Each host's view from the store; a host the store does not answer for in time is left out."""
         if not hosts:
             return {}
-        tasks = {asyncio.ensure_future(self.store.host_view(h)): h for h in hosts}
+        tasks = {asyncio.ensure_future(self.pacer.host_view(h)): h for h in hosts}
         done, pending = await asyncio.wait(list(tasks), timeout=STORE_READ_TIMEOUT)
         for t in pending:
             t.cancel()
@@ -286,8 +298,8 @@ class StatusBoard:
                 out[tasks[t]] = t.result()
         return out
 
-    def _host_row(self, host: str, view: HostView | None, snap: snapshot.PacerSnapshot) -> dict[str, Any]:
-        s = self.pacer.settings
+    def _host_row(self, host: str, view: HostView | None, snap: PacerSnapshot) -> dict[str, Any]:
+        s = snap.settings
         configured = s.interval_for(host)
         base = max(s.gap, configured)
         state, left, detail = host_state(view, snap.ready_in.get(host, 0.0))
@@ -303,7 +315,7 @@ class StatusBoard:
             "throttles": view.throttles if view else None,
         }
 
-    def _pipelines(self, snap: snapshot.PacerSnapshot, intervals: dict[str, float]) -> list[dict[str, Any]]:
+    def _pipelines(self, snap: PacerSnapshot, intervals: dict[str, float]) -> list[dict[str, Any]]:
         now = snap.at
         tallies = self.events.tallies
         names = set(snap.weights) | set(snap.queued_by_pipeline) | set(snap.exempt_waiting_by_pipeline)
@@ -329,13 +341,13 @@ class StatusBoard:
                     "fair_share": num(weight / weight_sum) if queued and weight_sum > 0 else None,
                     "wait_p50_s": num(t.wait_p50(now) if t else None),
                     "next_host": host,
-                    "expected_wait_s": num(snapshot.expected_wait(self.pacer, p, host, intervals.get(host))),
+                    "expected_wait_s": num(snap.expected_wait(p, host, intervals.get(host))),
                 }
             )
         rows.sort(key=lambda r: (-r["queued"], -r["grants_last_minute"], r["pipeline"]))
         return rows
 
-    def _overall(self, snap: snapshot.PacerSnapshot) -> dict[str, Any]:
+    def _overall(self, snap: PacerSnapshot) -> dict[str, Any]:
         # The last minute, or the time since start but at least RATE_FLOOR (one early grant is no rate).
         span = max(RATE_FLOOR, min(GRANT_WINDOW, snap.at - self.started))
         return {

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from politeproxy.policy.backoff import DEFAULT_BLOCK_CODES, DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.classify import Klass
-from politeproxy.policy.fairness import PipelineRule
+from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineRule
 from politeproxy.policy.hosts import host_matches
 from politeproxy.stores.base import StoreError
 
@@ -66,32 +66,34 @@ class WaitTooLong(Exception):
 
 
 class PacerEvents(Protocol):
-    """What the pacer reports; ``metrics.Metrics`` implements it. The pacer knows nothing of Prometheus."""
+    """What the pacer reports, as the pacer calls it; ``metrics.Metrics`` and ``status.StatusEvents``
+    implement it. The pacer knows nothing of Prometheus. ``pipeline`` is the bounded name a request counted
+    as; ``rejected`` keeps a default so that one method also serves the proxy's ``ProxyEvents``."""
 
-    def granted(self, host: str, lateness: float) -> None: ...
-    def waited(self, host: str, klass: Klass, seconds: float) -> None: ...
+    def granted(self, host: str, lateness: float, pipeline: str) -> None: ...
+    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None: ...
     def throttled(self, host: str, code: int, delay: float) -> None: ...
-    def rejected(self, host: str, reason: str) -> None: ...
-    def queue_changed(self, host: str, depth: int) -> None: ...
+    def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None: ...
+    def line_changed(self, host: str, pipeline: str, depth: int) -> None: ...
     def exempt_changed(self, host: str, in_flight: int) -> None: ...
 
 
-class NoEvents:
+class NoPacerEvents:
     """PacerEvents that go nowhere (tests, tools)."""
 
-    def granted(self, host: str, lateness: float) -> None:
+    def granted(self, host: str, lateness: float, pipeline: str) -> None:
         pass
 
-    def waited(self, host: str, klass: Klass, seconds: float) -> None:
+    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None:
         pass
 
     def throttled(self, host: str, code: int, delay: float) -> None:
         pass
 
-    def rejected(self, host: str, reason: str) -> None:
+    def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None:
         pass
 
-    def queue_changed(self, host: str, depth: int) -> None:
+    def line_changed(self, host: str, pipeline: str, depth: int) -> None:
         pass
 
     def exempt_changed(self, host: str, in_flight: int) -> None:

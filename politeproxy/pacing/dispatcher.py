@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 from politeproxy.pacing.base import PacerEvents, PacingSettings, RepeatLog, WaitTooLong
 from politeproxy.pacing.state import QueueState, Waiter
-from politeproxy.policy.classify import Klass
 from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.base import Store, StoreError
 
@@ -24,40 +23,6 @@ log = logging.getLogger("politeproxy.pacing.pacer")
 ERROR_BACKOFF_FIRST = 0.1  # seconds; doubled on each consecutive error
 ERROR_BACKOFF_CAP = 2.0  # a recovered store is used again within this long
 PRUNE_EVERY = 1.0  # seconds between sweeps of passed ready hints
-
-
-class Report:
-    """The pacer's events with the pipeline passed on to sinks that label it (``labels_pipelines = True``,
-    as ``metrics.Metrics``); older sinks get the host-only calls they were written for."""
-
-    def __init__(self, events: PacerEvents) -> None:
-        self.events = events
-        self.pipes = bool(getattr(events, "labels_pipelines", False))
-        if self.pipes:  # the sink's own methods, bound once: no forwarding call per event
-            self.granted = events.granted  # type: ignore[method-assign]
-            self.waited = events.waited  # type: ignore[method-assign]
-
-    def granted(self, host: str, lateness: float, pipeline: str) -> None:
-        if self.pipes:
-            self.events.granted(host, lateness, pipeline=pipeline)  # type: ignore[call-arg]
-        else:
-            self.events.granted(host, lateness)
-
-    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None:
-        if self.pipes:
-            self.events.waited(host, klass, seconds, pipeline=pipeline)  # type: ignore[call-arg]
-        else:
-            self.events.waited(host, klass, seconds)
-
-    def rejected(self, host: str, reason: str, pipeline: str) -> None:
-        if self.pipes:
-            self.events.rejected(host, reason, pipeline=pipeline)  # type: ignore[call-arg]
-        else:
-            self.events.rejected(host, reason)
-
-    def line_changed(self, host: str, pipeline: str, depth: int) -> None:
-        if self.pipes:
-            self.events.line_changed(host, pipeline, depth)  # type: ignore[attr-defined]
 
 
 class Dispatcher:
@@ -73,7 +38,6 @@ class Dispatcher:
         self.store = store
         self.settings = settings
         self.events = events
-        self.report = Report(events)
         self.monotonic = monotonic
         self.wake = asyncio.Event()
         self.grants = 0
@@ -142,7 +106,7 @@ class Dispatcher:
             head = self.state.pop_live(host, head.pipeline) or head
         self.state.charge(head.pipeline)
         self.grants += 1
-        self.report.granted(host, max(0.0, self.monotonic() - slot), head.pipeline)
+        self.events.granted(host, max(0.0, self.monotonic() - slot), head.pipeline)
         if not head.ticket.done():
             head.ticket.set_result(slot)
 
@@ -165,7 +129,7 @@ class Dispatcher:
         """The head cannot go before its deadline: refuse it now, with the store's estimate."""
         self.state.remove(head)
         if not head.ticket.done():
-            self.report.rejected(host, "max_wait", head.pipeline)
+            self.events.rejected(host, "max_wait", head.pipeline)
             head.ticket.set_exception(
                 WaitTooLong(c.wait, f"{host} is paced and this request would wait {c.wait:.1f}s")
             )

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 from politeproxy.pacing.base import (
     DEFAULT_MAX_QUEUE,
     INDEX_HOST_INTERVAL,
-    NoEvents,
+    NoPacerEvents,
     PacerEvents,
     PacingSettings,
     RepeatLog,
@@ -26,6 +25,7 @@ from politeproxy.pacing.dispatcher import Dispatcher
 from politeproxy.pacing.exempt import ExemptPlaces
 from politeproxy.pacing.permit import Permit
 from politeproxy.pacing.rest import RestNotes, exempt_slot
+from politeproxy.pacing.snapshot import PacerSnapshot, take
 from politeproxy.pacing.state import HINT_CAP, QueueState, Waiter
 from politeproxy.policy.backoff import Delay, Kind, answer_delay, parse_retry_after
 from politeproxy.policy.classify import Klass
@@ -38,6 +38,7 @@ __all__ = [
     "INDEX_HOST_INTERVAL",
     "Pacer",
     "PacerEvents",
+    "PacerSnapshot",
     "PacingSettings",
     "Permit",
     "WaitTooLong",
@@ -57,7 +58,12 @@ class Pacer:
             resp = await send(...)
             delay = await p.answered(resp.status, resp.headers.get("Retry-After"))
 
-    ``Klass.EXEMPT`` holds one of the host's exempt places for the block instead of a slot.
+    ``Klass.EXEMPT`` holds one of the host's exempt places for the block instead of a slot; ``p.probe``
+    says the grant is the one request after a block, ``p.waited`` how long it was held.
+
+    The door: ``permit``, ``snapshot`` (every read for status, health and gauges), ``start``, ``close``,
+    ``reload``; and the small calls the proxy makes beside them: ``pipeline`` (the bounded name a client
+    counts as), ``state_note`` (why a refusal), ``host_view``/``set_crawl_delay`` (robots.txt's delay).
     """
 
     def __init__(
@@ -67,39 +73,41 @@ class Pacer:
         events: PacerEvents | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.store = store
-        self.settings = settings or PacingSettings()
-        self.events: PacerEvents = events or NoEvents()
-        self.monotonic = monotonic
-        self.dispatcher = Dispatcher(QueueState(), store, lambda: self.settings, self.events, monotonic)
-        self.report = self.dispatcher.report
-        self.state: QueueState[asyncio.Future[float]] = self.dispatcher.state
-        if not self.report.pipes:  # a sink that labels pipelines gets every line's depth instead
-            self.state.on_depth = self.events.queue_changed
-        self.state.on_line = self.report.line_changed
-        self.places = ExemptPlaces(
-            lambda: self.settings.exempt_max_in_flight, self.events.exempt_changed, lambda: self._weights
+        self._store = store
+        self._settings = settings or PacingSettings()
+        self._events: PacerEvents = events or NoPacerEvents()
+        self.monotonic = monotonic  # the pacer's clock (injected: a virtual one in tests)
+        self._dispatcher = Dispatcher(QueueState(), store, lambda: self._settings, self._events, monotonic)
+        self._state: QueueState[asyncio.Future[float]] = self._dispatcher.state
+        self._state.on_line = self._events.line_changed
+        self._places = ExemptPlaces(
+            lambda: self._settings.exempt_max_in_flight, self._events.exempt_changed, lambda: self._weights
         )
-        self.pipelines = PipelineNames()
+        self._pipelines = PipelineNames()
         # Requested name -> the name it counts as, remembered (asked twice per request). Client-chosen
         # keys, so cleared at MAX_REMEMBERED_NAMES, and on configure (a name may become configured).
         self._named: dict[str | None, str] = {}
         self._rules: dict[str, PipelineRule] = {}
         self._weights: dict[str, float] = {}
-        self._configure_pipelines(self.settings.pipelines)
+        self._configure_pipelines(self._settings.pipelines)
         # When each host's throttle count in the store was last reset (or found clean) by a success here;
         # a host missing is checked on its next success, so dropping an entry only costs a store write.
         self._checked: dict[str, float] = {}
         self._errors = RepeatLog(log, monotonic)
         self._task: asyncio.Task[None] | None = None
         self._feedback_tasks: set[asyncio.Task[Delay | None]] = set()
-        self.rest = RestNotes(HINT_CAP)  # what rests each host, for the body of our own refusals
+        self._rest = RestNotes(HINT_CAP)  # what rests each host, for the body of our own refusals
+
+    @property
+    def settings(self) -> PacingSettings:
+        """The settings in force (frozen; ``reload`` replaces them)."""
+        return self._settings
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self.dispatcher.run())
+            self._task = asyncio.get_running_loop().create_task(self._dispatcher.run())
 
     async def close(self) -> None:
         """Wait (bounded) for feedback still being recorded, stop the dispatcher, refuse who is left."""
@@ -120,22 +128,29 @@ class Pacer:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        self.dispatcher.refuse_all("proxy shutting down")
+        self._dispatcher.refuse_all("proxy shutting down")
 
-    def update(self, settings: PacingSettings) -> None:
-        self.settings = settings
+    def reload(self, settings: PacingSettings) -> None:
+        """New settings from a config reload: waiters see them at once (and more exempt places open)."""
+        self._settings = settings
         self._configure_pipelines(settings.pipelines)
-        self.dispatcher.wake.set()
-        self.places.resize()
+        self._dispatcher.wake.set()
+        self._places.resize()
 
     def _configure_pipelines(self, rules: tuple[PipelineRule, ...]) -> None:
         """The configured pipelines keep their names whatever else comes; their weights feed the fair
         queue (paced slots) and the exempt places alike."""
         self._rules = {r.name: r for r in rules}
         self._weights = {r.name: r.weight for r in rules}
-        self.pipelines.configure(self._rules)
+        self._pipelines.configure(self._rules)
         self._named.clear()
-        self.state.tags.weights = self._weights
+        self._state.tags.weights = self._weights
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    def snapshot(self) -> PacerSnapshot:
+        """The one read path for status, health and gauges: a frozen copy of the counts now."""
+        return take(self.monotonic(), self._settings, self._dispatcher.grants, self._state, self._places)
 
     def pipeline(self, name: str | None) -> str:
         """The pipeline a requested name counts as (bounded; ``None`` is the default pipeline)."""
@@ -144,163 +159,126 @@ class Pacer:
         except KeyError:
             pass
         # PipelineNames answers a name the same way until configure (its first-come set only grows)
-        counted = self.pipelines(name or DEFAULT_PIPELINE)
+        counted = self._pipelines(name or DEFAULT_PIPELINE)
         if len(self._named) >= MAX_REMEMBERED_NAMES:
             self._named.clear()
         self._named[name] = counted
         return counted
 
-    def depth(self, host: str | None = None) -> int:
-        return self.state.depth(host)
+    # app.py's health answer and gauge loop ask these often; the snapshot copies more than they need.
+    def depth(self) -> int:
+        """Paced waiters in every line now."""
+        return self._state.total
 
     def known_hosts(self) -> set[str]:
         """Hosts worth a backoff-gauge refresh: a line, a ready hint, or exempt reads in flight."""
-        return self.state.hosts() | self.places.hosts()
-
-    @property
-    def grants(self) -> int:
-        return self.dispatcher.grants
-
-    # Read-only views of the internals, kept for callers written against the old attributes.
-    @property
-    def queues(self) -> dict[str, int]:
-        return dict(self.state.by_host)
-
-    @property
-    def host_ready(self) -> dict[str, float]:
-        return dict(self.state.ready)
-
-    @property
-    def maybe_throttled(self) -> set[str]:
-        now = self.monotonic()
-        return {h for h, t in self.state.ready.items() if t > now}
-
-    @property
-    def in_flight(self) -> dict[str, int]:
-        return self.places.snapshot()
+        return self._state.hosts() | self._places.hosts()
 
     # -- paced --------------------------------------------------------------------------------------
 
     def _refuse_if_full(self, host: str, pipeline: str = DEFAULT_PIPELINE) -> None:
         """Bound every line: beyond ``max_queue`` waiters in this proxy, or beyond the pipeline's own
         ``max_queued``, refuse at once (the caller answers 503 with a Retry-After)."""
-        if self.state.total + self.places.waiting >= self.settings.max_queue:
-            self.report.rejected(host, "queue_full", pipeline)
-            raise WaitTooLong(1.0, f"{self.settings.max_queue} requests are waiting already", "queue_full")
+        if self._state.total + self._places.waiting >= self._settings.max_queue:
+            self._events.rejected(host, "queue_full", pipeline)
+            raise WaitTooLong(1.0, f"{self._settings.max_queue} requests are waiting already", "queue_full")
         rule = self._rules.get(pipeline)
         if rule is not None and rule.max_queued is not None:
-            mine = self.state.pipeline_depth(pipeline) + self.places.waiting_by_pipeline.get(pipeline, 0)
+            mine = self._state.pipeline_depth(pipeline) + self._places.waiting_by_pipeline.get(pipeline, 0)
             if mine >= rule.max_queued:
-                self.report.rejected(host, "max_queued", pipeline)
-                wait = max(1.0, mine * self.settings.gap)
+                self._events.rejected(host, "max_queued", pipeline)
+                wait = max(1.0, mine * self._settings.gap)
                 raise WaitTooLong(wait, f"pipeline {pipeline} has {mine} requests waiting", "max_queued")
 
-    async def wait_paced(
+    async def _wait_paced(
         self, host: str, arrived: float | None = None, pipeline: str = DEFAULT_PIPELINE
     ) -> float:
         """Wait for a slot for ``host`` in ``pipeline``'s fair share; return seconds waited. Raises
         WaitTooLong."""
         self.start()
-        s = self.settings
+        s = self._settings
         now = self.monotonic()
         arrived = now if arrived is None else arrived
         deadline = arrived + s.max_wait
-        est = self.state.estimate(host, now, s.gap, s.interval_for(host), pipeline)
+        est = self._state.estimate(host, now, s.gap, s.interval_for(host), pipeline)
         if now + est > deadline:
-            self.report.rejected(host, "max_wait", pipeline)
+            self._events.rejected(host, "max_wait", pipeline)
             raise WaitTooLong(est, f"{host} is paced and this request would wait {est:.1f}s")
-        if s.gap <= 0 and not self.state.depth(host) and self.state.ready_at(host) <= now:
+        if s.gap <= 0 and not self._state.depth(host) and self._state.ready_at(host) <= now:
             if await self._claim_here(host, now, deadline, pipeline):
                 return self._waited(host, Klass.PACED, arrived, pipeline)
         self._refuse_if_full(host, pipeline)
         w = Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future(), pipeline)
-        self.state.add(w)
-        self.dispatcher.wake.set()
+        self._state.add(w)
+        self._dispatcher.wake.set()
         try:
             async with asyncio.timeout(max(0.0, deadline - now) + 0.05):
                 await w.ticket
         except TimeoutError:
-            wait = self.state.estimate(host, self.monotonic(), s.gap, s.interval_for(host), pipeline)
-            self.report.rejected(host, "max_wait", pipeline)
+            wait = self._state.estimate(host, self.monotonic(), s.gap, s.interval_for(host), pipeline)
+            self._events.rejected(host, "max_wait", pipeline)
             raise WaitTooLong(max(wait, 1.0), f"{host} is paced and the wait exceeded max_wait") from None
         finally:
-            self.state.remove(w)
+            self._state.remove(w)
         return self._waited(host, Klass.PACED, arrived, pipeline)
 
     async def _claim_here(self, host: str, now: float, deadline: float, pipeline: str) -> bool:
         """Global pacing off and nobody ahead for this host: claim in this task, skipping the hand-off to
         the dispatcher. The store still answers, so a host's interval and backoff still hold."""
         try:
-            c = await self.store.claim(host, 0.0, self.settings.interval_for(host), deadline - now)
+            c = await self._store.claim(host, 0.0, self._settings.interval_for(host), deadline - now)
         except StoreError:
             return False
         if c.granted and c.wait <= 0:
-            self.dispatcher.grants += 1
-            self.state.charge(pipeline)
-            self.report.granted(host, 0.0, pipeline)
+            self._dispatcher.grants += 1
+            self._state.charge(pipeline)
+            self._events.granted(host, 0.0, pipeline)
             return True
         if c.outcome is Outcome.HOST_NOT_READY:
-            self.state.set_ready(host, now + c.wait, now)
+            self._state.set_ready(host, now + c.wait, now)
         return False
 
     def _waited(self, host: str, klass: Klass, arrived: float, pipeline: str) -> float:
         waited = self.monotonic() - arrived
-        self.report.waited(host, klass, waited, pipeline)
+        self._events.waited(host, klass, waited, pipeline)
         return waited
 
     # -- exempt -------------------------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def exempt(
-        self, host: str, arrived: float | None = None, pipeline: str = DEFAULT_PIPELINE
-    ) -> AsyncIterator[float]:
-        """Hold one of the host's exempt places for the whole exchange (shared fairly between pipelines);
-        yields seconds waited."""
-        waited = await self.exempt_enter(host, arrived, pipeline)
-        try:
-            yield waited
-        finally:
-            self.places.release(host, pipeline)
-
-    async def exempt_enter(self, host: str, arrived: float | None, pipeline: str) -> float:
-        """Wait for the exempt slot and one of the host's places; seconds waited. The caller releases the
-        place (``places.release``); on WaitTooLong nothing is held."""
+    async def _exempt_enter(self, host: str, arrived: float | None, pipeline: str) -> float:
+        """Wait for the exempt slot and one of the host's places; seconds waited. The permit gives the
+        place back (``_exempt_leave``); on WaitTooLong nothing is held."""
         now = self.monotonic()
         arrived = now if arrived is None else arrived
-        deadline = arrived + self.settings.max_wait
+        deadline = arrived + self._settings.max_wait
         try:
             await exempt_slot(
-                self.store, self.settings, host, deadline, self.monotonic,
-                lambda: self.state.ready_at(host), lambda e: self._errors.error("taking an exempt slot", e),
+                self._store, self._settings, host, deadline, self.monotonic,
+                lambda: self._state.ready_at(host), lambda e: self._errors.error("taking an exempt slot", e),
             )  # fmt: skip
         except WaitTooLong as e:
-            self.report.rejected(host, "max_wait", pipeline)
-            e.why += self.rest.note(host)
+            self._events.rejected(host, "max_wait", pipeline)
+            e.why += self._rest.note(host)
             raise
-        if self.places.in_flight(host) >= self.settings.exempt_max_in_flight:
+        if self._places.in_flight(host) >= self._settings.exempt_max_in_flight:
             self._refuse_if_full(host, pipeline)
         try:
             async with asyncio.timeout(max(0.0, deadline - self.monotonic())):
-                await self.places.acquire(host, pipeline)
+                await self._places.acquire(host, pipeline)
         except TimeoutError:
-            self.report.rejected(host, "max_wait", pipeline)
-            n = self.places.in_flight(host)
+            self._events.rejected(host, "max_wait", pipeline)
+            n = self._places.in_flight(host)
             raise WaitTooLong(1.0, f"{host} has {n} exempt reads in flight") from None
         try:
             return self._waited(host, Klass.EXEMPT, arrived, pipeline)
         except BaseException:
-            self.places.release(host, pipeline)
+            self._places.release(host, pipeline)
             raise
 
-    async def _backoff_in(self, host: str, now: float) -> float:
-        """The host's backoff left, from the store; from the local hint when the store cannot answer."""
-        try:
-            return (await self.store.host_view(host)).backoff_in
-        except Exception as e:  # noqa: BLE001 - a store fault must not turn an exempt read into a 500
-            self._errors.error("reading a host's backoff", e)
-            return max(0.0, self.state.ready_at(host) - now)
+    def _exempt_leave(self, host: str, pipeline: str) -> None:
+        self._places.release(host, pipeline)
 
-    # -- the facade ---------------------------------------------------------------------------------
+    # -- the door -----------------------------------------------------------------------------------
 
     def permit(
         self, host: str, klass: Klass, arrived: float | None = None, pipeline: str | None = None
@@ -311,41 +289,43 @@ class Pacer:
         bounded name (``Pacer.pipeline``), and slots and exempt places are shared fairly between them."""
         return Permit(self, host, klass, 0.0, self.pipeline(pipeline), arrived)
 
-    async def feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None:
+    def state_note(self, host: str) -> str:
+        """The "; <host> is blocked until <time>" (or backing off) note, when this proxy knows it rests:
+        for the body of a refusal."""
+        return self._rest.note(host)
+
+    async def _feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None:
         """Record an answer in a task of our own, shielded from the caller's cancellation."""
-        if self.answer_kind(status) is None and not self._success_due(host, self.monotonic()):
+        if self._answer_kind(status) is None and not self._success_due(host, self.monotonic()):
             return None  # the usual success, no store write due: nothing to shield, so no task (hot path)
         ra = parse_retry_after(retry_after, time.time())
-        task = asyncio.get_running_loop().create_task(self.record(host, status, ra))
+        task = asyncio.get_running_loop().create_task(self._record(host, status, ra))
         self._feedback_tasks.add(task)
         task.add_done_callback(self._feedback_tasks.discard)
         return await asyncio.shield(task)
 
     # -- answers ------------------------------------------------------------------------------------
 
-    def is_throttle(self, status: int | None) -> bool:
-        return self.answer_kind(status) is not None
-
-    def answer_kind(self, status: int | None) -> Kind | None:
+    def _answer_kind(self, status: int | None) -> Kind | None:
         """What an answer says (issue 12): a block (403), a throttle, a failure (no answer), or None."""
         if status is None:
             return Kind.FAILURE
-        if status in self.settings.block_codes:
+        if status in self._settings.block_codes:
             return Kind.BLOCK
-        return Kind.THROTTLE if status in self.settings.throttle_codes else None
+        return Kind.THROTTLE if status in self._settings.throttle_codes else None
 
-    async def record(self, host: str, status: int | None, retry_after: float | None) -> Delay | None:
+    async def _record(self, host: str, status: int | None, retry_after: float | None) -> Delay | None:
         """Feed an upstream answer back; ``status`` None means the connection failed or timed out.
 
         Never raises on a store error: the local hint still holds the host back for the delay."""
-        if (kind := self.answer_kind(status)) is not None:
+        if (kind := self._answer_kind(status)) is not None:
             return await self._throttled(host, status, retry_after, kind)
         # A success resets the count even when the throttles were recorded by another proxy sharing the
         # store, or by this one before a restart; checking at most once a second keeps the store quiet.
         if self._success_due(host, now := self.monotonic()):
             self._mark_checked(host, now)
             try:
-                await self.store.succeeded(host)
+                await self._store.succeeded(host)
             except Exception as e:  # noqa: BLE001 - feedback never raises; the next success retries
                 self._errors.error("recording a success", e)
                 self._checked.pop(host, None)
@@ -354,31 +334,32 @@ class Pacer:
     async def _throttled(
         self, host: str, status: int | None, retry_after: float | None, kind: Kind = Kind.THROTTLE
     ) -> Delay:
-        s = self.settings
+        s = self._settings
         base = max(s.gap, s.interval_for(host))  # the rate the adaptive interval is raised from
         try:
-            delay = await self.store.throttled(host, retry_after, s.backoff, kind, base)
+            delay = await self._store.throttled(host, retry_after, s.backoff, kind, base)
         except Exception as e:  # noqa: BLE001 - the throttle still applies here, from the local hint
             self._errors.error("recording a throttle", e)
             delay = answer_delay(HostState(), kind, retry_after, s.backoff, 0.5)
-        self.rest.remember(host, Kind.BLOCK if delay.block else kind, delay.seconds)
+        self._rest.remember(host, Kind.BLOCK if delay.block else kind, delay.seconds)
         now = self.monotonic()
-        self.state.hold(host, now + delay.seconds, now)
+        self._state.hold(host, now + delay.seconds, now)
         self._checked.pop(host, None)  # the next success must reset the count in the store
-        self.events.throttled(host, status or 0, delay.seconds)
+        self._events.throttled(host, status or 0, delay.seconds)
         if delay.capped_from is not None:
             log.warning("%s: Retry-After %.0fs cut to the %.0fs cap", host, delay.capped_from, delay.seconds)
-        self.dispatcher.wake.set()
+        self._dispatcher.wake.set()
         return delay
 
-    def state_note(self, host: str) -> str:
-        """The "; <host> is blocked until <time>" (or backing off) note, when this proxy knows it rests."""
-        return self.rest.note(host)
+    def _probing(self, host: str) -> bool:
+        """Is this process's unanswered probe of ``host`` out (the grant just made was the one after a
+        block)? The store remembers the probes it granted here."""
+        return self._store.probing(host)
 
     def _success_due(self, host: str, now: float) -> bool:
         """Must this success reach the store: not checked here within SUCCESS_RECHECK, or our probe?"""
         last = self._checked.get(host)
-        return last is None or now - last >= SUCCESS_RECHECK or self.store.probing(host)
+        return last is None or now - last >= SUCCESS_RECHECK or self._store.probing(host)
 
     def _mark_checked(self, host: str, now: float) -> None:
         self._checked.pop(host, None)  # re-inserted last: the dict's order is the order of checks
@@ -388,9 +369,10 @@ class Pacer:
             for h in stale or [next(iter(self._checked))]:
                 del self._checked[h]
 
+    # robots.txt's watcher reads and writes a host's Crawl-delay through the pacer, not the store.
     async def host_view(self, host: str) -> HostView:
-        return await self.store.host_view(host)
+        return await self._store.host_view(host)
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
         """Remember a robots.txt Crawl-delay (already capped) for ``ttl`` seconds, for every proxy."""
-        await self.store.set_crawl_delay(host, delay, ttl)
+        await self._store.set_crawl_delay(host, delay, ttl)

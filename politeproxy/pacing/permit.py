@@ -3,32 +3,44 @@
 A small class rather than an @asynccontextmanager (issue 15: the per-request cost of the hot path): entering
 waits for the slot or the exempt place, leaving gives an exempt place back, with no generator frames or
 async-generator registration per request.
+
+The permit knows the pacer only through ``Turns``, what it asks of it; pacer.py imports this module, never
+the other way round.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from politeproxy.policy.backoff import Delay
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE
 
-if TYPE_CHECKING:
-    from politeproxy.pacing.pacer import Pacer
+
+class Turns(Protocol):
+    """What a permit asks of the pacer that made it (``Pacer`` implements it; the names are private to
+    the pacing package: nothing else calls them)."""
+
+    async def _wait_paced(self, host: str, arrived: float | None, pipeline: str) -> float: ...
+    async def _exempt_enter(self, host: str, arrived: float | None, pipeline: str) -> float: ...
+    def _exempt_leave(self, host: str, pipeline: str) -> None: ...
+    def _probing(self, host: str) -> bool: ...
+    async def _feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None: ...
 
 
 class Permit:
-    """One request's turn, from ``Pacer.permit``: how long it was held, and where its answer goes.
+    """One request's turn, from ``Pacer.permit``: how long it was held, whether it is the probe, and where
+    its answer goes.
 
     It is its own async context (a small class, not an @asynccontextmanager: no generator frames or
     async-generator registration per request, issue 15): entering waits for the slot or exempt place,
     leaving gives an exempt place back."""
 
-    __slots__ = ("_arrived", "_held", "_pacer", "host", "klass", "pipeline", "waited")
+    __slots__ = ("_arrived", "_held", "_pacer", "host", "klass", "pipeline", "probe", "waited")
 
     def __init__(
         self,
-        pacer: Pacer,
+        pacer: Turns,
         host: str,
         klass: Klass,
         waited: float = 0.0,
@@ -40,22 +52,26 @@ class Permit:
         self.klass = klass
         self.waited = waited
         self.pipeline = pipeline  # the name it counted as (bounded: configured, first 50 seen, "other")
+        # Set on entering: this grant is the one request after a block that tells whether it still holds
+        # (issue 12); its answer reaches the store at once, and the operator log names it.
+        self.probe = False
         self._arrived = arrived
         self._held = False  # an exempt place to give back on leaving
 
     async def __aenter__(self) -> Permit:
         pacer = self._pacer
         if self.klass is Klass.EXEMPT:
-            self.waited = await pacer.exempt_enter(self.host, self._arrived, self.pipeline)
+            self.waited = await pacer._exempt_enter(self.host, self._arrived, self.pipeline)
             self._held = True
         else:
-            self.waited = await pacer.wait_paced(self.host, self._arrived, self.pipeline)
+            self.waited = await pacer._wait_paced(self.host, self._arrived, self.pipeline)
+        self.probe = pacer._probing(self.host)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         if self._held:
             self._held = False
-            self._pacer.places.release(self.host, self.pipeline)
+            self._pacer._exempt_leave(self.host, self.pipeline)
 
     async def answered(self, status: int | None, retry_after: str | None) -> Delay | None:
         """Feed the upstream's answer back (``status`` None: the connection failed or timed out).
@@ -63,4 +79,4 @@ class Permit:
         The store write runs in a task the pacer owns and is awaited through ``asyncio.shield``: a caller
         cancelled here (its client left) never loses a throttle the upstream already sent.
         """
-        return await self._pacer.feedback(self.host, status, retry_after)
+        return await self._pacer._feedback(self.host, status, retry_after)

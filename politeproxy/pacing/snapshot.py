@@ -1,66 +1,91 @@
-"""A read-only look at the pacer for the status view: what waits where, and how long a new request would.
+"""The one read path into the pacer: ``Pacer.snapshot()``, a frozen copy for the status document, the
+health answer and the gauges.
 
 Nothing here changes the pacer or awaits: ``take`` copies the counts the pacer keeps anyway (every one bounded
-by live waiters, exempt places or the hint cap), and ``expected_wait`` asks the queue state the same question
-the pacer asks before it admits a request (``QueueState.estimate``).
+by live waiters, exempt places, the hint cap or the pipelines served in about the last round), and
+``PacerSnapshot.expected_wait`` asks the copies the same question the pacer asks before it admits a request
+(``state.estimate``). This module imports nothing of pacer.py: the pacer hands its parts in.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from politeproxy.pacing.pacer import Pacer
+from politeproxy.pacing.base import PacingSettings
+from politeproxy.pacing.exempt import ExemptPlaces
+from politeproxy.pacing.state import Line, QueueState, T, estimate
+from politeproxy.policy.fairness import FairTags
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PacerSnapshot:
     """The pacer's counts at one moment (``at``, monotonic seconds)."""
 
     at: float
-    gap: float  # global seconds between grants, 0 = off
+    settings: PacingSettings  # the settings in force (frozen itself)
     grants: int  # slots granted by this process since start
     queued: int  # paced waiters in every line
     queued_by_host: dict[str, int]
     queued_by_pipeline: dict[str, int]
-    lines: dict[tuple[str, str], int]  # (pipeline, host) -> waiters in that FIFO line
+    lines: dict[Line, int]  # (pipeline, host) -> waiters in that FIFO line
     exempt_in_flight: dict[str, int]  # host -> exempt reads holding a place now
     exempt_waiting_by_pipeline: dict[str, int]  # exempt reads waiting for a place
     ready_in: dict[str, float]  # host -> seconds until the local hint lets it be claimed (> 0 only)
-    weights: dict[str, float]  # configured pipelines' weights (others weigh 1)
+    hosts: frozenset[str]  # hosts worth a look: a line, a ready hint (also just passed), or exempt reads
+    tags: FairTags  # a copy of the fair-queuing tags, for expected_wait
+
+    @property
+    def gap(self) -> float:
+        """Global seconds between grants, 0 = off."""
+        return self.settings.gap
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Configured pipelines' weights (others weigh 1)."""
+        return {r.name: r.weight for r in self.settings.pipelines}
 
     def busiest_host(self, pipeline: str) -> str | None:
         """The host where ``pipeline`` has the most paced waiters now (ties: the name), or None."""
         mine = [(n, h) for (p, h), n in self.lines.items() if p == pipeline and n > 0]
         return min(mine, key=lambda x: (-x[0], x[1]))[1] if mine else None
 
+    def expected_wait(self, pipeline: str, host: str, interval: float | None = None) -> float:
+        """Seconds a request of ``pipeline`` for ``host`` queued at ``at`` would wait, as far as this
+        process sees.
 
-def take(pacer: Pacer) -> PacerSnapshot:
-    now = pacer.monotonic()
-    st = pacer.state
+        The pacer's own admission estimate: the waiters that go before it on the global schedule (its
+        pipeline's own, and of the others only those whose fair-queuing start tag comes first) times the
+        gap, or the host's local ready hint plus the waiters ahead for that host times
+        ``max(gap, interval)``, whichever is longer. ``interval`` is the host's effective interval
+        (adaptive, from the store); the configured one when None. A lower bound: other proxies on the
+        shared store take slots too.
+        """
+        s = self.settings
+        iv = max(s.interval_for(host), interval or 0.0)
+        if not self.lines:
+            return max(0.0, self.ready_in.get(host, 0.0))
+        # ready_in holds seconds left, so "now" is 0 here
+        wait = estimate(self.lines.items(), self.ready_in, 0.0, self.tags, host, s.gap, iv, pipeline)
+        return max(0.0, wait)
+
+
+def take(
+    now: float, settings: PacingSettings, grants: int, state: QueueState[T], places: ExemptPlaces
+) -> PacerSnapshot:
+    """Copy the pacer's parts at ``now`` (its clock)."""
+    live, tags = state.tags, FairTags()
+    tags.vtime, tags.finish, tags.weights = live.vtime, dict(live.finish), dict(live.weights)
     return PacerSnapshot(
         at=now,
-        gap=pacer.settings.gap,
-        grants=pacer.grants,
-        queued=st.total,
-        queued_by_host=dict(st.by_host),
-        queued_by_pipeline=dict(st.by_pipeline),
-        lines={key: len(q) for key, q in st.queues.items()},
-        exempt_in_flight={h: n for h, n in pacer.places.snapshot().items() if n > 0},
-        exempt_waiting_by_pipeline=dict(pacer.places.waiting_by_pipeline),
-        ready_in={h: t - now for h, t in st.ready.items() if t > now},
-        weights={r.name: r.weight for r in pacer.settings.pipelines},
+        settings=settings,
+        grants=grants,
+        queued=state.total,
+        queued_by_host=dict(state.by_host),
+        queued_by_pipeline=dict(state.by_pipeline),
+        lines={key: len(q) for key, q in state.queues.items()},
+        exempt_in_flight={h: n for h, n in places.snapshot().items() if n > 0},
+        exempt_waiting_by_pipeline=dict(places.waiting_by_pipeline),
+        ready_in={h: t - now for h, t in state.ready.items() if t > now},
+        hosts=frozenset(state.hosts() | places.hosts()),
+        tags=tags,
     )
-
-
-def expected_wait(pacer: Pacer, pipeline: str, host: str, interval: float | None = None) -> float:
-    """Seconds a request of ``pipeline`` for ``host`` queued now would wait, as far as this process sees.
-
-    The pacer's own admission estimate: the waiters that go before it on the global schedule (its
-    pipeline's own, and of the others only those whose fair-queuing start tag comes first) times the gap,
-    or the host's local ready hint plus the waiters ahead for that host times ``max(gap, interval)``,
-    whichever is longer. ``interval`` is the host's effective interval (adaptive, from the store); the
-    configured one when None. A lower bound: other proxies on the shared store take slots too.
-    """
-    s = pacer.settings
-    iv = max(s.interval_for(host), interval or 0.0)
-    return max(0.0, pacer.state.estimate(host, pacer.monotonic(), s.gap, iv, pipeline))

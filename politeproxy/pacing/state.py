@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -47,18 +47,13 @@ class QueueState(Generic[T]):
     """Per (pipeline, host) FIFO lines; the next slot goes by start-time fair queuing between pipelines
     (``policy.fairness.FairTags``) among the lines whose host could go now."""
 
-    def __init__(
-        self,
-        on_depth: Callable[[str, int], None] = lambda _h, _d: None,
-        on_line: Callable[[str, str, int], None] = lambda _h, _p, _d: None,
-    ) -> None:
+    def __init__(self, on_line: Callable[[str, str, int], None] = lambda _h, _p, _d: None) -> None:
         self.queues: dict[Line, deque[Waiter[T]]] = {}
         self.ready: dict[str, float] = {}  # host -> local monotonic time it may be claimed again
         self.total = 0  # waiters in every line
         self.by_host: dict[str, int] = {}  # waiters per host, across pipelines
         self.by_pipeline: dict[str, int] = {}  # waiters per pipeline, across hosts
         self.tags = FairTags()
-        self.on_depth = on_depth
         self.on_line = on_line
 
     # -- lines ----------------------------------------------------------------------------------------
@@ -123,7 +118,6 @@ class QueueState(Generic[T]):
                 table[key] = v
             else:
                 table.pop(key, None)
-        self.on_depth(w.host, self.by_host.get(w.host, 0))
         self.on_line(w.host, w.pipeline, line)
 
     def _shrunk(self, key: Line, w: Waiter[T], q: deque[Waiter[T]]) -> None:
@@ -195,27 +189,43 @@ class QueueState(Generic[T]):
     def estimate(
         self, host: str, now: float, gap: float, interval: float, pipeline: str = DEFAULT_PIPELINE
     ) -> float:
-        """A lower bound on the wait of a request of ``pipeline`` for ``host`` queued now, from what this
-        process sees: its fair position, not the length of every line.
-
-        Only lines that could go now count as ahead on the global schedule (a line behind a host's backoff
-        must not get another, ready host refused for max_wait). Of another pipeline's ready waiters, only
-        those whose fair-queuing start tag comes first count (``FairTags.ahead``); of its own pipeline, all.
-        """
+        """A lower bound on the wait of a request of ``pipeline`` for ``host`` queued now (``estimate``)."""
         # Nobody waits in this process (the usual case when pacing is off): only the host's own wait counts.
         if not self.queues:
             return max(0.0, self.ready.get(host, 0.0) - now)
-        ready_by_pipe: dict[str, int] = {}
-        host_by_pipe: dict[str, int] = {}
-        for (p, h), q in self.queues.items():
-            if self.ready.get(h, 0.0) <= now or h == host:
-                ready_by_pipe[p] = ready_by_pipe.get(p, 0) + len(q)
-            if h == host:
-                host_by_pipe[p] = host_by_pipe.get(p, 0) + len(q)
-        own = ready_by_pipe.get(pipeline, 0)
-        ahead = self.tags.ahead(pipeline, own, ready_by_pipe)
-        own_host = host_by_pipe.get(pipeline, 0)
-        host_ahead = own_host + sum(min(n, host_by_pipe.get(q, 0)) for q, n in ahead.items())
-        host_wait = max(0.0, self.ready.get(host, 0.0) - now)
-        global_wait = (own + sum(ahead.values())) * gap
-        return max(global_wait, host_wait + host_ahead * max(gap, interval))
+        lines = ((key, len(q)) for key, q in self.queues.items())
+        return estimate(lines, self.ready, now, self.tags, host, gap, interval, pipeline)
+
+
+def estimate(
+    lines: Iterable[tuple[Line, int]],
+    ready: Mapping[str, float],
+    now: float,
+    tags: FairTags,
+    host: str,
+    gap: float,
+    interval: float,
+    pipeline: str,
+) -> float:
+    """A lower bound on the wait of a request of ``pipeline`` for ``host`` queued now, from what this
+    process sees: its fair position, not the length of every line. Pure: the pacer asks it of its live
+    lines, a ``PacerSnapshot`` of its copies (``ready`` then holds seconds left and ``now`` is 0).
+
+    Only lines that could go now count as ahead on the global schedule (a line behind a host's backoff
+    must not get another, ready host refused for max_wait). Of another pipeline's ready waiters, only
+    those whose fair-queuing start tag comes first count (``FairTags.ahead``); of its own pipeline, all.
+    """
+    ready_by_pipe: dict[str, int] = {}
+    host_by_pipe: dict[str, int] = {}
+    for (p, h), n in lines:
+        if ready.get(h, 0.0) <= now or h == host:
+            ready_by_pipe[p] = ready_by_pipe.get(p, 0) + n
+        if h == host:
+            host_by_pipe[p] = host_by_pipe.get(p, 0) + n
+    own = ready_by_pipe.get(pipeline, 0)
+    ahead = tags.ahead(pipeline, own, ready_by_pipe)
+    own_host = host_by_pipe.get(pipeline, 0)
+    host_ahead = own_host + sum(min(n, host_by_pipe.get(q, 0)) for q, n in ahead.items())
+    host_wait = max(0.0, ready.get(host, 0.0) - now)
+    global_wait = (own + sum(ahead.values())) * gap
+    return max(global_wait, host_wait + host_ahead * max(gap, interval))

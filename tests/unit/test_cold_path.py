@@ -90,20 +90,20 @@ async def test_an_exempt_permit_gives_its_place_back_on_every_way_out() -> None:
     pacer = Pacer(MemoryStore(rand=lambda: 0.0), settings(exempt_max_in_flight=1))
     try:
         async with pacer.permit(H, Klass.EXEMPT) as p:
-            assert pacer.places.in_flight(H) == 1 and p.klass is Klass.EXEMPT
-        assert pacer.places.in_flight(H) == 0
+            assert pacer.snapshot().exempt_in_flight.get(H, 0) == 1 and p.klass is Klass.EXEMPT
+        assert pacer.snapshot().exempt_in_flight.get(H, 0) == 0
         with pytest.raises(RuntimeError):
             async with pacer.permit(H, Klass.EXEMPT):
                 raise RuntimeError("the exchange failed")
-        assert pacer.places.in_flight(H) == 0
+        assert pacer.snapshot().exempt_in_flight.get(H, 0) == 0
         # A place held elsewhere: a waiter that times out holds nothing afterwards.
         async with pacer.permit(H, Klass.EXEMPT):
-            pacer.settings = settings(exempt_max_in_flight=1, max_wait=0.05)
+            pacer.reload(settings(exempt_max_in_flight=1, max_wait=0.05))
             with pytest.raises(WaitTooLong):
                 async with pacer.permit(H, Klass.EXEMPT):
                     pass
-            assert pacer.places.in_flight(H) == 1
-        assert pacer.places.in_flight(H) == 0
+            assert pacer.snapshot().exempt_in_flight.get(H, 0) == 1
+        assert pacer.snapshot().exempt_in_flight.get(H, 0) == 0
     finally:
         await pacer.close()
 

@@ -27,6 +27,7 @@ from politeproxy.policy.fairness import (
     PipelineRule,
 )
 from politeproxy.stores.memory import MemoryStore
+from tests.support.turns import paced
 from tests.support.virtual_clock import T0, VirtualClock, vclock_fixture  # noqa: F401 - the vclock fixture
 
 D = "data.commoncrawl.org"
@@ -235,18 +236,18 @@ async def test_max_queued_refuses_at_once_beyond_the_pipelines_cap(vclock: Virtu
     pacer = Pacer(MemoryStore(clock=vclock), settings_, monotonic=vclock)
     held = []
     for _ in range(5):  # one goes at once, one holds the reserved slot, three wait in the line
-        held.append(asyncio.ensure_future(pacer.wait_paced(D, pipeline="bulk")))
+        held.append(asyncio.ensure_future(paced(pacer, D, pipeline="bulk")))
         await asyncio.sleep(1 / 64)
-    assert pacer.state.pipeline_depth("bulk") == 3 and not held[-1].done()
+    assert pacer.snapshot().queued_by_pipeline.get("bulk", 0) == 3 and not held[-1].done()
     assert [f.done() for f in held] == [True, False, False, False, False]
     with pytest.raises(WaitTooLong) as e:
-        await pacer.wait_paced(D, pipeline="bulk")
+        await paced(pacer, D, pipeline="bulk")
     assert vclock() - T0 == 5 / 64  # refused at once
     assert e.value.reason == "max_queued" and e.value.wait == 3 * 10.0  # its three queued, a gap each
-    other = asyncio.ensure_future(pacer.wait_paced(D, pipeline="lookup"))  # another pipeline still queues
+    other = asyncio.ensure_future(paced(pacer, D, pipeline="lookup"))  # another pipeline still queues
     await asyncio.sleep(1 / 16)
     assert not other.done()
-    assert pacer.state.pipeline_depth("lookup") == 1
+    assert pacer.snapshot().queued_by_pipeline.get("lookup", 0) == 1
     for f in [*held, other]:
         f.cancel()
     await asyncio.gather(*held, other, return_exceptions=True)

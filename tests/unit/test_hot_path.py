@@ -69,13 +69,14 @@ def finishes_without_a_loop_turn(coro: Coroutine[Any, Any, Any]) -> bool:
 async def test_a_routine_success_is_recorded_without_a_task() -> None:
     pacer = Pacer(MemoryStore(rand=lambda: 0.0), PacingSettings(gap=0.0, host_intervals=()))
     try:
-        assert await pacer.feedback(H, 200, None) is None  # the first success checks the store
-        assert finishes_without_a_loop_turn(pacer.feedback(H, 200, None))  # within a second: nothing to write
+        assert await pacer._feedback(H, 200, None) is None  # the first success checks the store
+        # within a second: nothing to write
+        assert finishes_without_a_loop_turn(pacer._feedback(H, 200, None))
         assert not pacer._feedback_tasks
         # A throttle still goes through the shielded task, and the next success reaches the store again.
-        delay = await pacer.feedback(H, 503, "2")
+        delay = await pacer._feedback(H, 503, "2")
         assert delay is not None and delay.seconds >= 2
-        assert not finishes_without_a_loop_turn(pacer.feedback(H, 200, None))
+        assert not finishes_without_a_loop_turn(pacer._feedback(H, 200, None))
     finally:
         await pacer.close()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from politeproxy.pacing.base import NoEvents
+from politeproxy.pacing.base import NoPacerEvents
 from politeproxy.pacing.pacer import Pacer, PacingSettings, WaitTooLong
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.classify import Klass
@@ -27,6 +27,7 @@ from politeproxy.stores.base import Store
 from politeproxy.stores.file import FileStore
 from politeproxy.stores.memory import MemoryStore
 from tests.support.measure import budget_bound, max_in_window
+from tests.support.turns import paced
 from tests.support.virtual_clock import T0, VirtualClock, vclock_fixture  # noqa: F401 - the vclock fixture
 
 A = "data.commoncrawl.org"
@@ -54,13 +55,13 @@ def assert_paced(times: Sequence[float], gap: float = GAP, late: int = 0) -> Non
         assert max_in_window(times, w) <= budget_bound(1 / gap, w, late * gap), (w, since(times))
 
 
-class Recorder(NoEvents):
+class Recorder(NoPacerEvents):
     """PacerEvents that keep each grant's lateness (seconds past its slot)."""
 
     def __init__(self) -> None:
         self.late: list[float] = []
 
-    def granted(self, host: str, lateness: float) -> None:
+    def granted(self, host: str, lateness: float, pipeline: str) -> None:
         self.late.append(lateness)
 
 
@@ -126,8 +127,8 @@ async def make_pacer(vclock: VirtualClock) -> AsyncIterator[Callable[..., Pacer]
 
 
 def lateness(pacer: Pacer) -> list[float]:
-    assert isinstance(pacer.events, Recorder)
-    return pacer.events.late
+    assert isinstance(pacer._events, Recorder)
+    return pacer._events.late
 
 
 # -- the schedule ----------------------------------------------------------------------------------------
@@ -144,7 +145,7 @@ async def test_fifo_per_host_one_slot_per_gap(
     assert g.tags() == [str(i) for i in range(12)]
     assert since(g.times()) == [k * GAP for k in range(12)]
     assert lateness(pacer) == [0.0] * 12
-    assert await any_store.grants() == 12 and pacer.grants == 12 and pacer.depth() == 0
+    assert await any_store.grants() == 12 and pacer.snapshot().grants == 12 and pacer.depth() == 0
     assert_paced(g.times())
 
 
@@ -257,7 +258,7 @@ async def test_max_wait_refuses_beyond_the_line_with_its_position(
 
     async def one() -> None:
         try:
-            waited = await pacer.wait_paced(A)
+            waited = await paced(pacer, A)
             outcomes.append(("granted", vclock() - T0, waited))
         except WaitTooLong as e:
             outcomes.append(("refused", vclock() - T0, e.wait))

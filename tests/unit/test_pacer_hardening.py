@@ -21,11 +21,14 @@ import pytest
 from politeproxy.observe import metrics as metrics_mod
 from politeproxy.observe.metrics import Metrics
 from politeproxy.pacing import pacer as pacer_mod
+from politeproxy.pacing.base import NoPacerEvents
 from politeproxy.pacing.pacer import Pacer, PacingSettings, WaitTooLong
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.classify import Klass
+from politeproxy.policy.fairness import DEFAULT_PIPELINE
 from politeproxy.stores.base import StoreError
 from politeproxy.stores.memory import MemoryStore
+from tests.support.turns import paced
 from tests.support.virtual_clock import T0, VirtualClock, vclock_fixture  # noqa: F401 - the vclock fixture
 
 A = "data.commoncrawl.org"
@@ -71,19 +74,13 @@ class BrokenStore(MemoryStore):
         return await super().claim(host, gap, interval, max_wait)
 
 
-class Recorder:
+class Recorder(NoPacerEvents):
     """PacerEvents that remember the rejections."""
 
     def __init__(self) -> None:
         self.rejections: list[tuple[str, str]] = []
 
-    def granted(self, host: str, lateness: float) -> None: ...
-    def waited(self, host: str, klass: Klass, seconds: float) -> None: ...
-    def throttled(self, host: str, code: int, delay: float) -> None: ...
-    def queue_changed(self, host: str, depth: int) -> None: ...
-    def exempt_changed(self, host: str, in_flight: int) -> None: ...
-
-    def rejected(self, host: str, reason: str) -> None:
+    def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None:
         self.rejections.append((host, reason))
 
 
@@ -195,9 +192,9 @@ async def test_pinned_hosts_keep_their_label_and_other_sums_its_hosts() -> None:
     m = Metrics()
     getattr(m, "pin_hosts", lambda _hosts: None)(["commoncrawl.s3.amazonaws.com"])  # the configured host
     for i in range(FREE_HOST_LABELS):
-        m.granted(f"early{i}.commoncrawl.org", 0.0)
+        m.granted(f"early{i}.commoncrawl.org", 0.0, "default")
     for host in (*PINNED_HOSTS, "commoncrawl.s3.amazonaws.com"):
-        m.granted(host, 0.0)
+        m.granted(host, 0.0, "default")
     m.line_changed("late1.commoncrawl.org", "default", 3)
     m.line_changed("late2.commoncrawl.org", "default", 4)
     m.line_changed("late1.commoncrawl.org", "default", 0)
@@ -218,7 +215,7 @@ def test_grants_without_a_scrape_keep_metrics_memory_flat() -> None:
     def grants(n: int) -> None:
         for _ in range(n):  # 100 grants/s, never scraped
             now[0] += 0.01
-            m.granted(A, 0.0)
+            m.granted(A, 0.0, "default")
 
     grants(int(window * 100) + 1000)  # fill a whole window first: what a steady rate keeps
     tracemalloc.start()
@@ -244,9 +241,9 @@ async def test_waiters_beyond_the_cap_are_refused_at_once(closing: list[Pacer], 
     settings_ = settings(gap=0.0, max_wait=20.0, exempt_max_in_flight=1)
     pacer = Pacer(store, settings_, events, monotonic=vclock)
     closing.append(pacer)
-    await pacer.record(A, 503, 10.0)
+    await pacer._record(A, 503, 10.0)
     n = pacer_mod.DEFAULT_MAX_QUEUE if hasattr(pacer_mod, "DEFAULT_MAX_QUEUE") else 1024
-    tasks = [asyncio.create_task(pacer.wait_paced(A)) for _ in range(n + 76)]
+    tasks = [asyncio.create_task(paced(pacer, A)) for _ in range(n + 76)]
     await asyncio.sleep(0)  # each task's first step: queued, or refused
     assert vclock() == T0  # refused at once, not after max_wait
     refused = [t for t in tasks if t.done()]
@@ -280,7 +277,7 @@ async def test_a_failing_store_logs_once_and_the_dispatcher_backs_off(
     store = BrokenStore(vclock, exc)
     pacer = Pacer(store, settings(max_wait=10.0), monotonic=vclock)
     closing.append(pacer)
-    waiter = asyncio.create_task(pacer.wait_paced(A))
+    waiter = asyncio.create_task(paced(pacer, A))
     await asyncio.sleep(1.6)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 1, [r.getMessage() for r in errors]  # one line; repeats are counted, not logged
@@ -311,7 +308,7 @@ async def test_a_file_store_locked_elsewhere_logs_one_line_and_recovers(
     pacer = Pacer(store, settings(max_wait=15.0))
     closing.append(pacer)
     try:
-        waiter = asyncio.create_task(pacer.wait_paced(A))
+        waiter = asyncio.create_task(paced(pacer, A))
         await asyncio.sleep(2.0)
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert len(errors) == 1 and "ratelimit.lock" in errors[0], errors

@@ -14,6 +14,7 @@ import pytest
 from politeproxy.pacing.pacer import Pacer, PacingSettings, WaitTooLong
 from politeproxy.policy.classify import Klass
 from politeproxy.stores.memory import MemoryStore
+from tests.support.turns import paced
 
 HOST = "data.commoncrawl.org"
 
@@ -26,7 +27,7 @@ async def test_a_reserved_slot_is_not_handed_out_inside_a_later_backoff(same_pro
     b = a if same_proxy else Pacer(store, settings)
     try:
         async with a.permit(HOST, Klass.PACED) as first:
-            waiting = asyncio.create_task(b.wait_paced(HOST))
+            waiting = asyncio.create_task(paced(b, HOST))
             await asyncio.sleep(0.1)  # b's dispatcher has claimed the next slot, 0.3 s after the first
             delay = await first.answered(503, "5")
         assert delay is not None and delay.seconds == 5

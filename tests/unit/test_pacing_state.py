@@ -49,7 +49,7 @@ def test_a_host_in_backoff_is_skipped_and_says_when_it_is_ready() -> None:
 
 def test_waiters_that_left_are_dropped_and_empty_lines_vanish() -> None:
     depths: list[tuple[str, int]] = []
-    s: QueueState[Ticket] = QueueState(lambda h, d: depths.append((h, d)))
+    s: QueueState[Ticket] = QueueState(lambda h, _p, d: depths.append((h, d)))  # one line: its depth
     w1, w2 = waiter(A, 0.0), waiter(A, 1.0)
     s.add(w1)
     s.add(w2)

@@ -20,7 +20,7 @@ from politeproxy.proxy import robots_fetch
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
 from politeproxy.stores.memory import MemoryStore
-from tests.conftest import Certs
+from tests.support.upstream_proc import Certs
 
 HOST = "data.commoncrawl.org"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -79,7 +79,7 @@ async def refresh(w: RobotsWatcher, host: str = HOST) -> float:
     tasks = list(w.tasks.values())
     assert tasks, "no fetch started"
     await asyncio.wait(tasks, timeout=10)
-    return (await w.pacer.store.host_view(host)).crawl_delay
+    return (await w.pacer.host_view(host)).crawl_delay
 
 
 async def test_a_body_that_arrives_in_pieces_is_read_to_its_end(
@@ -123,7 +123,7 @@ async def test_a_file_beyond_the_cap_is_parsed_as_far_as_the_cap(
 
 
 async def test_no_robots_txt_means_no_crawl_delay(served: tuple[Server, int], watcher: RobotsWatcher) -> None:
-    await watcher.pacer.store.set_crawl_delay(HOST, 5.0, 0.0)  # known, now stale
+    await watcher.pacer.set_crawl_delay(HOST, 5.0, 0.0)  # known, now stale
     assert await refresh(watcher) == 0.0  # 404: the file is gone, and with it its Crawl-delay
 
 
@@ -160,7 +160,7 @@ async def test_a_failed_fetch_keeps_the_known_crawl_delay(
     served: tuple[Server, int], watcher: RobotsWatcher, handler: Handler
 ) -> None:
     srv, _ = served
-    await watcher.pacer.store.set_crawl_delay(HOST, 5.0, 0.0)  # known from an earlier fetch, now stale
+    await watcher.pacer.set_crawl_delay(HOST, 5.0, 0.0)  # known from an earlier fetch, now stale
     srv.handler = handler
     assert await refresh(watcher) == 5.0
     assert srv.hits >= 1  # (aiohttp itself may retry once on a reset)
