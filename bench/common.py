@@ -74,8 +74,9 @@ from bench.stats import (
 from bench.stats import (
     wait_quiet as wait_quiet,
 )
-from tests import conftest  # noqa: E402
-from tests.conftest import PY, ROOT, Certs, free_port, resolve_table, wait_for  # noqa: E402
+from tests.support import upstream_proc  # noqa: E402
+from tests.support.processes import PY, ROOT, free_port, wait_for  # noqa: E402
+from tests.support.upstream_proc import Certs, resolve_table  # noqa: E402
 
 CACHE = Path(os.environ.get("POLITEPROXY_BENCH_CACHE") or Path.home() / ".cache" / "politeproxy-bench")
 MITM_VENV = CACHE / "mitm-venv"
@@ -128,12 +129,12 @@ def stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
 
 
 def make_certs(d: Path) -> Certs:
-    """The tests' upstream CA and leaf (tests/conftest.py)."""
-    return conftest.make_certs(d)
+    """The tests' upstream CA and leaf (tests/support/upstream_proc.py)."""
+    return upstream_proc.make_certs(d)
 
 
 @dataclass
-class Upstream(conftest.Upstream):
+class Upstream(upstream_proc.Upstream):
     """The tests' fake upstream, with the certificates a client of it must trust."""
 
     certs: Certs | None = None
@@ -145,8 +146,8 @@ class Upstream(conftest.Upstream):
 
 
 def start_upstream(bench: Bench, certs: Certs, files_dir: Path | None = None) -> Upstream:
-    """tests/conftest.py's fake upstream, stopped when the bench ends."""
-    up = conftest.start_upstream(certs, bench.tmp, files_dir)
+    """The tests' fake upstream (tests/support/upstream_proc.py), stopped when the bench ends."""
+    up = upstream_proc.start_upstream(certs, bench.tmp, files_dir)
     bench.callback(up.stop)
     return Upstream(up.proc, up.port, up.plain_port, certs)
 

@@ -45,7 +45,7 @@ from bench.cpu_per_request import cpu_seconds  # noqa: E402
 from bench.floor_server import raise_nofile  # noqa: E402
 from bench.small_gets import run_hey  # noqa: E402
 from bench.stats import busy_share, cpu_jiffies, spread  # noqa: E402
-from tests.conftest import wait_for  # noqa: E402
+from tests.support.processes import wait_for  # noqa: E402
 
 # -- the driver -----------------------------------------------------------------------------------------
 

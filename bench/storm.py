@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bench.common import Bench, Upstream, fmt, log, start_politeproxy
-from tests.slow.test_pacing_accuracy import tunnel_get
+from tests.support.pacing_clients import tunnel_get
 
 HOST = "data.commoncrawl.org"
 CONFIGURED = 20  # req/s the proxy is configured for

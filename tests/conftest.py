@@ -1,9 +1,9 @@
-"""Shared fixtures: a local TLS upstream impersonating Common Crawl's hosts, and proxy processes.
+"""Shared fixtures and hooks: a local TLS upstream impersonating Common Crawl's hosts, and proxy processes.
 
-The helpers behind them live in tests/support/: ``processes`` (paths, tools, ports, waiting),
-``upstream_proc`` (the fake upstream and its certificates) and ``proxy_proc`` (proxy processes and their
-configs). They are re-exported here (``__all__``), so ``from tests.conftest import ProxyProc, wait_for``
-keeps working for the test files and for bench/.
+This module holds only fixtures and hooks. The helpers behind them live in tests/support/: ``processes``
+(paths, tools, ports, waiting), ``upstream_proc`` (the fake upstream and its certificates) and
+``proxy_proc`` (proxy processes and their configs); test files and bench/ import them from there, never
+from this module or from another test module (tests/test_layout_rules.py checks it).
 """
 
 from __future__ import annotations
@@ -17,59 +17,30 @@ from typing import Any
 
 import pytest
 
-# The helpers' asserts (client_env, for_this_test) get pytest's rewritten messages, as they did when they
-# lived in this module; registered before the import below (outside pytest, e.g. under bench/, a no-op).
-pytest.register_assert_rewrite("tests.support.proxy_proc")
-
-from tests.support.processes import (  # noqa: E402
-    POLITEPROXY,
-    PY,
-    ROOT,
-    free_port,
-    need_tool,
-    stop_process,
-    wait_for,
+# The helpers' asserts get pytest's rewritten messages, as they did when they lived in this module or in a
+# test module; registered before any import of them (outside pytest, e.g. under bench/, a no-op).
+pytest.register_assert_rewrite(
+    "tests.support.proxy_proc",
+    "tests.support.clients",
+    "tests.support.live_status",
+    "tests.support.pacing_clients",
+    "tests.support.proxyio",
+    "tests.support.quiet_proxy",
 )
+
 from tests.support.proxy_proc import (  # noqa: E402
     FAST,
     NO_ROBOTS,
     ProxyProc,
-    client_env,
     for_this_test,
     start_proxy,
 )
 from tests.support.upstream_proc import (  # noqa: E402
-    CC_HOSTS,
-    OTHER_HOSTS,
     Certs,
     Upstream,
     make_certs,
-    resolve_table,
     start_upstream,
 )
-
-__all__ = [
-    "CC_HOSTS",
-    "FAST",
-    "NO_ROBOTS",
-    "OTHER_HOSTS",
-    "POLITEPROXY",
-    "PY",
-    "ROOT",
-    "Certs",
-    "ProxyProc",
-    "Upstream",
-    "client_env",
-    "for_this_test",
-    "free_port",
-    "make_certs",
-    "need_tool",
-    "resolve_table",
-    "start_proxy",
-    "start_upstream",
-    "stop_process",
-    "wait_for",
-]
 
 # A failure pytest cannot format is still reported as a failure (see the module).
 pytest_plugins = ["tests.support.reportguard"]
@@ -77,7 +48,7 @@ pytest_plugins = ["tests.support.reportguard"]
 
 def pytest_configure(config: pytest.Config) -> None:
     """The test session's environment, inherited by every process a test starts. Set here, not at import:
-    bench/ imports this module's helpers and must run politeproxy as a user's install does."""
+    bench/ imports the helpers in tests/support/ and must run politeproxy as a user's install does."""
     # Every proxy a test starts runs the default transports, what a plain install gets; the optional [fast]
     # extra (aiofastnet) is installed for the tests and exercised by tests/e2e/test_fastnet_e2e.py. Under a
     # loaded two-worker run, a proxy on aiofastnet once held a freed connection place past a 10 s read

@@ -13,25 +13,15 @@ import pytest
 import requests
 
 from politeproxy.policy.access import Access, is_loopback
-from tests.conftest import POLITEPROXY, ROOT, Certs, Upstream, free_port, need_tool
-from tests.e2e.test_proxy_io import ProxyFactory, bundle, read_head, start_with
+from tests.support.processes import POLITEPROXY, ROOT, free_port, need_tool, non_loopback_ip
+from tests.support.proxyio import ProxyFactory, bundle, read_head, start_with
+from tests.support.upstream_proc import Certs, Upstream
 
 AUTH = '[auth]\nusers = { alice = "s3cret:with colon" }\n'
 
 
 def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
-def non_loopback_ip() -> str | None:
-    """An address of this machine that is not loopback, if it has one."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("198.51.100.1", 9))  # no packet is sent for a UDP connect
-            ip = str(s.getsockname()[0])
-        except OSError:
-            return None
-    return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
 
 
 @pytest.mark.parametrize("listen", ["0.0.0.0", "::", "192.0.2.77"])

@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import NO_ROBOTS, ProxyProc, Upstream
-from tests.slow.test_pacing_accuracy import tunnel_get
+from tests.support.pacing_clients import tunnel_get
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.upstream_proc import Upstream
 
 DATA = "data.commoncrawl.org"
 GAP = 0.1  # the configured rate: 10/s

@@ -10,8 +10,10 @@ from collections.abc import Callable
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, free_port, wait_for
-from tests.e2e.test_proxy_io import bundle, proxies
+from tests.support.processes import free_port, wait_for
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.proxyio import bundle, proxies
+from tests.support.upstream_proc import Upstream
 
 
 def _answer(r: requests.Response) -> tuple[int, str, bytes]:

@@ -10,12 +10,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
-from tests.slow.test_pacing_accuracy import tunnel_get
+from tests.support.pacing_clients import tunnel_get
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.throttling import arrivals, throttle
+from tests.support.upstream_proc import Upstream
 
 DATA = "data.commoncrawl.org"
 INDEX = "index.commoncrawl.org"
@@ -36,16 +38,6 @@ def host_record(data_dir: Path, host: str) -> dict[str, float]:
     raw = (data_dir / "hosts" / host).read_bytes()
     nxt, until, robots, throttles, delay = struct.unpack(">QQQQQ", raw[:40])
     return {"next_allowed": nxt / 1e9, "backoff_until": until / 1e9, "throttles": throttles}
-
-
-def throttle(up: Upstream, host: str, count: int, retry_after: str | None, status: int = 503) -> None:
-    up.control({"throttle": {"host": host, "count": count, "status": status, "retry_after": retry_after}})
-
-
-def arrivals(up: Upstream, host: str) -> list[dict[str, Any]]:
-    return sorted(
-        (a for a in up.log() if a["host"] == host and a["path"] != "/robots.txt"), key=lambda a: a["t"]
-    )
 
 
 @pytest.mark.slow  # a Retry-After of 2 s, then a 1 s backoff, with an index stream measured meanwhile

@@ -12,19 +12,25 @@ import certifi
 import pytest
 import requests
 
-from tests.conftest import Certs, ProxyProc, Upstream, for_this_test, free_port, wait_for
-from tests.e2e.test_proxy_io import (
+from tests.support.processes import free_port, wait_for
+from tests.support.proxy_proc import ProxyProc, for_this_test
+from tests.support.proxyio import (
     ProxyFactory,
     bundle,
     ca_pem,
     connect_tunnel,
     exchange,
+    no_tracebacks,
+    one_line_reason,
     proxies,
+    raw,
     read_head,
+    read_to_close,
     start_with,
     still_serves,
     tls_through_proxy,
 )
+from tests.support.upstream_proc import Certs, Upstream
 
 # Small client timeouts so the slow-client cases are quick; generous waits so a noisy box passes.
 SMALL_TIMEOUTS = '[client]\nhandshake_timeout = "0.5s"\nheader_timeout = "0.5s"\nidle_timeout = "1s"\n'
@@ -48,39 +54,6 @@ def bp(module_bp: ProxyProc) -> ProxyProc:
 def upstream(shared_upstream: Upstream) -> Upstream:
     """The module's one fake upstream, reset before each test."""
     return shared_upstream
-
-
-def raw(port: int, data: bytes) -> tuple[bytes, bytes]:
-    """Send ``data`` on a fresh connection; return the answer head and everything until the close."""
-    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as s:
-        s.sendall(data)
-        head = read_head(s)
-        return head, read_to_close(s)
-
-
-def read_to_close(s: socket.socket) -> bytes:
-    out = b""
-    while True:
-        try:
-            b = s.recv(65536)
-        except ConnectionResetError:
-            break
-        if not b:
-            break
-        out += b
-    return out
-
-
-def one_line_reason(body: bytes) -> str:
-    text = body.decode()
-    assert text.startswith("politeproxy: ") and text.endswith("\n") and text.count("\n") == 1, text
-    return text
-
-
-def no_tracebacks(p: ProxyProc) -> None:
-    log = p.log()
-    assert "Traceback" not in log, log
-    assert " ERROR " not in log, log
 
 
 def closed_within(s: socket.socket, timeout: float = WAIT) -> bytes:

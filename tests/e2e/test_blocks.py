@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NO_ROBOTS, ProxyProc, Upstream
-from tests.slow.test_pacing_accuracy import tunnel_get
+from tests.support.pacing_clients import tunnel_get
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.upstream_proc import Upstream
 
 DATA = "data.commoncrawl.org"
 HOLD = 2.0  # block_hold in these tests

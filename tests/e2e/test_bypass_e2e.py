@@ -28,18 +28,10 @@ import pytest
 import trustme
 from cryptography import x509
 
-from tests.conftest import (
-    CC_HOSTS,
-    NO_ROBOTS,
-    OTHER_HOSTS,
-    Certs,
-    ProxyProc,
-    Upstream,
-    start_proxy,
-    start_upstream,
-    wait_for,
-)
-from tests.e2e.test_proxy_io import connect_tunnel, exchange, upstream_toml
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
+from tests.support.proxyio import connect_tunnel, exchange, upstream_toml
+from tests.support.upstream_proc import CC_HOSTS, OTHER_HOSTS, Certs, Upstream, start_upstream
 
 GAP = 0.15  # the global gap the paced requests must keep
 PEEK = 1.5  # handshake_timeout, which bounds the peek

@@ -19,8 +19,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS
 from politeproxy.proxy.ca import sign_leaf
-from tests.conftest import POLITEPROXY, ROOT, Certs, Upstream, need_tool
-from tests.e2e.test_proxy_io import FAST, ProxyFactory, exchange, tls_through_proxy, upstream_toml
+from tests.support.processes import POLITEPROXY, ROOT, need_tool
+from tests.support.proxy_proc import FAST
+from tests.support.proxyio import ProxyFactory, exchange, tls_through_proxy, upstream_toml
+from tests.support.upstream_proc import Certs, Upstream
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -20,8 +20,6 @@ from cryptography.x509.oid import NameOID
 
 from politeproxy.policy.hosts import valid_hostname
 from politeproxy.proxy.ca import constraints_current
-from tests.conftest import Certs, Upstream, need_tool
-from tests.e2e.test_proxy_io import FAST, ProxyFactory, tls_through_proxy, upstream_toml
 from tests.support.catools import (
     PERMITTED,
     client_handshake,
@@ -32,6 +30,10 @@ from tests.support.catools import (
     sign,
     tls_server,
 )
+from tests.support.processes import need_tool
+from tests.support.proxy_proc import FAST
+from tests.support.proxyio import ProxyFactory, tls_through_proxy, upstream_toml
+from tests.support.upstream_proc import Certs, Upstream
 
 IP = x509.IPAddress
 

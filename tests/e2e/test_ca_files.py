@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from politeproxy.proxy import ca as ca_mod
 from politeproxy.proxy import intercept
 from politeproxy.proxy.ca import CAError, CertificateAuthority
-from tests.conftest import ROOT
 from tests.support.catools import new_ca, pem_key
+from tests.support.processes import ROOT
 
 
 def test_context_signs_off_the_loop_and_shares_one_job(

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from politeproxy.policy.hosts import is_covered, normalize_host, valid_hostname
 from politeproxy.proxy.ca import NameRefused
-from tests.conftest import ProxyProc
 from tests.support.catools import CONFIGURED, PERMITTED, client_handshake, files_under, new_ca, tls_server
+from tests.support.proxy_proc import ProxyProc
 from tests.support.proxyio import connect_tunnel, tls_through_proxy
 
 PATH_LIKE = [

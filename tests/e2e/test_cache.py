@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from politeproxy.cache.store import key_name
-from tests.conftest import Certs, ProxyProc, Upstream, start_proxy, start_upstream, wait_for
-from tests.e2e.test_cache_upstream import CACHE_TOML, D, fetch
-from tests.e2e.test_proxy_io import upstream_toml
+from tests.support.cache_upstream import CACHE_TOML, D, fetch
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import ProxyProc, start_proxy
+from tests.support.proxyio import upstream_toml
+from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
 RULES = """
 [[cache.rules]]
@@ -202,7 +204,7 @@ def test_stats_and_clear_from_the_command_line(env: Env) -> None:
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.support.processes import ROOT
 
     def cli(*args: str) -> str:
         r = subprocess.run(

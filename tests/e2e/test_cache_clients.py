@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Certs, ProxyProc, Upstream, start_proxy, start_upstream
-from tests.e2e.test_cache_upstream import CACHE_TOML
-from tests.e2e.test_clients import duckdb_settings, run_py
-from tests.e2e.test_proxy_io import upstream_toml
+from tests.support.cache_upstream import CACHE_TOML
+from tests.support.clients import duckdb_settings, run_py
+from tests.support.proxy_proc import ProxyProc, start_proxy
+from tests.support.proxyio import upstream_toml
+from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
 pytestmark = pytest.mark.slow  # real client processes (duckdb, cdx_toolkit): about 7 s for the module
 pa = pytest.importorskip("pyarrow")

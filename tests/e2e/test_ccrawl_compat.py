@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NO_ROBOTS, ROOT, ProxyProc, Upstream
-from tests.slow.test_pacing_accuracy import arrival_stats, read_lock, start_clients, warm_upstream_pool
+from tests.support.pacing_clients import arrival_stats, read_lock, start_clients, warm_upstream_pool
+from tests.support.processes import ROOT
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.upstream_proc import Upstream
 
 GAP = 0.05
 GAP_NS = 50_000_000

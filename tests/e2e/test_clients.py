@@ -11,15 +11,17 @@ import json
 import os
 import re
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import POLITEPROXY, PY, ROOT, Certs, ProxyProc, Upstream, for_this_test, need_tool
+from tests.support.clients import duckdb_settings, run_py
+from tests.support.processes import need_tool
+from tests.support.proxy_proc import ProxyProc, for_this_test
 from tests.support.proxyio import ProxyFactory, arrivals, start_with
+from tests.support.upstream_proc import Certs, Upstream
 
 # One files upstream and one proxy for the module: every client here only sends requests, each test
 # writes files of its own names, and the arrival log is reset before each test.
@@ -44,20 +46,6 @@ def module_cp(module_proxy_factory: ProxyFactory, module_files_upstream: Upstrea
 @pytest.fixture
 def cp(module_cp: ProxyProc, files_upstream: Upstream) -> ProxyProc:
     return for_this_test(module_cp)
-
-
-def run_py(p: ProxyProc, code: str, extra_env: dict[str, str] | None = None) -> str:
-    """Run ``code`` in a fresh interpreter with the `politeproxy env` environment; return its stdout."""
-    r = subprocess.run(
-        [PY, "-c", textwrap.dedent(code)],
-        env={**p.env, **(extra_env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert r.returncode == 0, f"stdout: {r.stdout}\nstderr: {r.stderr}"
-    return r.stdout
 
 
 def curl(p: ProxyProc, *args: str) -> subprocess.CompletedProcess[str]:
@@ -160,21 +148,6 @@ def test_aiohttp_trust_env(cp: ProxyProc, files_upstream: Upstream) -> None:
     )
     assert out.strip() == "ok"
     assert len(arrivals(files_upstream)) == 7
-
-
-def duckdb_settings(p: ProxyProc) -> tuple[str, str]:
-    """http_proxy and ca_cert_file from the `# duckdb:` line of the real `politeproxy env` output."""
-    out = subprocess.run(
-        [*POLITEPROXY, "env", "--data-dir", str(p.data_dir), "--listen", f"127.0.0.1:{p.port}"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    ).stdout
-    line = next(x for x in out.splitlines() if x.startswith("# duckdb:"))
-    m = re.search(r"SET http_proxy = '([^']+)'; SET ca_cert_file = '([^']+)';", line)
-    assert m, line
-    return m.group(1), m.group(2)
 
 
 def test_duckdb_httpfs(cp: ProxyProc, files_upstream: Upstream, files_dir: Path) -> None:

@@ -12,8 +12,10 @@ import pytest
 import requests
 
 from politeproxy.config.loading import ConfigError, load
-from tests.conftest import POLITEPROXY, ROOT, Certs, Upstream, free_port, need_tool, wait_for
-from tests.e2e.test_proxy_io import FAST, upstream_toml
+from tests.support.processes import POLITEPROXY, ROOT, free_port, need_tool, wait_for
+from tests.support.proxy_proc import FAST
+from tests.support.proxyio import upstream_toml
+from tests.support.upstream_proc import Certs, Upstream
 
 ENV_KEYS = (
     "HTTPS_PROXY",

@@ -15,10 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Certs, ProxyProc, Upstream, for_this_test, free_port, wait_for
-from tests.e2e.test_access import non_loopback_ip
-from tests.e2e.test_bad_input import no_tracebacks, one_line_reason, raw, read_to_close
-from tests.e2e.test_proxy_io import ProxyFactory, metric_value, read_head, start_with, still_serves
+from tests.support.processes import free_port, non_loopback_ip, wait_for
+from tests.support.proxy_proc import ProxyProc, for_this_test
+from tests.support.proxyio import (
+    ProxyFactory,
+    metric_value,
+    no_tracebacks,
+    one_line_reason,
+    raw,
+    read_head,
+    read_to_close,
+    start_with,
+    still_serves,
+)
+from tests.support.upstream_proc import Certs, Upstream
 
 
 class Listener:

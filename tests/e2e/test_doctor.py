@@ -19,17 +19,9 @@ import certifi
 import pytest
 
 from politeproxy.commands import doctor
-from tests.conftest import (
-    NO_ROBOTS,
-    POLITEPROXY,
-    ROOT,
-    Certs,
-    ProxyProc,
-    Upstream,
-    free_port,
-    start_proxy,
-    start_upstream,
-)
+from tests.support.processes import POLITEPROXY, ROOT, free_port
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
+from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
 URL = "https://index.commoncrawl.org/collinfo.json"
 

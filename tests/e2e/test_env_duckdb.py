@@ -15,17 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import (
-    NO_ROBOTS,
-    POLITEPROXY,
-    PY,
-    ROOT,
-    Certs,
-    ProxyProc,
-    Upstream,
-    start_proxy,
-    start_upstream,
-)
+from tests.support.processes import POLITEPROXY, PY, ROOT
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
+from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
 pytestmark = pytest.mark.slow  # two duckdb processes with httpfs: about 5 s
 pytest.importorskip("duckdb")

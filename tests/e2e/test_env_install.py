@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.processes import ROOT
 
 DOCS = [
     ROOT / "deploy" / "README.md",

@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from politeproxy.commands.envlines import system_roots
-from tests.conftest import POLITEPROXY, ROOT, free_port, need_tool, wait_for
+from tests.support.processes import POLITEPROXY, ROOT, free_port, need_tool, wait_for
 
 VARS = (
     "HTTPS_PROXY",

@@ -11,7 +11,6 @@ import os
 import pytest
 import requests
 
-from tests.conftest import Certs, Upstream
 from tests.support.proxyio import (
     ProxyFactory,
     ca_pem,
@@ -23,6 +22,7 @@ from tests.support.proxyio import (
     still_serves,
     tls_through_proxy,
 )
+from tests.support.upstream_proc import Certs, Upstream
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])

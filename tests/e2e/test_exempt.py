@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NO_ROBOTS, ROOT, Certs, ProxyProc, Upstream, start_upstream, wait_for
-from tests.slow.test_pacing_accuracy import arrival_stats, read_lock, start_clients, tunnel_get
+from tests.support.pacing_clients import arrival_stats, read_lock, start_clients, tunnel_get
+from tests.support.processes import ROOT, wait_for
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
 MAX_IN_FLIGHT = 4
 ROWS = 200_000

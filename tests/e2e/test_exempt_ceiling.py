@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NO_ROBOTS, ProxyProc, Upstream
-from tests.slow.test_pacing_accuracy import tunnel_get
+from tests.support.pacing_clients import tunnel_get
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
 from tests.support.redis_server import RedisServer, redis_fixture
+from tests.support.upstream_proc import Upstream
 
 DATA = "data.commoncrawl.org"
 RATE = 0.05  # exempt.rate: 20 reads/s per host

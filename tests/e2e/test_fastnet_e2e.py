@@ -10,9 +10,10 @@ import socket
 import pytest
 import requests
 
-from tests.conftest import Certs, ProxyProc, Upstream, wait_for
-from tests.e2e.test_forward_hardening import CUT_CASES
-from tests.support.proxyio import bundle, connect_tunnel, proxies, start_with, still_serves
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import ProxyProc
+from tests.support.proxyio import CUT_CASES, bundle, connect_tunnel, proxies, start_with, still_serves
+from tests.support.upstream_proc import Certs, Upstream
 
 pytest.importorskip("aiofastnet")
 

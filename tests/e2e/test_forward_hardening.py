@@ -17,18 +17,11 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from politeproxy.proxy.upstream import loggable
-from tests.conftest import (
-    NO_ROBOTS,
-    Certs,
-    ProxyProc,
-    Upstream,
-    for_this_test,
-    free_port,
-    need_tool,
-    wait_for,
-)
-from tests.e2e.test_backoff_e2e import arrivals, throttle
-from tests.e2e.test_proxy_io import (
+from tests.support.pacing_clients import tunnel_get
+from tests.support.processes import free_port, need_tool, wait_for
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, for_this_test
+from tests.support.proxyio import (
+    CUT_CASES,
     bundle,
     metric_value,
     read_head,
@@ -36,7 +29,8 @@ from tests.e2e.test_proxy_io import (
     tls_through_proxy,
     upstream_toml,
 )
-from tests.slow.test_pacing_accuracy import tunnel_get
+from tests.support.throttling import arrivals, throttle
+from tests.support.upstream_proc import Certs, Upstream
 
 DATA = "data.commoncrawl.org"
 ProxyFactory = Callable[..., ProxyProc]
@@ -154,16 +148,6 @@ def loop_proxy(
 ) -> ProxyProc:
     """One FAST proxy per event loop, shared by the four cut-body cases of that loop."""
     return start_with(module_proxy_factory, module_upstream, certs, env={"POLITEPROXY_EVENT_LOOP": loop})
-
-
-# A reset, a TLS close without close_notify and a Content-Length body cut halfway are cuts; a clean close ends
-# a close-delimited body whole (tests/e2e/test_fastnet_e2e.py runs the same cases on aiofastnet).
-CUT_CASES = [
-    ("/closedelim/300000?cut=reset", True),
-    ("/closedelim/300000?cut=noclose_notify", True),
-    ("/cutmid/300000", True),
-    ("/closedelim/300000?cut=none", False),
-]
 
 
 @pytest.mark.parametrize(("path", "cut"), CUT_CASES)

@@ -16,20 +16,24 @@ import requests
 
 from politeproxy.app import App
 from politeproxy.config import loading as config
-from tests.conftest import Certs, ProxyProc, Upstream, wait_for
-from tests.e2e.test_bad_input import no_tracebacks, one_line_reason, read_to_close
-from tests.e2e.test_proxy_io import (
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import ProxyProc
+from tests.support.proxyio import (
     ProxyFactory,
     ca_pem,
     connect_tunnel,
     exchange,
     metric_value,
+    no_tracebacks,
+    one_line_reason,
     proc_mem_kib,
     read_head,
+    read_to_close,
     start_with,
     still_serves,
     tls_through_proxy,
 )
+from tests.support.upstream_proc import Certs, Upstream
 
 # 120 fields of 16 KiB: each line is under the default max_header_size (32 KiB) and the count under
 # aiohttp's max_headers (128), so only a bound on the whole head refuses it. About 1.9 MiB.

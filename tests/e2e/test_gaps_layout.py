@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NO_ROBOTS, POLITEPROXY, ROOT, Certs, ProxyProc, Upstream, free_port, wait_for
-from tests.e2e.test_proxy_io import connect_tunnel, proc_mem_kib
+from tests.support.processes import POLITEPROXY, ROOT, free_port, wait_for
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.proxyio import connect_tunnel, proc_mem_kib
+from tests.support.upstream_proc import Certs, Upstream
 
 
 @pytest.mark.slow  # a 3 s stall of a reader, by design

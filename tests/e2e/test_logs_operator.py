@@ -19,18 +19,9 @@ from typing import Any
 import pytest
 import requests
 
-from tests.conftest import (
-    POLITEPROXY,
-    ROOT,
-    Certs,
-    Upstream,
-    client_env,
-    free_port,
-    resolve_table,
-    start_upstream,
-    stop_process,
-    wait_for,
-)
+from tests.support.processes import POLITEPROXY, ROOT, free_port, stop_process, wait_for
+from tests.support.proxy_proc import client_env
+from tests.support.upstream_proc import Certs, Upstream, resolve_table, start_upstream
 
 
 class Quiet:

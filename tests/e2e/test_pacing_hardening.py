@@ -13,7 +13,8 @@ import pytest
 
 from politeproxy.pacing import pacer as pacer_mod
 from politeproxy.policy.hosts import HostSet
-from tests.conftest import NO_ROBOTS, ProxyProc, Upstream
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.upstream_proc import Upstream
 from tests.unit.test_pacer_hardening import FREE_HOST_LABELS, PINNED_HOSTS, A, host_labels
 
 # -- item 9 end to end: 500 names through a real proxy, then its /metrics -----------------------------------

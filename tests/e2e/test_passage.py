@@ -21,18 +21,10 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from politeproxy import __version__
-from tests.conftest import (
-    CC_HOSTS,
-    OTHER_HOSTS,
-    Certs,
-    ProxyProc,
-    Upstream,
-    need_tool,
-    start_proxy,
-    start_upstream,
-    wait_for,
-)
-from tests.e2e.test_proxy_io import exchange, tls_through_proxy
+from tests.support.processes import need_tool, wait_for
+from tests.support.proxy_proc import ProxyProc, start_proxy
+from tests.support.proxyio import exchange, tls_through_proxy
+from tests.support.upstream_proc import CC_HOSTS, OTHER_HOSTS, Certs, Upstream, start_upstream
 
 CLOUDFRONT_VIA = "1.1 abc123.cloudfront.net (CloudFront)"
 GAP = 0.3  # seconds between paced grants in this module's proxy

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import ROOT, need_tool
+from tests.support.processes import ROOT, need_tool
 
 ALERTS = ROOT / "deploy" / "alerts.yml"
 

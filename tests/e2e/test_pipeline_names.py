@@ -15,15 +15,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import (
-    POLITEPROXY,
-    ROOT,
-    ProxyProc,
-    Upstream,
-    for_this_test,
-    wait_for,
-)
-from tests.e2e.test_pipelines import D, Factory, config, metric_lines
+from tests.support.pipelines import D, Factory, config, metric_lines
+from tests.support.processes import POLITEPROXY, ROOT, wait_for
+from tests.support.proxy_proc import ProxyProc, for_this_test
+from tests.support.upstream_proc import Upstream
 
 
 def test_the_pipeline_label_is_bounded_and_the_access_line_names_it(

@@ -11,7 +11,7 @@ import asyncio
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +19,11 @@ import aiohttp
 import pytest
 import requests
 
-from tests.conftest import (
-    NO_ROBOTS,
-    Certs,
-    ProxyProc,
-    Upstream,
-    start_upstream,
-    wait_for,
-)
 from tests.support.measure import over_budget, run_clients
-
-D = "data.commoncrawl.org"
-Factory = Callable[..., ProxyProc]
+from tests.support.pipelines import D, Factory, config, metric_lines
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import ProxyProc
+from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
 
 def named(p: ProxyProc, name: str) -> dict[str, str]:
@@ -45,11 +38,6 @@ def arrivals(up: Upstream, prefix: str = "/p/") -> list[tuple[float, str]]:
     return sorted(out)
 
 
-def config(gap: float, max_wait: float = 25.0, extra: str = "") -> str:
-    schedule = f'[schedule]\nbackend = "memory"\nglobal_rate = "{gap}s"\n'
-    return f'{NO_ROBOTS}{schedule}[pacing]\nmax_wait = "{max_wait}s"\n{extra}'
-
-
 async def warm_plain(p: ProxyProc, up: Upstream, n: int = 4) -> None:
     """Open the proxy's plain upstream connections with exempt range reads (no slot), then clear the log:
     the first paced requests would otherwise pay the connects, arrive late and bunch up at the upstream."""
@@ -62,10 +50,6 @@ async def warm_plain(p: ProxyProc, up: Upstream, n: int = 4) -> None:
         ):
             r.release()
     await asyncio.to_thread(up.reset)
-
-
-def metric_lines(p: ProxyProc, name: str) -> list[str]:
-    return [line for line in p.metrics().splitlines() if line.startswith(name + "{")]
 
 
 @pytest.mark.slow  # fair shares measured over a flood of paced slots (seconds)

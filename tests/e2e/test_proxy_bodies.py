@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import Certs, ProxyProc, Upstream, for_this_test
+from tests.support.proxy_proc import ProxyProc, for_this_test
 from tests.support.proxyio import (
     ProxyFactory,
     arrivals,
@@ -27,6 +27,7 @@ from tests.support.proxyio import (
     start_with,
     tls_through_proxy,
 )
+from tests.support.upstream_proc import Certs, Upstream
 
 
 @pytest.fixture

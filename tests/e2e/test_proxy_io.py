@@ -1,7 +1,5 @@
 """Proxy I/O end to end: intercepted, tunnelled and plain requests, connection reuse, the 421 refusal and
 pipelining, through one FAST proxy process per module in front of the fake TLS upstream.
-
-The helpers other end-to-end files import from here live in tests.support.proxyio (re-exported below).
 """
 
 from __future__ import annotations
@@ -15,26 +13,20 @@ import ssl
 import pytest
 import requests
 
-from tests.conftest import Certs, ProxyProc, Upstream, for_this_test, wait_for
-from tests.support.proxyio import (  # noqa: F401 - re-exported: other test files import them from here
-    FAST,
-    ProxyFactory,
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import ProxyProc, for_this_test
+from tests.support.proxyio import (
     arrivals,
-    blocks,
     bundle,
     ca_pem,
     connect_tunnel,
     exchange,
     metric_value,
-    proc_mem_kib,
     proxies,
-    read_head,
     read_pipelined,
-    start_with,
-    still_serves,
     tls_through_proxy,
-    upstream_toml,
 )
+from tests.support.upstream_proc import Certs, Upstream
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import POLITEPROXY, ROOT, free_port
-from tests.e2e.test_env_flags import run_quiet
+from tests.support.processes import POLITEPROXY, ROOT, free_port
+from tests.support.quiet_proxy import run_quiet
 from tests.support.redis_server import RedisServer, running_redis
 
 SECRET = "s3cretPW"

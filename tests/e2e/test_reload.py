@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, wait_for
-from tests.slow.test_pacing_accuracy import arrival_stats, run_clients, warm_upstream_pool
+from tests.support.pacing_clients import arrival_stats, run_clients, warm_upstream_pool
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.upstream_proc import Upstream
 
 
 def set_rate(p: ProxyProc, old: str, new: str, keep_mtime: bool = False) -> None:

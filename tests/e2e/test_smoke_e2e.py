@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tests.conftest import ProxyProc, Upstream, need_tool
+from tests.support.processes import need_tool
+from tests.support.proxy_proc import ProxyProc
+from tests.support.upstream_proc import Upstream
 
 
 def curl(proxy: ProxyProc, *args: str) -> subprocess.CompletedProcess[str]:

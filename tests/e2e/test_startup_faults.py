@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from politeproxy.config.loading import build
-from tests.conftest import POLITEPROXY, ROOT, free_port
+from tests.support.processes import POLITEPROXY, ROOT, free_port
 
 RUN_TIMEOUT = 30.0
 

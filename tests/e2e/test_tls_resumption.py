@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import ssl
 
-from tests.conftest import ProxyProc
+from tests.support.proxy_proc import ProxyProc
 
 HOST = "data.commoncrawl.org"
 

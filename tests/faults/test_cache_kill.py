@@ -10,11 +10,11 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from tests.conftest import Certs, Upstream, start_upstream, wait_for
-from tests.e2e import test_cache_upstream
-from tests.e2e.test_cache_upstream import S3, RawUpstream, body_for, fetch, start_cache_proxy
+from tests.support.cache_upstream import S3, RawUpstream, body_for, fetch, raw_fixture, start_cache_proxy
+from tests.support.processes import wait_for
+from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
-raw = test_cache_upstream.raw  # the module-scoped raw upstream fixture (pytest finds it by name)
+raw = raw_fixture()  # the module-scoped raw upstream fixture (pytest finds it by name)
 
 
 def part_files(data_dir: Path) -> list[Path]:

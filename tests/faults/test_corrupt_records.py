@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProxyProc, Upstream
-from tests.faults.common import (
+from tests.support.faults import (
     CC,
     DATA,
     INDEX,
@@ -35,6 +34,8 @@ from tests.faults.common import (
     throttle,
     throttled_arrival,
 )
+from tests.support.proxy_proc import ProxyProc
+from tests.support.upstream_proc import Upstream
 
 NS = 1_000_000_000
 HOST = struct.Struct(">QQQQQ")  # next_allowed, backoff_until, robots_expires (UnixNano), throttles, delay

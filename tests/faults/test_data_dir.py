@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import POLITEPROXY, ROOT, free_port
+from tests.support.processes import POLITEPROXY, ROOT, free_port
 
 
 def can_bind_mount() -> bool:

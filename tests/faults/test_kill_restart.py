@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import ProxyProc, Upstream, wait_for
-from tests.faults.common import (
+from tests.support.faults import (
     CC,
     DATA,
     Checks,
@@ -27,6 +26,9 @@ from tests.faults.common import (
     throttled_arrival,
     wait_arrivals,
 )
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import ProxyProc
+from tests.support.upstream_proc import Upstream
 
 RETRY_AFTER = 6.0
 

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProxyProc, Upstream, wait_for
-from tests.faults.common import (
+from tests.support.faults import (
     CC,
     DATA,
     INDEX,
@@ -32,7 +31,10 @@ from tests.faults.common import (
     throttled_arrival,
     wait_arrivals,
 )
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import ProxyProc
 from tests.support.redis_server import RedisServer, redis_fixture
+from tests.support.upstream_proc import Upstream
 
 OUTAGE = 5.0
 # Recorded in Redis 1.5 s before the outage, so every proxy had time to see it (a claim refused for it, or a

@@ -12,8 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import Certs, ProxyProc, Upstream, need_tool
-from tests.faults.common import (
+from tests.support.faults import (
     CC,
     DATA,
     RECORD_SLACK,
@@ -29,6 +28,9 @@ from tests.faults.common import (
     upstream_toml,
     wait_arrivals,
 )
+from tests.support.processes import need_tool
+from tests.support.proxy_proc import ProxyProc
+from tests.support.upstream_proc import Certs, Upstream
 
 READ_TIMEOUT = 2.0
 BACKOFF_BASE = 1.0

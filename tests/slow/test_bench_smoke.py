@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, need_tool
+from tests.support.processes import ROOT, need_tool
 
 BENCH = ROOT / "bench"
 

@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import NO_ROBOTS, ProxyProc, Upstream, free_port, need_tool, wait_for
 from tests.support.deploy import dashboard_queries, load_dashboard, metric_names, template_variables
 from tests.support.measure import results, run_clients
+from tests.support.processes import free_port, need_tool, wait_for
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.upstream_proc import Upstream
 
 WINDOW = 10  # seconds: the achieved-rate gauge's window and the PromQL rate window
 

@@ -12,7 +12,8 @@ import time
 import pytest
 import requests
 
-from tests.conftest import Certs, ProxyProc, Upstream, need_tool
+from tests.support.processes import need_tool
+from tests.support.proxy_proc import ProxyProc
 from tests.support.proxyio import (
     ProxyFactory,
     blocks,
@@ -25,6 +26,7 @@ from tests.support.proxyio import (
     still_serves,
     tls_through_proxy,
 )
+from tests.support.upstream_proc import Certs, Upstream
 
 
 @pytest.fixture

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Certs, need_tool
-from tests.e2e.test_status import Live, start_live, stop_live
+from tests.support.live_status import Live, start_live, stop_live
+from tests.support.processes import need_tool
+from tests.support.upstream_proc import Certs
 
 ACHIEVED = (0x2B, 0x6C, 0xB0)  # --ach in statuspage.STYLE: the achieved-rate polyline
 CHART_BOTTOM = 460  # pixel rows from the top that hold the header, the cards and the chart at 1280 wide

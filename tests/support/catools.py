@@ -20,7 +20,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from politeproxy.policy.hosts import HostSet
 from politeproxy.proxy.ca import CertificateAuthority
-from tests.conftest import need_tool
+from tests.support.processes import need_tool
 
 PERMITTED = HostSet().permitted_subtrees()
 

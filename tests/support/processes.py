@@ -1,7 +1,5 @@
 """Where the tests run and how they run things: the checkout, the interpreter, the ``politeproxy`` command,
-system tools, free ports, waiting for a condition and stopping a process.
-
-(tests/conftest.py re-exports these names: ``from tests.conftest import ROOT, wait_for`` keeps working.)
+system tools, free ports and this machine's address, waiting for a condition and stopping a process.
 """
 
 from __future__ import annotations
@@ -57,3 +55,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def non_loopback_ip() -> str | None:
+    """An address of this machine that is not loopback, if it has one."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("198.51.100.1", 9))  # no packet is sent for a UDP connect
+            ip = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if ip.startswith("127.") or ip == "0.0.0.0" else ip

@@ -1,8 +1,8 @@
 """A politeproxy process a test starts: ``start_proxy``, the ``ProxyProc`` handle (URL, /metrics, its log),
 the client environment ``politeproxy env`` gives, and the configs most tests run (``NO_ROBOTS``, ``FAST``).
 
-(tests/conftest.py re-exports these names and holds the fixtures built on them; it registers this module
-for pytest's assertion rewriting, as its asserts were when they lived in conftest.)
+(tests/conftest.py holds the fixtures built on them; it registers this module for pytest's assertion
+rewriting, as its asserts were when they lived in conftest.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Small helpers the end-to-end tests share: a FAST proxy config, raw sockets through the proxy, TLS
-through a tunnel, pipelined reads, /metrics samples and memory readings.
-
-(tests.e2e.test_proxy_io re-exports them, for test files that import them from there.)
+"""Small helpers the end-to-end tests share: a proxy started with an upstream table, raw sockets through
+the proxy, TLS through a tunnel, pipelined reads, bad-input answers, /metrics samples and memory readings.
 """
 
 from __future__ import annotations
@@ -16,13 +14,8 @@ from typing import Any
 
 import requests
 
-from tests.conftest import (
-    FAST,
-    Certs,
-    ProxyProc,
-    Upstream,
-    resolve_table,
-)
+from tests.support.proxy_proc import FAST, ProxyProc
+from tests.support.upstream_proc import Certs, Upstream, resolve_table
 
 ProxyFactory = Callable[..., ProxyProc]
 
@@ -161,3 +154,46 @@ def proc_mem_kib(pid: int) -> dict[str, int]:
         if k in ("VmHWM", "VmRSS"):
             out[k] = int(v.split()[0])
     return out
+
+
+def raw(port: int, data: bytes, timeout: float = 30.0) -> tuple[bytes, bytes]:
+    """Send ``data`` on a fresh connection; return the answer head and everything until the close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        head = read_head(s)
+        return head, read_to_close(s)
+
+
+def read_to_close(s: socket.socket) -> bytes:
+    out = b""
+    while True:
+        try:
+            b = s.recv(65536)
+        except ConnectionResetError:
+            break
+        if not b:
+            break
+        out += b
+    return out
+
+
+def one_line_reason(body: bytes) -> str:
+    text = body.decode()
+    assert text.startswith("politeproxy: ") and text.endswith("\n") and text.count("\n") == 1, text
+    return text
+
+
+def no_tracebacks(p: ProxyProc) -> None:
+    log = p.log()
+    assert "Traceback" not in log, log
+    assert " ERROR " not in log, log
+
+
+# A reset, a TLS close without close_notify and a Content-Length body cut halfway are cuts; a clean close ends
+# a close-delimited body whole (tests/e2e/test_fastnet_e2e.py runs the same cases on aiofastnet).
+CUT_CASES = [
+    ("/closedelim/300000?cut=reset", True),
+    ("/closedelim/300000?cut=noclose_notify", True),
+    ("/cutmid/300000", True),
+    ("/closedelim/300000?cut=none", False),
+]

@@ -1,7 +1,7 @@
 """The fake upstream (tests/support/fakeupstream.py) as a process a test starts: its certificates, the
 handle a test drives it through, and the resolve table that maps Common Crawl's hosts to it.
 
-(tests/conftest.py re-exports these names and holds the fixtures built on them.)
+(tests/conftest.py holds the fixtures built on them.)
 """
 
 from __future__ import annotations

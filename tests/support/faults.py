@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import NO_ROBOTS, Certs, ProxyProc, Upstream, resolve_table, wait_for
 from tests.support.measure import (
     budget_report,
     busiest_window,
@@ -29,6 +28,9 @@ from tests.support.measure import (
     results,
     run_load,
 )
+from tests.support.processes import wait_for
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.upstream_proc import Certs, Upstream, resolve_table
 
 GAP = 0.2
 RATE = 1 / GAP

@@ -1,0 +1,98 @@
+"""Shared test helpers live only in tests/support/: no file under tests/ or bench/ imports from a test
+module or a conftest (issue 23, item 7). A helper two test files need moves to tests/support/, so a test
+module can be moved, renamed or deleted without breaking another, and conftest.py files hold only fixtures
+and hooks. Imports are read with ``ast`` (every import statement, at any depth), never matched as text.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.support.processes import ROOT
+
+# Imports that still break the rule, each with where it goes. tests/unit/ was being reworked by another
+# change when the rest moved; this one moves with it (the names go to a tests/support/ module).
+KNOWN: set[tuple[str, str]] = {
+    ("tests/e2e/test_pacing_hardening.py", "tests.unit.test_pacer_hardening"),
+}
+
+
+def python_files() -> Iterator[Path]:
+    for top in ("tests", "bench"):
+        yield from sorted((ROOT / top).rglob("*.py"))
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> Iterator[str]:
+    package = module_of(path) if path.name == "__init__.py" else module_of(path).rpartition(".")[0]
+    return imports_in(path.read_text(), package)
+
+
+def imports_in(text: str, package: str) -> Iterator[str]:
+    """Every module an import statement in ``text`` names, relative imports resolved against ``package``.
+    For ``from P import x``, both ``P`` and ``P.x`` (``x`` may be a module: ``from tests.e2e import t``)."""
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")
+            base = parts[: len(parts) - node.level + 1] if node.level else []
+            mod = ".".join([*base, *([node.module] if node.module else [])])
+            yield mod
+            yield from (f"{mod}.{a.name}" for a in node.names if a.name != "*")
+
+
+def is_test_module(mod: str) -> bool:
+    """A module under tests/ that is not a helper of tests/support/ (test files, conftest.py files)."""
+    parts = mod.split(".")
+    if parts[0] != "tests" or len(parts) == 1:
+        return False
+    if parts[1] == "support":
+        return False
+    return (ROOT.joinpath(*parts).with_suffix(".py")).is_file()
+
+
+def violations() -> set[tuple[str, str]]:
+    found = set()
+    for path in python_files():
+        for mod in imported_modules(path):
+            if is_test_module(mod):
+                found.add((str(path.relative_to(ROOT)), mod))
+    return found
+
+
+def test_no_file_imports_from_a_test_module_or_a_conftest() -> None:
+    new = violations() - KNOWN
+    assert not new, "import these from a tests/support/ module instead:\n" + "\n".join(
+        f"  {f}: {m}" for f, m in sorted(new)
+    )
+
+
+def test_the_known_exceptions_are_still_needed() -> None:
+    """An exception that no longer happens is removed from KNOWN, so it cannot come back unnoticed."""
+    assert KNOWN <= violations()
+
+
+def test_the_rule_sees_every_kind_of_import() -> None:
+    """The scan catches plain, from, package-member and relative imports, and lets tests.support pass."""
+    text = (
+        "import tests.e2e.test_status\n"
+        "from tests.conftest import x\n"
+        "from tests.e2e import test_cache\n"
+        "def f():\n    from .test_passage import y\n"
+        "from tests.support.proxyio import raw\n"
+        "from tests import support\n"
+    )
+    found = {m for m in imports_in(text, "tests.e2e") if is_test_module(m)}
+    assert found == {
+        "tests.e2e.test_status",
+        "tests.conftest",
+        "tests.e2e.test_cache",
+        "tests.e2e.test_passage",
+    }
