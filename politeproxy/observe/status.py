@@ -324,7 +324,7 @@ class StatusBoard:
         total = sum(counts.values())
         backlogged = [p for p in names if snap.queued_by_pipeline.get(p, 0)]
         weight_sum = sum(snap.weights.get(p, 1.0) for p in backlogged)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for p in names:
             t = tallies.get(p)
             host = snap.busiest_host(p) or (t.last_host if t else None) or (self.hosts or ["-"])[0]
