@@ -1,7 +1,7 @@
 """The config file (TOML): defaults, validation and environment overrides.
 
-Every key is listed in ``SCHEMA`` with its type and default; an unknown key or a wrong type is a
-``ConfigError`` naming the key and what was expected.
+Every key is declared once, in the table of settings (policy/table.py); ``SCHEMA`` is built from it, and
+an unknown key or a wrong type is a ``ConfigError`` naming the key and what was expected.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from politeproxy.policy.settings import (
     env_number,
     parse_duration,
 )
-from politeproxy.policy.table import SETTINGS
+from politeproxy.policy.table import SETTINGS, setting
 from politeproxy.policy.values import (
     Conv,
     _bool,
@@ -185,7 +185,9 @@ class Config:
         return self.raw[section]
 
     def get(self, key: str) -> Any:
-        """The value of a dotted key of the table ("schedule.global_rate"); None for a missing one."""
+        """The value of a dotted key of the table ("schedule.global_rate"); a KeyError for a key the table
+        does not declare (a typo fails at once), None for a [hosts] or [pipelines] name not configured."""
+        setting(key)
         value: Any = self.raw
         for name in key.split("."):
             if not isinstance(value, dict):
