@@ -1,8 +1,9 @@
 """The pacer facade: one call holds a request until it may go, and takes the upstream's answer back.
 
 The parts: ``state`` (pure per-host lines, ready hints, the estimate), ``dispatcher`` (the one loop that
-claims slots from the store), ``exempt`` (per-host places for exempt reads). Every per-host table is
-bounded: lines and places vanish when they empty, hints and success checks have caps.
+claims slots from the store), ``exempt`` (per-host places for exempt reads), ``permit`` (one request's
+turn), ``snapshot`` (the frozen copy every reader gets). Every per-host table is bounded: lines and places
+vanish when they empty, hints and success checks have caps.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class Pacer:
 
     The door: ``permit``, ``snapshot`` (every read for status, health and gauges), ``start``, ``close``,
     ``reload``; and the small calls the proxy makes beside them: ``pipeline`` (the bounded name a client
-    counts as), ``state_note`` (why a refusal), ``host_view``/``set_crawl_delay`` (robots.txt's delay).
+    counts as), ``state_note`` (why a refusal), ``host_view``/``set_crawl_delay`` (robots.txt's delay),
+    ``depth``/``known_hosts`` (app.py's health answer and gauge loop). Everything else is private.
     """
 
     def __init__(
