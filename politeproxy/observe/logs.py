@@ -111,7 +111,8 @@ class PlainFormatter(logging.Formatter):
         if second != self._second:  # formatters run under the handler's lock: one thread at a time
             self._text = time.strftime(self.default_time_format, self.converter(record.created))
             self._second = second
-        return self.default_msec_format % (self._text, record.msecs)
+        msec = self.default_msec_format  # None: no milliseconds, as logging.Formatter.formatTime does
+        return msec % (self._text, record.msecs) if msec else self._text
 
 
 def error_line(message: str, fmt: str) -> str:

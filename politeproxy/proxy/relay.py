@@ -53,8 +53,9 @@ async def relay(
         stamp(headers)  # Via only
     out = _RelayedResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     # the lean client's answer raises on a cut itself; aiohttp's ends such a body cleanly either way
-    lean = isinstance(upstream, H1Answer)
-    watch = EndWatch(upstream) if not lean and close_delimited(upstream, request.method) else None
+    watch = None
+    if not isinstance(upstream, H1Answer) and close_delimited(upstream, request.method):
+        watch = EndWatch(upstream)
     try:
         await out.prepare(request)
     except (ConnectionError, aiohttp.ClientError):
