@@ -55,7 +55,7 @@ class HostLabelled(Generic[M]):
     the last label (a pipeline name) in ``child``."""
 
     def __init__(self, metric: M, label: HostLabels, pipe: Callable[[str], str] | None = None) -> None:
-        self.metric = metric
+        self.metric: M = metric
         self.label = label
         self.pipe = pipe
         self._children: dict[tuple[str, ...], M] = {}

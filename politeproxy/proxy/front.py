@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import h11
 
@@ -50,10 +50,10 @@ class Listener(Protocol):
     @property
     def tunnel_ports(self) -> frozenset[int]: ...
     @property
-    def clients(self) -> set[asyncio.BaseTransport]: ...
+    def clients(self) -> set[asyncio.Transport]: ...
     @property
     def plain_server(self) -> BoundedServer: ...
-    def admit(self, transport: asyncio.BaseTransport) -> bool: ...
+    def admit(self, transport: asyncio.Transport) -> bool: ...
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]: ...
     def hosts_paced(self, host: str) -> bool: ...
     async def intercept(
@@ -74,14 +74,15 @@ class FrontProtocol(asyncio.Protocol):
         self.client = "?"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # a stream server's transport: asyncio's, or aiofastnet's (which does not subclass asyncio.Transport)
+        self.transport = stream = cast(asyncio.Transport, transport)
         peer = transport.get_extra_info("peername")
         self.client = peer[0] if peer else "?"
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.proxy.timeouts.max_header_size)
         if not self.proxy.access.ip_allowed(self.client):
             self._fail(403, "Forbidden", f"client {self.client} is not in allow_clients", "forbidden")
             return
-        if not self.proxy.admit(transport):
+        if not self.proxy.admit(stream):
             limit = self.proxy.timeouts.max_connections
             self._fail(503, "Service Unavailable", f"too many connections (max {limit})", "connections")
             return
@@ -92,7 +93,8 @@ class FrontProtocol(asyncio.Protocol):
         self.done = True
         if self.timer:
             self.timer.cancel()
-        self.proxy.clients.discard(self.transport)  # type: ignore[arg-type]
+        if self.transport is not None:
+            self.proxy.clients.discard(self.transport)
 
     def _header_timeout(self) -> None:
         if not self.done:

@@ -84,7 +84,7 @@ def _feed(proto: asyncio.BufferedProtocol, data: bytes) -> None:
     """Hand ``data`` to a buffered protocol as if the transport had read it."""
     view = memoryview(data)
     while view:
-        buf = proto.get_buffer(len(view))
+        buf = memoryview(proto.get_buffer(len(view)))  # typed as a read-only Buffer; a writable view
         n = min(len(buf), len(view))
         if n <= 0:
             raise ConnectionError("the TLS layer took no bytes")
@@ -100,8 +100,10 @@ async def start_with(
     already: they go into the TLS layer before the transport reads again (reading is paused)."""
     loop = asyncio.get_running_loop()
     waiter: asyncio.Future[None] = loop.create_future()
+    # typeshed types SSLProtocol's ssl_handshake_timeout int | None; CPython takes float seconds, as start_tls
+    within: int | None = timeout  # type: ignore[assignment]
     proto = _LeanSSLProtocol(
-        loop, pending, ctx, waiter, server_side=True, call_connection_made=True, ssl_handshake_timeout=timeout
+        loop, pending, ctx, waiter, server_side=True, call_connection_made=True, ssl_handshake_timeout=within
     )
     transport.pause_reading()
     transport.set_protocol(proto)

@@ -101,7 +101,7 @@ class Proxy:
             allow_private_destinations, upstream.resolver.lookup, upstream.connect_timeout
         )
         self.open_tunnels = 0
-        self.clients: set[asyncio.BaseTransport] = set()
+        self.clients: set[asyncio.Transport] = set()
         self._sweep_at = 64
         self.tasks: set[asyncio.Task[None]] = set()
         self.pairs: set[tunnel.RelayPair] = set()
@@ -141,7 +141,7 @@ class Proxy:
         assert self.server is not None
         return int(self.server.sockets[0].getsockname()[1])
 
-    def admit(self, transport: asyncio.BaseTransport) -> bool:
+    def admit(self, transport: asyncio.Transport) -> bool:
         """Count a new client connection in, unless ``max_connections`` are open already."""
         limit = self.timeouts.max_connections
         if len(self.clients) >= min(self._sweep_at, limit):

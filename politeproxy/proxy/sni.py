@@ -69,7 +69,7 @@ def _context() -> ssl.SSLContext:
     return ctx
 
 
-def server_name(data: bytes, limit: int = MAX_HELLO) -> Peeked:
+def server_name(data: bytes | bytearray | memoryview, limit: int = MAX_HELLO) -> Peeked:
     """What the first ``data`` bytes of a tunnel say about the server the client wants. Never raises.
 
     ``MORE`` while they are an incomplete ClientHello (under ``limit`` bytes); else done, with the

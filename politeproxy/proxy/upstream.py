@@ -315,6 +315,7 @@ class Exchange:
     request (issue 10: the small-GET hot path)."""
 
     __slots__ = ("_args", "_gate", "_pool", "_pool_wait", "_resp", "_up")
+    _resp: Answer  # the lean client's answer for a plain GET, aiohttp's for anything else
 
     def __init__(
         self,
