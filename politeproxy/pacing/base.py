@@ -4,7 +4,6 @@ a log that does not flood on a persistent error."""
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -14,6 +13,7 @@ from politeproxy.policy.backoff import DEFAULT_BLOCK_CODES, DEFAULT_THROTTLE_COD
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineRule
 from politeproxy.policy.hosts import host_matches
+from politeproxy.policy.loglimit import LogLimiter, error_key, error_line
 from politeproxy.stores.base import StoreError
 
 INDEX_HOST_INTERVAL = 1.0
@@ -106,7 +106,7 @@ class RepeatLog:
     Errors differing only in numbers count as one; at most ``cap`` distinct errors are remembered. Every
     line is logged at ``level``. The first line of an error carries its traceback when ``tracebacks`` is
     on, except for the ``plain`` exceptions (a store that cannot answer is an expected fault: its message
-    says enough)::
+    says enough). The counting is the one log limiter's (``policy.loglimit``, a burst of one)::
 
         errors = RepeatLog(log, time.monotonic, level=logging.WARNING, tracebacks=False)
         try:
@@ -127,32 +127,22 @@ class RepeatLog:
     ) -> None:
         self.log = logger
         self.monotonic = monotonic
-        self.every = every
-        self.cap = cap
         self.level = level
         self.tracebacks = tracebacks
         self.plain = plain
-        self._seen: dict[str, list[float]] = {}  # key -> [repeats not yet logged, time of the last line]
+        self._limit = LogLimiter(burst=1, window=every, max_keys=cap)
 
     def error(self, what: str, exc: BaseException) -> None:
-        text = f"{what}: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
-        key = re.sub(r"\d+", "#", text)[:300]
-        now = self.monotonic()
-        seen = self._seen.get(key)
-        if seen is None:
-            if len(self._seen) >= self.cap:
-                self._seen.pop(next(iter(self._seen)))
-            self._seen[key] = [0, now]
+        text = error_line(what, exc)
+        v = self._limit.hit(error_key(text), self.monotonic())
+        if v.new:
             trace = self.tracebacks and not isinstance(exc, self.plain)
             self.log.log(self.level, "%s", text, exc_info=exc if trace else None)
-            return
-        seen[0] += 1
-        if now - seen[1] >= self.every:
-            self.log.log(self.level, "%s (%d more times in %.0fs)", text, int(seen[0]), now - seen[1])
-            seen[0], seen[1] = 0, now
+        elif v.log:  # this one and the repeats held since the last line
+            self.log.log(self.level, "%s (%d more times in %.0fs)", text, v.held + 1, v.span)
 
     def recovered(self, what: str) -> None:
-        if self._seen:
-            repeats = int(sum(s[0] for s in self._seen.values()))
+        if len(self._limit):
+            repeats = self._limit.held()
             self.log.warning("%s: recovered (%d repeated errors not logged)", what, repeats)
-            self._seen.clear()
+            self._limit.clear()

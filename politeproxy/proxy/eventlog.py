@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 
 from politeproxy.policy.backoff import Delay
+from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.proxy.responses import BurstLimitedLog
 from politeproxy.proxy.upstream import PoolFull
 
@@ -31,7 +32,7 @@ class OperatorLog:
         # Upstream answers come at most one per slot, but exempt reads can bring a burst of 503s at once.
         self.hosts = BurstLimitedLog(logger, clock, burst=5, window=10.0, max_keys=256)
         self.clients = BurstLimitedLog(logger, clock, burst=5, window=10.0, max_keys=1024)
-        self._pool_full: dict[str, tuple[float, int]] = {}  # pool -> (last line, lines held back)
+        self._pool_full = LogLimiter(burst=1, window=POOL_LOG_EVERY, max_keys=MAX_POOLS)  # per pool
 
     def answered(self, host: str, status: int | None, delay: Delay | None, probe: bool) -> None:
         """The pacer's verdict on an upstream answer: a backoff, a block, or a probe's success."""
@@ -55,13 +56,8 @@ class OperatorLog:
 
     def pool_full(self, e: PoolFull) -> None:
         """One warning per pool per POOL_LOG_EVERY seconds, with the count since: a full pool repeats."""
-        now = self.clock()
-        last, count = self._pool_full.get(e.pool, (-POOL_LOG_EVERY, 0))
-        if 0 <= now - last < POOL_LOG_EVERY:
-            self._pool_full[e.pool] = (last, count + 1)
+        v = self._pool_full.hit(e.pool, self.clock())
+        if not v.log:
             return
-        if e.pool not in self._pool_full and len(self._pool_full) >= MAX_POOLS:
-            self._pool_full.pop(next(iter(self._pool_full)))
-        self._pool_full[e.pool] = (now, 0)
-        more = f" ({count} more since the last line)" if count else ""
+        more = f" ({v.held} more since the last line)" if v.held else ""
         self.logger.warning("503: %s (a local limit, not an upstream throttle)%s", e, more)

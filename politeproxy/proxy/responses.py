@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, TypedDict, Unpack
 
@@ -17,6 +16,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
+from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.routing import Refusal
 from politeproxy.proxy.passage import VIA_ENTRY, add_via
 
@@ -44,7 +44,7 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 class BurstLimitedLog:
     """A per-key burst limiter for log lines (a key is a client or a host): at most ``burst`` lines per
     key in ``window`` seconds; the rest are counted and summed up in one line when that key's next window
-    opens. Remembers at most ``max_keys`` keys.
+    opens. Remembers at most ``max_keys`` keys. The counting is the one log limiter's (``policy.loglimit``).
 
     Lines go to the ``events`` child of the given logger (``politeproxy.events`` for the proxy's own),
     which ``logs.setup_logging`` keeps at INFO: refusals show at the default level, without ``-v``.
@@ -60,28 +60,14 @@ class BurstLimitedLog:
     ) -> None:
         self.logger = logger if logger.name.endswith(".events") else logger.getChild("events")
         self.clock = clock
-        self.burst = burst
-        self.window = window
-        self.max_keys = max_keys
-        self.seen: OrderedDict[str, list[float]] = OrderedDict()  # key -> [window start, count, dropped]
+        self.limiter = LogLimiter(burst, window, max_keys)
 
     def allow(self, key: str) -> bool:
         """Count one event for ``key``; True when it may be logged."""
-        now = self.clock()
-        st = self.seen.get(key)
-        if st is None or not 0 <= now - st[0] < self.window:
-            if st is not None and st[2]:
-                self.logger.info("%s: %d more refusals not logged (rate-limited)", key, int(st[2]))
-            st = [now, 0, 0]
-            self.seen[key] = st
-            self.seen.move_to_end(key)
-            while len(self.seen) > self.max_keys:
-                self.seen.popitem(last=False)
-        st[1] += 1
-        if st[1] <= self.burst:
-            return True
-        st[2] += 1
-        return False
+        v = self.limiter.hit(key, self.clock())
+        if v.held:
+            self.logger.info("%s: %d more refusals not logged (rate-limited)", key, v.held)
+        return v.log
 
     def info(self, key: str, msg: str, *args: object) -> None:
         if self.allow(key):

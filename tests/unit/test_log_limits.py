@@ -1,6 +1,7 @@
-"""The two log limiters: ``pacing.base.RepeatLog`` (one line per distinct error, then a count of repeats
-at most once per interval, at a chosen level) and ``proxy.responses.BurstLimitedLog`` (at most a burst of
-lines per client or host in a window). Pure: fake clocks, a captured logger."""
+"""The one log limiter's two writers: ``pacing.base.RepeatLog`` (one line per distinct error, then a count
+of repeats at most once per interval, at a chosen level) and ``proxy.responses.BurstLimitedLog`` (at most a
+burst of lines per client or host in a window); both count with ``policy.loglimit.LogLimiter``. Pure: fake
+clocks, a captured logger."""
 
 from __future__ import annotations
 
@@ -74,6 +75,6 @@ def test_refusal_log_is_rate_limited_per_client_and_bounded() -> None:
     assert lines[-2:] == ["10.0.0.1: 47 more refusals not logged (rate-limited)", "10.0.0.1: 403 no"]
     for i in range(100):
         rl.allow(f"192.0.2.{i}")
-    assert len(rl.seen) == 4
+    assert len(rl.limiter) == 4
     now[0] = float("nan")  # a broken clock opens a new window rather than muting a client for good
     assert rl.allow("10.0.0.9")
