@@ -30,6 +30,7 @@ run: $(VENV)/.installed-run
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check politeproxy tests bench
 	$(BIN)/lint-imports
+	$(BIN)/mypy --config-file pyproject.toml
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2
 
 # The flake finder: the suite N times in a row beside one CPU burner; prints each test that ever failed.
@@ -40,6 +41,7 @@ test-repeat: $(VENV)/.installed-test
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check politeproxy tests bench
 	$(BIN)/ruff format --check politeproxy tests bench
+	$(BIN)/mypy --config-file pyproject.toml
 
 # mypy with [tool.mypy] in pyproject.toml: --strict on policy, pacing, stores and cache, default checks on
 # the rest (issue 23).

@@ -16,6 +16,7 @@ import h11
 from politeproxy.policy import routing
 from politeproxy.policy.access import Access
 from politeproxy.policy.routing import Refusal, Route, Target
+from politeproxy.proxy.aiohttp_seams import hand_over
 from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.exchange import Tunnel
 from politeproxy.proxy.responses import BadRequestOneLine, BoundedServer, BurstLimitedLog, plain_response
@@ -149,10 +150,7 @@ class FrontProtocol(asyncio.Protocol):
             self._spent()
             return
         # Everything else: aiohttp parses it again from the first byte and serves the connection.
-        proto = self.proxy.plain_server()
-        self.transport.set_protocol(proto)
-        proto.connection_made(self.transport)
-        proto.data_received(bytes(self.buf))
+        hand_over(self.proxy.plain_server, self.transport, bytes(self.buf))
 
     def _spent(self) -> None:
         """Drop the head parser once a CONNECT is routed. uvloop's transport keeps this protocol's

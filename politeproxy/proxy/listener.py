@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy import routing
@@ -24,17 +23,14 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.routing import Refusal, Target
 from politeproxy.proxy import fastnet, intercept, tunnel
+from politeproxy.proxy.aiohttp_seams import RequestHandler, ServerOptions
 from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.exchange import Tunnel
 from politeproxy.proxy.forward import Forwarder, Handler
 from politeproxy.proxy.front import FrontProtocol, http_log, refusals
 from politeproxy.proxy.peek import PeekingTunnel
-from politeproxy.proxy.responses import (
-    BoundedServer,
-    ServerOptions,
-    error_response,
-)
+from politeproxy.proxy.responses import BoundedServer, error_response
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import CHUNK, Upstream
 
@@ -53,12 +49,12 @@ class Timeouts:
 def _server_kwargs(timeouts: Timeouts) -> ServerOptions:
     """aiohttp's server settings for every connection it serves (plain and inside tunnels)."""
     return ServerOptions(
-        handler_cancellation=True,  # a client that leaves frees its place in line
+        handler_cancellation=True,  # a client that leaves frees its place in line (aiohttp_seams, 3)
         keepalive_timeout=timeouts.idle,
         max_line_size=timeouts.max_header_size,
         max_field_size=timeouts.max_header_size,
         auto_decompress=False,
-        access_log=None,
+        access_log=None,  # aiohttp_seams, 4
         read_bufsize=CHUNK,
         lingering_time=2.0,
         logger=http_log,
@@ -220,7 +216,7 @@ class Proxy:
         """Intercept the CONNECT ``tunnel``; ``answered``: the peek sent the 200 already."""
 
         def attach(tls: asyncio.Transport) -> asyncio.Protocol:
-            proto = self.tunnel_server()
+            proto = self.tunnel_server()  # a new handler (aiohttp_seams, 2), attached by intercept
             self.tunnels[proto] = tunnel
             self._tunnel_change(+1)
             return proto

@@ -6,18 +6,24 @@ own refusal from the upstream's."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypedDict, Unpack
+from typing import Unpack
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.streams import StreamReader
 
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.routing import Refusal
+from politeproxy.proxy.aiohttp_seams import (
+    HandlerSeam,
+    HandlerSettings,
+    HttpProcessingError,
+    RequestHandler,
+    ServerOptions,
+    ServerSeam,
+)
 from politeproxy.proxy.passage import VIA_ENTRY, add_via
 
 
@@ -104,32 +110,14 @@ def head_size(request: web.BaseRequest) -> int:
 Report = Callable[[str, Refusal], None]  # log and count a refusal of this client
 
 
-class ServerOptions(TypedDict, total=False):
-    """The aiohttp server settings the listener passes (listener._server_kwargs)."""
-
-    handler_cancellation: bool
-    keepalive_timeout: float
-    max_line_size: int
-    max_field_size: int
-    auto_decompress: bool
-    access_log: None
-    read_bufsize: int
-    lingering_time: float
-    logger: logging.Logger
-
-
-class HandlerOptions(ServerOptions, total=False):
-    loop: asyncio.AbstractEventLoop
-
-
-class BoundedHandler(RequestHandler):
+class BoundedHandler(HandlerSeam):
     """aiohttp bounds each header line, not a head: count the bytes of the head being read.
 
     While no request body is being read, every byte that arrives belongs to a head. When those bytes
     pass the limit before a head is complete, the connection gets 431 and is closed. A head that
     completes in one read is checked whole before the request handler runs (``head_size``). So a
     connection holds at most the limit plus one read of head bytes, and no head over it goes upstream.
-    (Uses aiohttp's internal ``_request_count`` and ``_messages``; tests/test_front_limits.py pins it.)
+    (aiohttp's internal state, read through aiohttp_seams.HandlerSeam; tests/test_front_limits.py pins it.)
     """
 
     # aiohttp's RequestHandler has __slots__: without ours every connection would carry a __dict__ too
@@ -137,23 +125,23 @@ class BoundedHandler(RequestHandler):
     __slots__ = ("_head_limit", "_head_bytes", "_report", "_last_payload")
 
     def __init__(
-        self, manager: web.Server, *, head_limit: int, report: Report, **kw: Unpack[HandlerOptions]
+        self, manager: web.Server, *, head_limit: int, report: Report, **kw: Unpack[HandlerSettings]
     ) -> None:
         super().__init__(manager, **kw)
         self._head_limit = head_limit
         self._head_bytes = 0
         self._report = report
-        self._last_payload: Any = None
+        self._last_payload: StreamReader | None = None
 
     def data_received(self, data: bytes) -> None:
-        if self._force_close or self._close or self._upgraded:
+        if self.heads_over():
             return super().data_received(data)
         in_head = self._last_payload is None or self._last_payload.is_eof()
-        before = self._request_count
+        before = self.heads_parsed()
         super().data_received(data)
-        if self._request_count != before:
+        if self.heads_parsed() != before:
             self._head_bytes = 0  # a head completed: what follows in this read is body or the next head
-            self._last_payload = self._messages[-1][1] if self._messages else None
+            self._last_payload = self.newest_payload()
         elif in_head:
             self._head_bytes += len(data)
             if self._head_bytes > self._head_limit:
@@ -175,12 +163,12 @@ class BoundedHandler(RequestHandler):
         peer = self.transport.get_extra_info("peername") if self.transport else None
         message = f"request head over max_header_size {self._head_limit}"
         self._report(str(peer[0]) if peer else "?", Refusal(431, message, "bad_request"))
-        if self.transport is not None and self._current_request is None:
+        if self.transport is not None and not self.answering():
             self.transport.write(plain_response(431, "Request Header Fields Too Large", message))
         self.force_close()
 
 
-class BoundedServer(web.Server):
+class BoundedServer(ServerSeam):
     """aiohttp's low-level server with bounded heads, telling us when one of its connections ends."""
 
     def __init__(
@@ -194,20 +182,24 @@ class BoundedServer(web.Server):
         super().__init__(self._bounded, **kwargs)
         self._inner = handler
         self._on_lost = on_lost
-        self._bounds = {"head_limit": head_limit, "report": report}
+        self._head_limit = head_limit
+        self._report = report
 
     async def _bounded(self, request: web.BaseRequest) -> web.StreamResponse:
-        size, limit = head_size(request), self._bounds["head_limit"]
-        if size <= limit:  # type: ignore[operator]
+        size, limit = head_size(request), self._head_limit
+        if size <= limit:
             return await self._inner(request)
         message = f"request head of {size} bytes is over max_header_size {limit}"
-        self._bounds["report"](request.remote or "?", Refusal(431, message, "bad_request"))  # type: ignore[operator]
+        self._report(request.remote or "?", Refusal(431, message, "bad_request"))
         resp = error_response(431, message)
         resp.force_close()
         return resp
 
     def __call__(self) -> RequestHandler:
-        return BoundedHandler(self, loop=self._loop, **self._bounds, **self._kwargs)  # type: ignore[arg-type]
+        # aiohttp's protocol factory: one handler per connection (aiohttp_seams, internal 2)
+        return BoundedHandler(
+            self, head_limit=self._head_limit, report=self._report, **self.handler_settings()
+        )
 
     def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
         super().connection_lost(handler, exc)

@@ -23,6 +23,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from politeproxy.policy import settings as defaults
+from politeproxy.proxy.aiohttp_seams import connection_parts
 from politeproxy.proxy.fastnet import NO_CLOSE_NOTIFY, close_notify_missing, tls_object
 from politeproxy.proxy.h1client import H1Client
 from politeproxy.proxy.h1conn import H1Answer, UpstreamFailed, length_unknown
@@ -117,10 +118,7 @@ class EndWatch:
     __slots__ = ("closed", "notified", "tls")
 
     def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        conn = resp.connection
-        proto = conn.protocol if conn is not None else None
-        self.closed: asyncio.Future[None] | None = proto.closed if proto is not None else None
-        tr = conn.transport if conn is not None else None
+        proto, self.closed, tr = connection_parts(resp)  # aiohttp_seams, internal 8
         self.tls = tls_object(tr) if tr is not None else None
         self.notified: list[bool] | None = None
         if self.tls is not None and not hasattr(self.tls, "read") and proto is not None:
