@@ -43,9 +43,8 @@ import logging
 from typing import TypedDict, Unpack, cast
 
 import aiohttp
-from aiohttp import web
+from aiohttp import StreamReader, web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import RequestHandler
 
 __all__ = [

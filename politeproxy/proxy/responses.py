@@ -11,8 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Unpack
 
-from aiohttp import web
-from aiohttp.streams import StreamReader
+from aiohttp import StreamReader, web
 
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.routing import Refusal
