@@ -260,8 +260,8 @@ class App:
         events_log.info("schedule store: now %s (%s)", active.name, why)
 
     def _health(self) -> dict[str, Any]:
-        degraded = bool(getattr(self.store, "degraded", False))
-        return {"store": self.store.name, "degraded": degraded, "queued": self.pacer.depth()}
+        snap = self.pacer.snapshot()
+        return {"store": snap.store, "degraded": snap.degraded, "queued": snap.queued}
 
     async def _start_metrics(self, addr: str) -> None:
         h, p = parse_hostport(addr, "metrics_listen")
@@ -270,17 +270,19 @@ class App:
         log.info("metrics on %s answer %s (allow_clients); others get 403", addr, who)
 
     async def _refresh_gauges(self) -> None:
-        """Backoff remaining per host comes from the store, which may be remote: read it once a second.
+        """Backoff remaining per host comes from the store, which may be remote: read it once a second,
+        through the pacer, for the hosts its snapshot names.
 
         A failure skips that host for this round and is logged (one line, then once a minute)."""
         errors = RepeatLog(log, time.monotonic, level=logging.WARNING, tracebacks=False)
         while True:
             await asyncio.sleep(1.0)
-            for host in list(self.pacer.known_hosts()):
+            snap = self.pacer.snapshot()
+            s = snap.settings
+            for host in sorted(snap.hosts):
                 try:
-                    view = await self.store.host_view(host)
+                    view = await self.pacer.host_view(host)
                     self.metrics.backoff.labels(host).set(view.backoff_in)
-                    s = self.pacer.settings
                     self.metrics.set_host_interval(host, view.interval(max(s.gap, s.interval_for(host))))
                 except Exception as e:  # noqa: BLE001 - a gauge must not kill the loop
                     errors.error("backoff gauge refresh failed", e)

@@ -56,13 +56,20 @@ def _interval_for(host_intervals: tuple[tuple[str, float], ...], host: str) -> f
 
 class WaitTooLong(Exception):
     """The request would be held past ``max_wait`` (or the queue is full); ``wait`` is how long until it
-    could go, ``reason`` the rejection counter's label ("max_wait" or "queue_full")."""
+    could go, ``reason`` the rejection counter's label ("max_wait" or "queue_full"). A refusal from
+    ``Pacer.permit`` carries ``note``: "; <host> is blocked until <time>" (or backing off) when this proxy
+    knows the host rests, else ""; ``message`` is what the client's 503 says."""
 
     def __init__(self, wait: float, why: str, reason: str = "max_wait") -> None:
         super().__init__(why)
         self.wait = wait
         self.why = why
         self.reason = reason
+        self.note = ""
+
+    @property
+    def message(self) -> str:
+        return self.why + self.note
 
 
 class PacerEvents(Protocol):

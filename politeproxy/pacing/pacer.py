@@ -60,12 +60,15 @@ class Pacer:
             delay = await p.answered(resp.status, resp.headers.get("Retry-After"))
 
     ``Klass.EXEMPT`` holds one of the host's exempt places for the block instead of a slot; ``p.probe``
-    says the grant is the one request after a block, ``p.waited`` how long it was held.
+    says the grant is the one request after a block, ``p.waited`` how long it was held, ``p.retry`` whether
+    to try a throttled request again; a refusal's ``note`` says why the host rests.
 
     The door: ``permit``, ``snapshot`` (every read for status, health and gauges), ``start``, ``close``,
-    ``reload``; and the small calls the proxy makes beside them: ``pipeline`` (the bounded name a client
-    counts as), ``state_note`` (why a refusal), ``host_view``/``set_crawl_delay`` (robots.txt's delay),
-    ``depth``/``known_hosts`` (app.py's health answer and gauge loop). Everything else is private.
+    ``reload``, and the read-only ``settings`` and ``monotonic``. Beside it, three small calls:
+    ``pipeline`` (the bounded name a client counts as: the proxy labels an exchange with it before the
+    cache answers, so before any permit) and ``host_view`` (a host's record: the status document, the
+    backoff gauges, the robots.txt watcher) with ``set_crawl_delay`` (the watcher's robots.txt delay).
+    Everything else is private: nothing outside the pacing package calls the store.
     """
 
     def __init__(
@@ -152,7 +155,10 @@ class Pacer:
 
     def snapshot(self) -> PacerSnapshot:
         """The one read path for status, health and gauges: a frozen copy of the counts now."""
-        return take(self.monotonic(), self._settings, self._dispatcher.grants, self._state, self._places)
+        store = (self._store.name, bool(getattr(self._store, "degraded", False)))  # a failover store degrades
+        return take(
+            self.monotonic(), self._settings, self._dispatcher.grants, self._state, self._places, store
+        )
 
     def pipeline(self, name: str | None) -> str:
         """The pipeline a requested name counts as (bounded; ``None`` is the default pipeline)."""
@@ -166,15 +172,6 @@ class Pacer:
             self._named.clear()
         self._named[name] = counted
         return counted
-
-    # app.py's health answer and gauge loop ask these often; the snapshot copies more than they need.
-    def depth(self) -> int:
-        """Paced waiters in every line now."""
-        return self._state.total
-
-    def known_hosts(self) -> set[str]:
-        """Hosts worth a backoff-gauge refresh: a line, a ready hint, or exempt reads in flight."""
-        return self._state.hosts() | self._places.hosts()
 
     # -- paced --------------------------------------------------------------------------------------
 
@@ -258,9 +255,8 @@ class Pacer:
                 self._store, self._settings, host, deadline, self.monotonic,
                 lambda: self._state.ready_at(host), lambda e: self._errors.error("taking an exempt slot", e),
             )  # fmt: skip
-        except WaitTooLong as e:
+        except WaitTooLong:
             self._events.rejected(host, "max_wait", pipeline)
-            e.why += self._rest.note(host)
             raise
         if self._places.in_flight(host) >= self._settings.exempt_max_in_flight:
             self._refuse_if_full(host, pipeline)
@@ -291,9 +287,9 @@ class Pacer:
         bounded name (``Pacer.pipeline``), and slots and exempt places are shared fairly between them."""
         return Permit(self, host, klass, 0.0, self.pipeline(pipeline), arrived)
 
-    def state_note(self, host: str) -> str:
+    def _rest_note(self, host: str) -> str:
         """The "; <host> is blocked until <time>" (or backing off) note, when this proxy knows it rests:
-        for the body of a refusal."""
+        the permit attaches it to a refusal."""
         return self._rest.note(host)
 
     async def _feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None:
@@ -371,8 +367,9 @@ class Pacer:
             for h in stale or [next(iter(self._checked))]:
                 del self._checked[h]
 
-    # robots.txt's watcher reads and writes a host's Crawl-delay through the pacer, not the store.
+    # Host records are read, and robots.txt's Crawl-delay written, through the pacer, not the store.
     async def host_view(self, host: str) -> HostView:
+        """The store's record of ``host`` (backoff, interval, Crawl-delay), for every proxy sharing it."""
         return await self._store.host_view(host)
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:

@@ -5,27 +5,36 @@ waits for the slot or the exempt place, leaving gives an exempt place back, with
 async-generator registration per request.
 
 The permit knows the pacer only through ``Turns``, what it asks of it; pacer.py imports this module, never
-the other way round.
+the other way round. Behind it: the note a refusal carries (why the host rests) and the retry decision
+(``policy.retry``'s rules on the pacer's settings and clock), so the proxy asks the permit, not the rules.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
+from politeproxy.pacing.base import PacingSettings, WaitTooLong
 from politeproxy.policy.backoff import Delay
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE
+from politeproxy.policy.retry import RetryDecision, decide_retry
 
 
 class Turns(Protocol):
-    """What a permit asks of the pacer that made it (``Pacer`` implements it; the names are private to
-    the pacing package: nothing else calls them)."""
+    """What a permit asks of the pacer that made it (``Pacer`` implements it; the underscored names are
+    private to the pacing package: nothing else calls them)."""
 
+    monotonic: Callable[[], float]
+
+    @property
+    def settings(self) -> PacingSettings: ...
     async def _wait_paced(self, host: str, arrived: float | None, pipeline: str) -> float: ...
     async def _exempt_enter(self, host: str, arrived: float | None, pipeline: str) -> float: ...
     def _exempt_leave(self, host: str, pipeline: str) -> None: ...
     def _probing(self, host: str) -> bool: ...
     async def _feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None: ...
+    def _rest_note(self, host: str) -> str: ...
 
 
 class Permit:
@@ -36,7 +45,7 @@ class Permit:
     async-generator registration per request, issue 15): entering waits for the slot or exempt place,
     leaving gives an exempt place back."""
 
-    __slots__ = ("_arrived", "_held", "_pacer", "host", "klass", "pipeline", "probe", "waited")
+    __slots__ = ("_arrived", "_delay", "_held", "_pacer", "host", "klass", "pipeline", "probe", "waited")
 
     def __init__(
         self,
@@ -57,14 +66,21 @@ class Permit:
         self.probe = False
         self._arrived = arrived
         self._held = False  # an exempt place to give back on leaving
+        self._delay: Delay | None = None  # what the last answer fed back made the pacer apply
 
     async def __aenter__(self) -> Permit:
         pacer = self._pacer
-        if self.klass is Klass.EXEMPT:
-            self.waited = await pacer._exempt_enter(self.host, self._arrived, self.pipeline)
-            self._held = True
-        else:
-            self.waited = await pacer._wait_paced(self.host, self._arrived, self.pipeline)
+        if self._arrived is None:  # the retry decision measures from here (the proxy passes its arrival)
+            self._arrived = pacer.monotonic()
+        try:
+            if self.klass is Klass.EXEMPT:
+                self.waited = await pacer._exempt_enter(self.host, self._arrived, self.pipeline)
+                self._held = True
+            else:
+                self.waited = await pacer._wait_paced(self.host, self._arrived, self.pipeline)
+        except WaitTooLong as e:
+            e.note = pacer._rest_note(self.host)  # why the host rests, for the body of the refusal
+            raise
         self.probe = pacer._probing(self.host)
         return self
 
@@ -79,4 +95,17 @@ class Permit:
         The store write runs in a task the pacer owns and is awaited through ``asyncio.shield``: a caller
         cancelled here (its client left) never loses a throttle the upstream already sent.
         """
-        return await self._pacer._feedback(self.host, status, retry_after)
+        self._delay = d = await self._pacer._feedback(self.host, status, retry_after)
+        return d
+
+    def retry(self, method: str, has_body: bool, retried: int) -> RetryDecision:
+        """After ``answered``: whether to try again on the client's behalf, and after how long.
+
+        ``policy.retry``'s rules on the pacer's settings: a replayable request, after a throttle (never a
+        block), fewer than ``pacing.retries`` tries ``retried`` already, and the wait still within
+        ``max_wait`` from the request's arrival (the pacer's clock)."""
+        d, s = self._delay, self._pacer.settings
+        arrived = self._arrived if self._arrived is not None else self._pacer.monotonic()
+        elapsed = self._pacer.monotonic() - arrived
+        seconds, blocked = (d.seconds, d.block) if d is not None else (None, False)
+        return decide_retry(method, has_body, s.retries - retried, elapsed, seconds, s.max_wait, blocked)

@@ -1,5 +1,6 @@
 """The one read path into the pacer: ``Pacer.snapshot()``, a frozen copy for the status document, the
-health answer and the gauges.
+health answer and the gauges (with the schedule store's name and whether it is degraded: nothing outside the
+pacing package reads the store).
 
 Nothing here changes the pacer or awaits: ``take`` copies the counts the pacer keeps anyway (every one bounded
 by live waiters, exempt places, the hint cap or the pipelines served in about the last round), and
@@ -33,6 +34,8 @@ class PacerSnapshot:
     ready_in: dict[str, float]  # host -> seconds until the local hint lets it be claimed (> 0 only)
     hosts: frozenset[str]  # hosts worth a look: a line, a ready hint (also just passed), or exempt reads
     tags: FairTags  # a copy of the fair-queuing tags, for expected_wait
+    store: str = ""  # the schedule store answering now (a failover store names the active one)
+    degraded: bool = False  # the shared store does not answer: this proxy paces on its fallback
 
     @property
     def gap(self) -> float:
@@ -70,9 +73,14 @@ class PacerSnapshot:
 
 
 def take(
-    now: float, settings: PacingSettings, grants: int, state: QueueState[T], places: ExemptPlaces
+    now: float,
+    settings: PacingSettings,
+    grants: int,
+    state: QueueState[T],
+    places: ExemptPlaces,
+    store: tuple[str, bool] = ("", False),
 ) -> PacerSnapshot:
-    """Copy the pacer's parts at ``now`` (its clock)."""
+    """Copy the pacer's parts at ``now`` (its clock); ``store`` is the store's (name, degraded)."""
     live, tags = state.tags, FairTags()
     tags.vtime, tags.finish, tags.weights = live.vtime, dict(live.finish), dict(live.weights)
     return PacerSnapshot(
@@ -88,4 +96,6 @@ def take(
         ready_in={h: t - now for h, t in state.ready.items() if t > now},
         hosts=frozenset(state.hosts() | places.hosts()),
         tags=tags,
+        store=store[0],
+        degraded=store[1],
     )

@@ -1,6 +1,7 @@
 """When the proxy retries a throttled request on the client's behalf (policy core, no I/O, no clock).
 
-The rules, as a table the forwarder follows:
+The rules, as a table; ``Permit.retry`` (pacing/permit.py) applies them with the pacer's settings and clock,
+and the forwarder asks the permit:
 
 - only GET and HEAD without a body are replayed (a POST may have had an effect upstream);
 - only after a throttle (``delay`` is the backoff the pacer applied; None: the answer was no throttle);

@@ -24,7 +24,6 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.backoff import Delay, retry_after_seconds
 from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import normalize_host
-from politeproxy.policy.retry import decide_retry
 from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.events import ProxyEvents, access_path
@@ -55,7 +54,6 @@ class _Try:
     headers: CIMultiDict[str]
     body: AsyncIterator[bytes] | None
     expect: bool
-    arrived: float
     continued: bool = False
 
 
@@ -174,21 +172,19 @@ class Forwarder:
             headers=strip_hop_by_hop(request.headers, drop=("Host", "Expect")),
             body=self._body(request, self.events, ex) if has_body else None,
             expect=has_body and request.headers.get("Expect", "").lower() == "100-continue",
-            arrived=arrived,
         )
-        retries_left = self.pacer.settings.retries
         while True:
             try:
                 if klass is Klass.PASSTHROUGH:
-                    out = await self._attempt(request, None, t, ex, 0)
+                    out = await self._attempt(request, None, t, ex)
                 else:
                     async with self.pacer.permit(host, klass, arrived, ex.pipeline) as p:
                         ex.wait = p.waited
-                        out = await self._attempt(request, p, t, ex, retries_left)
+                        out = await self._attempt(request, p, t, ex)
             except WaitTooLong as e:
                 ex.status, ex.note = 503, e.reason  # "max_wait" or "queue_full"
                 ex.wait = time.monotonic() - arrived  # held this long before the refusal
-                why = e.why if "; " in e.why else e.why + self.pacer.state_note(host)  # blocked/backing off
+                why = e.message  # with the pacer's note when the host is blocked or backing off
                 self.oplog.refused(ex.pipeline, 503, why)
                 resp = error_response(503, why, {"Retry-After": str(retry_after_seconds(e.wait))})
                 if t.expect and not t.continued:
@@ -196,12 +192,11 @@ class Forwarder:
                 return resp
             if isinstance(out, web.StreamResponse):
                 return out
-            retries_left -= 1
             ex.retries += 1
-            await asyncio.sleep(out)  # bounded: decide_retry keeps it within max_wait
+            await asyncio.sleep(out)  # bounded: the permit's retry decision keeps it within max_wait
 
     async def _attempt(
-        self, request: web.BaseRequest, p: Permit | None, t: _Try, ex: Exchange, retries_left: int
+        self, request: web.BaseRequest, p: Permit | None, t: _Try, ex: Exchange
     ) -> web.StreamResponse | float:
         """One try upstream, holding the permit: the relayed answer, or how long to wait before a retry."""
         if t.expect and not t.continued:
@@ -231,17 +226,8 @@ class Forwarder:
                 self.oplog.answered(t.host, upstream.status, delay, probe)
                 if self.robots is not None:
                     self.robots.ensure(t.host)  # the host answered: worth its robots.txt
-                elapsed = time.monotonic() - t.arrived
                 ex.retry_after = delay.seconds if delay is not None else None
-                d = decide_retry(
-                    method,
-                    t.body is not None,
-                    retries_left,
-                    elapsed,
-                    delay.seconds if delay is not None else None,
-                    self.pacer.settings.max_wait,
-                    blocked=delay is not None and delay.block,  # a block is never retried (issue 12)
-                )
+                d = p.retry(method, t.body is not None, ex.retries)  # never after a block (issue 12)
                 if d.retry:
                     self.events.retried(t.host)
                     log.info(

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -231,7 +232,7 @@ def test_gauge_refresh_errors_are_logged_once_and_the_loop_lives(
     async def main() -> tuple[int, float]:
         app = App(app_config(tmp_path))  # type: ignore[arg-type]
         await app.start()
-        real = app.store.host_view
+        real, snapshot = app.store.host_view, app.pacer.snapshot
         calls = 0
 
         async def failing(host: str) -> object:
@@ -240,7 +241,9 @@ def test_gauge_refresh_errors_are_logged_once_and_the_loop_lives(
             raise RuntimeError("store unreachable")
 
         app.store.host_view = failing  # type: ignore[method-assign]
-        app.pacer.known_hosts = lambda: {"data.commoncrawl.org"}  # type: ignore[method-assign]
+        # the gauge loop refreshes the hosts the pacer's snapshot names
+        named = lambda: replace(snapshot(), hosts=frozenset({"data.commoncrawl.org"}))  # noqa: E731
+        app.pacer.snapshot = named  # type: ignore[method-assign]
         await asyncio.sleep(3.5)
         app.store.host_view = real  # type: ignore[method-assign]
         await asyncio.sleep(1.5)

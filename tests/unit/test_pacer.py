@@ -56,7 +56,7 @@ async def test_fifo_per_host_and_one_slot_each(
     await asyncio.gather(*tasks)
     assert order == list(range(12))
     assert await store.grants() == 12 and pacer.snapshot().grants == 12
-    assert pacer.depth() == 0
+    assert pacer.snapshot().queued == 0
     assert slots == [k * GAP for k in range(12)]  # one slot per gap, exactly
 
 
@@ -123,7 +123,7 @@ async def test_cancelled_waiter_leaves_without_spending_a_slot(
     await asyncio.sleep(0.5)  # past the fourth's slot (0.5)
     # first, second, and the slot reserved for the fourth before it left; never one for the third.
     assert await store.grants() == 3
-    assert pacer.depth() == 0
+    assert pacer.snapshot().queued == 0
 
 
 async def test_a_reserved_slot_passes_to_the_next_in_line(

@@ -22,7 +22,6 @@ from politeproxy.pacing.pacer import Pacer, PacingSettings, WaitTooLong
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import PipelineRule
-from politeproxy.policy.retry import decide_retry
 from politeproxy.stores.base import Store
 from politeproxy.stores.file import FileStore
 from politeproxy.stores.memory import MemoryStore
@@ -145,7 +144,7 @@ async def test_fifo_per_host_one_slot_per_gap(
     assert g.tags() == [str(i) for i in range(12)]
     assert since(g.times()) == [k * GAP for k in range(12)]
     assert lateness(pacer) == [0.0] * 12
-    assert await any_store.grants() == 12 and pacer.snapshot().grants == 12 and pacer.depth() == 0
+    assert await any_store.grants() == 12 and pacer.snapshot().grants == 12 and pacer.snapshot().queued == 0
     assert_paced(g.times())
 
 
@@ -296,20 +295,19 @@ async def test_retries_wait_out_the_backoff_through_the_pacer(
     sent_at: list[float],
     why: str,
 ) -> None:
-    """The forwarder's loop (proxy/forward.py): a permit, the answer, decide_retry, a sleep, a permit."""
+    """The forwarder's loop (proxy/forward.py): a permit, the answer, the permit's retry decision, a sleep,
+    a permit."""
     pacer = make_pacer(store, max_wait=max_wait, retries=2)
-    arrived, left, sent = vclock(), pacer.settings.retries, []
+    arrived, retried, sent = vclock(), 0, []
     answers = iter(statuses)
     while True:
         async with pacer.permit(A, Klass.PACED, arrived) as p:
             sent.append(vclock())
-            d = await p.answered(next(answers), retry_after)
-        seconds = None if d is None else d.seconds
-        blocked = d is not None and d.block
-        decision = decide_retry("GET", False, left, vclock() - arrived, seconds, max_wait, blocked)
+            await p.answered(next(answers), retry_after)
+            decision = p.retry("GET", False, retried)
         if not decision.retry:
             break
-        left -= 1
+        retried += 1
         await asyncio.sleep(decision.after)
     assert since(sent) == sent_at and decision.why == why
     assert_paced(sent)

@@ -178,11 +178,11 @@ async def test_500_names_leave_bounded_tables_and_label_series(
         async with pacer.permit(host, Klass.EXEMPT) as p:
             await p.answered(200, None)
         metrics.answered(host, "exempt", 200)
-    assert pacer.depth() == 0
+    assert pacer.snapshot().queued == 0
     parts = [getattr(pacer, name) for name in ("state", "places", "dispatcher") if hasattr(pacer, name)]
     sizes = table_sizes(pacer, *parts)
     assert max(sizes.values()) <= TABLE_CAP, sizes
-    assert len(pacer.known_hosts()) <= TABLE_CAP
+    assert len(pacer.snapshot().hosts) <= TABLE_CAP
     labels = host_labels(metrics.render().decode())
     assert len(labels) <= len(PINNED_HOSTS) + FREE_HOST_LABELS + 1, len(labels)
     assert "other" in labels
@@ -247,7 +247,7 @@ async def test_waiters_beyond_the_cap_are_refused_at_once(closing: list[Pacer], 
     await asyncio.sleep(0)  # each task's first step: queued, or refused
     assert vclock() == T0  # refused at once, not after max_wait
     refused = [t for t in tasks if t.done()]
-    assert pacer.depth() == n
+    assert pacer.snapshot().queued == n
     assert len(refused) == 76
     for t in refused:
         e = t.exception()
@@ -263,7 +263,7 @@ async def test_waiters_beyond_the_cap_are_refused_at_once(closing: list[Pacer], 
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    assert pacer.depth() == 0
+    assert pacer.snapshot().queued == 0
 
 
 # -- item 24: a persistent dispatcher error -----------------------------------------------------------------

@@ -48,7 +48,6 @@ class Refusing:
     def __init__(self) -> None:
         self.asked: list[str | None] = []
         self.permits: list[str] = []
-        self.settings = mock.Mock(retries=0)
 
     def pipeline(self, name: str | None) -> str:
         self.asked.append(name)
@@ -58,9 +57,6 @@ class Refusing:
         self.permits.append(pipeline)
         refusal = WaitTooLong(7.0, "would wait 7.0s", "max_wait")
         return mock.Mock(__aenter__=mock.AsyncMock(side_effect=refusal), __aexit__=mock.AsyncMock())
-
-    def state_note(self, host: str) -> str:
-        return ""
 
 
 def forwarder(pacer: Refusing, sink: Sink, tunnel: Tunnel | None) -> Forwarder:
