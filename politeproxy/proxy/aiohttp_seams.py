@@ -1,8 +1,10 @@
 """Every aiohttp internal the proxy relies on, in one place: the rest of politeproxy uses aiohttp's
 documented API, and these seams (issue 23).
 
-Checked against aiohttp 3.14.5, the one version installed when this was written (pyproject asks for
-aiohttp>=3.10; older versions were not checked). ``CHECKED`` is that range by minor version;
+Checked against aiohttp 3.14.5, the version installed when this was written. pyproject asks for
+aiohttp>=3.10, but older versions do not fit: the seams test run against 3.13.5, 3.12.15 and 3.11.18 finds
+RequestHandler's ``_upgraded`` missing (it was ``_upgrade`` before 3.14, so the head bound would raise on
+every read), and 3.11 has no ``ResponseHandler.closed``. ``CHECKED`` is 3.14 by minor version;
 tests/unit/proxy/test_aiohttp_seams.py fails, naming what is wrong, when the installed aiohttp is outside
 it or one of the internals below is gone. On an aiohttp upgrade: read the internals below in the new
 version's source, run that test and tests/e2e/test_front_limits.py, then widen ``CHECKED``.
