@@ -142,7 +142,7 @@ def setup_logging(verbose: int, fmt: str) -> None:
     logging.captureWarnings(True)  # warnings.warn() as log records ("py.warnings"), in the same format
     # Neither format shows where a line was logged from, so logging need not walk the stack for the caller
     # of every record (the logging HOWTO's "Optimization" advice; the access line is one record per request).
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     # Nor thread, process or multiprocessing names (the same HOWTO section): each is looked up per record.
     logging.logThreads = False
     logging.logProcesses = False

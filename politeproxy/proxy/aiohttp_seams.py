@@ -145,7 +145,7 @@ async def write_early(request: web.BaseRequest, data: bytes) -> None:
 
 def connection_parts(
     resp: aiohttp.ClientResponse,
-) -> tuple[asyncio.BaseProtocol | None, asyncio.Future[None] | None, asyncio.Transport | None]:
+) -> tuple[asyncio.Protocol | None, asyncio.Future[None] | None, asyncio.Transport | None]:
     """The protocol of ``resp``'s connection, its ``closed`` future and its transport (8); each None
     when the connection is gone."""
     conn = resp.connection

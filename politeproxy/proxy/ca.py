@@ -196,7 +196,7 @@ def load_pair(cert_path: Path, key_path: Path) -> tuple[x509.Certificate, object
     except (ValueError, TypeError, UnsupportedAlgorithm):
         raise CAError(f"{key_path} is not an unencrypted PEM private key; restore it or {_REMEDY}") from None
     spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):  # type: ignore[union-attr]
+    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
         raise CAError(f"{key_path} is not the key of {cert_path}; restore the pair or {_REMEDY}")
     return cert, key
 

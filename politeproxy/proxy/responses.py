@@ -42,7 +42,7 @@ def plain_response(status: int, reason: str, message: str, extra: dict[str, str]
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     resp = web.Response(status=status, text=f"politeproxy: {message}\n", headers=headers)
-    add_via(resp.headers)  # type: ignore[arg-type]  # a CIMultiDict at run time
+    add_via(resp.headers)
     return resp
 
 
@@ -155,7 +155,7 @@ class BoundedHandler(HandlerSeam):
     ) -> web.StreamResponse:
         """aiohttp's answer to a request it could not parse, with our Via like every answer we write."""
         resp = super().handle_error(request, status, exc, message)
-        add_via(resp.headers)  # type: ignore[arg-type]  # a CIMultiDict at run time
+        add_via(resp.headers)
         return resp
 
     def _refuse(self) -> None:

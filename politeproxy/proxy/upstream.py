@@ -139,17 +139,17 @@ class EndWatch:
         return close_notify_missing(self.tls)
 
 
-def _watch_close_notify(proto: asyncio.BaseProtocol) -> list[bool]:
+def _watch_close_notify(proto: asyncio.Protocol) -> list[bool]:
     """A flag set when ``proto`` hears a clean TLS close (its ``eof_received``): hooked on this one
     protocol only, whose connection ends with the body (close-delimited: never pooled again)."""
     seen = [False]
-    original = proto.eof_received  # type: ignore[attr-defined]
+    original = proto.eof_received
 
     def eof_received() -> bool | None:
         seen[0] = True
-        return original()  # type: ignore[no-any-return]
+        return original()
 
-    proto.eof_received = eof_received  # type: ignore[attr-defined]
+    proto.eof_received = eof_received  # type: ignore[method-assign]  # this one instance only
     return seen
 
 
