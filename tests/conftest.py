@@ -193,14 +193,3 @@ def shared_fast_proxy(module_fast_proxy: ProxyProc) -> ProxyProc:
 def shared_proxy(module_proxy: ProxyProc) -> ProxyProc:
     """``module_proxy``, checked alive, its log marked so ``log_since()`` shows only this test's lines."""
     return for_this_test(module_proxy)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The folder says what a test is: everything under tests/slow/ is ``slow``, everything under
-    tests/faults/ is ``faults`` and ``slow`` (so ``pytest -m "not slow"`` is the quick run)."""
-    for item in items:
-        parts = Path(str(item.fspath)).parts
-        if "slow" in parts or "faults" in parts:
-            item.add_marker(pytest.mark.slow)
-        if "faults" in parts:
-            item.add_marker(pytest.mark.faults)

@@ -7,6 +7,8 @@ and hooks. Imports are read with ``ast`` (every import statement, at any depth),
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,3 +98,61 @@ def test_the_rule_sees_every_kind_of_import() -> None:
         "tests.e2e.test_cache",
         "tests.e2e.test_passage",
     }
+
+
+# -- one way to mark a slow test: the ``slow`` marker, written in the file ---------------------------------
+# tests/slow/ and tests/faults/ hold whole files of slow tests, so each says so at its top
+# (``pytestmark``); elsewhere a slow test carries ``@pytest.mark.slow`` itself. No hook adds the marker
+# from the folder, so what ``pytest -m "not slow"`` skips is read where the test is.
+SLOW_FOLDERS = ("slow", "faults")
+
+
+def module_marks(text: str) -> set[str]:
+    """The marker names of a module's top-level ``pytestmark`` (one marker or a list of them)."""
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets
+        ):
+            values = node.value.elts if isinstance(node.value, ast.List | ast.Tuple) else [node.value]
+            return {v.attr for v in values if isinstance(v, ast.Attribute)}
+    return set()
+
+
+def test_every_file_in_a_slow_folder_marks_itself_slow() -> None:
+    unmarked = [
+        str(p.relative_to(ROOT))
+        for folder in SLOW_FOLDERS
+        for p in sorted((ROOT / "tests" / folder).glob("test_*.py"))
+        if "slow" not in module_marks(p.read_text())
+    ]
+    assert not unmarked, "add `pytestmark = pytest.mark.slow` to: " + ", ".join(unmarked)
+    faults = [
+        p
+        for p in (ROOT / "tests" / "faults").glob("test_*.py")
+        if "faults" not in module_marks(p.read_text())
+    ]
+    assert not faults, f"tests/faults/ files are marked faults too: {faults}"
+
+
+def test_module_marks_reads_one_marker_or_a_list() -> None:
+    assert module_marks("import pytest\npytestmark = pytest.mark.slow\n") == {"slow"}
+    assert module_marks("pytestmark = [pytest.mark.slow, pytest.mark.faults]\n") == {"slow", "faults"}
+    assert module_marks("x = 1\n") == set()
+
+
+# -- optional libraries: a machine without them collects the suite and skips what needs them ------------
+
+
+def test_the_suite_collects_without_its_optional_libraries() -> None:
+    """tests.support.without_optional makes duckdb, pyarrow, PyYAML, aiofastnet ... unimportable; every file
+    must still collect (the tests that need one skip) instead of stopping the run with a collection error."""
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider"]
+        + ["-p", "tests.support.without_optional", "tests"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "error" not in out.stdout.splitlines()[-1], out.stdout[-3000:]

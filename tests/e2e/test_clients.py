@@ -13,8 +13,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tests.support.clients import duckdb_settings, run_py
@@ -151,6 +149,8 @@ def test_aiohttp_trust_env(cp: ProxyProc, files_upstream: Upstream) -> None:
 
 
 def test_duckdb_httpfs(cp: ProxyProc, files_upstream: Upstream, files_dir: Path) -> None:
+    pa = pytest.importorskip("pyarrow")  # optional: only this test writes parquet
+    pq = pytest.importorskip("pyarrow.parquet")
     table = pa.table({"url": [f"https://example.com/{i}" for i in range(1000)], "n": list(range(1000))})
     pq.write_table(table, files_dir / "x.parquet", row_group_size=100)
     (files_dir / "x.csv").write_text("a,b\n1,2\n3,4\n")

@@ -11,8 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import certifi
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from tests.support.processes import POLITEPROXY, PY, ROOT
@@ -21,6 +19,8 @@ from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
 pytestmark = pytest.mark.slow  # two duckdb processes with httpfs: about 5 s
 pytest.importorskip("duckdb")
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
 pytest.importorskip("duckdb_ext")
 
 

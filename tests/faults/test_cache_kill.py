@@ -10,9 +10,14 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from tests.support.cache_upstream import S3, RawUpstream, body_for, fetch, raw_fixture, start_cache_proxy
 from tests.support.processes import wait_for
 from tests.support.upstream_proc import Certs, Upstream, start_upstream
+
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 raw = raw_fixture()  # the module-scoped raw upstream fixture (pytest finds it by name)
 

@@ -37,6 +37,9 @@ from tests.support.faults import (
 from tests.support.proxy_proc import ProxyProc
 from tests.support.upstream_proc import Upstream
 
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
+
 NS = 1_000_000_000
 HOST = struct.Struct(">QQQQQ")  # next_allowed, backoff_until, robots_expires (UnixNano), throttles, delay
 

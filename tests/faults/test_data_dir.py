@@ -14,6 +14,9 @@ import pytest
 
 from tests.support.processes import POLITEPROXY, ROOT, free_port
 
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
+
 
 def can_bind_mount() -> bool:
     unshare = shutil.which("unshare")

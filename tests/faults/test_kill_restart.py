@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.support.faults import (
     CC,
     DATA,
@@ -29,6 +31,9 @@ from tests.support.faults import (
 from tests.support.processes import wait_for
 from tests.support.proxy_proc import ProxyProc
 from tests.support.upstream_proc import Upstream
+
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 RETRY_AFTER = 6.0
 

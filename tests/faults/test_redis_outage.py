@@ -36,6 +36,9 @@ from tests.support.proxy_proc import ProxyProc
 from tests.support.redis_server import RedisServer, redis_fixture
 from tests.support.upstream_proc import Upstream
 
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
+
 OUTAGE = 5.0
 # Recorded in Redis 1.5 s before the outage, so every proxy had time to see it (a claim refused for it, or a
 # once-a-second read of the host's state) before Redis went; it spans the switch to the fallback.

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.support.faults import (
     CC,
     DATA,
@@ -31,6 +33,9 @@ from tests.support.faults import (
 from tests.support.processes import need_tool
 from tests.support.proxy_proc import ProxyProc
 from tests.support.upstream_proc import Certs, Upstream
+
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
 
 READ_TIMEOUT = 2.0
 BACKOFF_BASE = 1.0

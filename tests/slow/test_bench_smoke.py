@@ -12,6 +12,9 @@ import pytest
 
 from tests.support.processes import ROOT, need_tool
 
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 BENCH = ROOT / "bench"
 
 

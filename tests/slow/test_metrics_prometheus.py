@@ -21,6 +21,9 @@ from tests.support.processes import free_port, need_tool, wait_for
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
 from tests.support.upstream_proc import Upstream
 
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 WINDOW = 10  # seconds: the achieved-rate gauge's window and the PromQL rate window
 
 

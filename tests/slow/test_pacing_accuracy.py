@@ -11,9 +11,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.pacing_clients import Stats, arrival_stats, read_lock, run_clients, warm_upstream_pool
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
 from tests.support.upstream_proc import Upstream
+
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
 
 GAP = 0.02
 RATE = 1 / GAP

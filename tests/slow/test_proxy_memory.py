@@ -28,6 +28,9 @@ from tests.support.proxyio import (
 )
 from tests.support.upstream_proc import Certs, Upstream
 
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def fast_proxy(proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs) -> ProxyProc:

@@ -10,12 +10,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from tests.support.measure import achieved_rate, busiest_window, over_budget, results, run_clients
 from tests.support.pacing_clients import start_clients, warm_upstream_pool
 from tests.support.processes import wait_for
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
 from tests.support.redis_server import RedisServer, redis_fixture
 from tests.support.upstream_proc import Upstream
+
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
 
 GAP = 0.02  # 50 req/s
 

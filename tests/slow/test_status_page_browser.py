@@ -24,6 +24,9 @@ from tests.support.live_status import Live, start_live, stop_live
 from tests.support.processes import need_tool
 from tests.support.upstream_proc import Certs
 
+# Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
+pytestmark = pytest.mark.slow
+
 ACHIEVED = (0x2B, 0x6C, 0xB0)  # --ach in statuspage.STYLE: the achieved-rate polyline
 CHART_BOTTOM = 460  # pixel rows from the top that hold the header, the cards and the chart at 1280 wide
 
