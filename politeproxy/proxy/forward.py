@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -24,6 +22,7 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.backoff import Delay, retry_after_seconds
 from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import normalize_host
+from politeproxy.proxy.aiohttp_seams import HttpProcessingError, RequestHandler, handler_of, write_early
 from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.events import ProxyEvents, access_path
@@ -87,7 +86,7 @@ class Forwarder:
         return self.classifier.hosts.matches(host)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        tunnel = self.tunnel_of(request.protocol)  # type: ignore[arg-type]
+        tunnel = self.tunnel_of(handler_of(request))
         if tunnel is None:
             raw = request.raw_path
             if raw.startswith("/") or raw == "*":
@@ -201,7 +200,7 @@ class Forwarder:
         """One try upstream, holding the permit: the relayed answer, or how long to wait before a retry."""
         if t.expect and not t.continued:
             # Only now that the request may go: a client refused before this point never sent its body.
-            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await write_early(request, b"HTTP/1.1 100 Continue\r\n\r\n")
             t.continued = True
         method = request.method
         pool = p.klass.value if p is not None else Klass.PASSTHROUGH.value
