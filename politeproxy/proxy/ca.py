@@ -206,9 +206,6 @@ class CertificateAuthority:
     lacks today's exclusions. ``await ca.context(host)`` serves clients (bounded LRU, nothing on disk);
     ``ca.context_for(host)`` is the blocking form that pins configured hosts and keeps their leaves."""
 
-    cert: x509.Certificate  # set by _load_or_make, which __init__ calls
-    key: Key
-
     def __init__(
         self, data_dir: Path, permitted: list[str], remake: bool = True, max_contexts: int = MAX_CONTEXTS
     ) -> None:
@@ -247,8 +244,7 @@ class CertificateAuthority:
             cert, key = load_pair(self.cert_path, self.key_path)
             missing = [n for n in permitted if not is_covered(n, permitted_names(cert))]
             why = self._why_remake(cert, key, missing)
-            # why is None only for an EC key, so this is "kept as is, or outdated but kept by remake=False"
-            if isinstance(key, Key) and (why is None or not self.remake):
+            if isinstance(key, Key) and (why is None or not self.remake):  # why is None: an EC key, current
                 self.cert, self.key, self.missing = cert, key, missing
                 if why is not None and not missing:
                     log.warning("the CA in %s is outdated (%s); `politeproxy run` replaces it", self.dir, why)
