@@ -3,7 +3,7 @@
 A table of ``CacheRule``s says which host class and path prefixes hold immutable objects (and the one
 file with a TTL, ``collinfo.json``). ``request_decision`` turns a request into a key or a bypass reason,
 ``response_decision`` says whether the upstream's answer to it may be stored. Both are pure: the cache
-layer (politeproxy/cache) does the I/O, and tests/unit/test_cache_rules.py runs them without it.
+layer (politeproxy/cache) does the I/O, and tests/unit/policy/test_cacherules.py runs them without it.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ ENV_NUMBERS: dict[str, tuple[float, float, float]] = {
 
 # -- defaults: named views of the table (policy/table.py), THE one home of every default -------------
 # The dataclasses (PacingSettings, BackoffPolicy, Timeouts, Upstream, RobotsWatcher) read these names;
-# tests/unit/test_settings_defaults.py checks that they agree with what the config loads.
+# tests/unit/policy/test_settings_defaults.py checks that they agree with what the config loads.
 
 LISTEN: str = default("listen")
 LOG_FORMAT: str = default("log_format")

@@ -147,7 +147,7 @@ def exempt_claim(
 # A record is a file or a Redis hash that anything may have written: a corrupt file, a clock that stepped
 # back, a stray HSET. A time further ahead than the longest wait that could be legitimate is treated as now
 # (and the store logs it once); a value that is not a finite number is treated as absent. The Lua scripts in
-# stores/redis_lua.py apply the same bounds; tests/test_claim_cases.py keeps the two in step.
+# stores/redis_lua.py apply the same bounds; tests/unit/stores/test_claim_cases.py keeps the two in step.
 
 SCHEDULE_SLACK = 60.0  # the global next: a minute ...
 SCHEDULE_GAPS = 4.0  # ... plus a few gaps (each proxy reserves at most about one slot ahead)

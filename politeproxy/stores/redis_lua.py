@@ -3,7 +3,7 @@
 They mirror the Python rules exactly: ``CLAIM`` is ``slots.claim`` after ``slots.sane_global`` and
 ``slots.sane_host``; ``THROTTLE`` is ``backoff.throttle_delay`` plus ``backoff.apply_throttle`` in one
 script, so a cancellation can never count a throttle without applying its backoff. The bounds are the
-constants of ``policy/slots.py``; tests/test_claim_cases.py runs one table of cases against both.
+constants of ``policy/slots.py``; tests/unit/stores/test_claim_cases.py runs one table of cases against both.
 Times are integer microseconds of the server's ``TIME``.
 """
 

@@ -163,7 +163,8 @@ class RedisStore(Store):
         base: float = 0.0,
     ) -> Delay:
         # One script: counting the throttle and applying its backoff cannot be separated by a cancellation
-        # or a crash. The arithmetic is backoff.answer_delay's, in Lua; tests/unit/test_claim_cases.py checks.
+        # or a crash. The arithmetic is backoff.answer_delay's, in Lua;
+        # tests/unit/stores/test_claim_cases.py checks.
         self.probe_answered(host)
         ra = None if retry_after is None else duration(retry_after)
         args: list[int | str] = [

@@ -179,7 +179,7 @@ def test_no_cache_from_the_client_refetches_and_replaces(env: Env) -> None:
 def test_a_corrupt_entry_is_dropped_and_fetched_again(env: Env) -> None:
     path = "/crawl-data/CC-MAIN-2024-10/corrupt.warc.gz"
     _s, _h, good = fetch(env.a, D, path)
-    name = key_name(f"GET data {path} *")  # the key the rules give it (tests/unit/test_cache_rules.py)
+    name = key_name(f"GET data {path} *")  # the key the rules give it (tests/unit/policy/test_cacherules.py)
     newest = env.a.data_dir / "cache" / "objects" / name[:2] / name
     wait_for(newest.exists, 10, "the entry renamed into place")  # the commit follows the client's last byte
     raw = bytearray(newest.read_bytes())

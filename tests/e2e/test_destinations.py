@@ -2,7 +2,7 @@
 
 Real proxy processes and real sockets. The non-loopback client is this machine's own non-loopback
 address (the proxy listens on 0.0.0.0 and the client socket binds to that address, so the proxy sees a
-peer that is not loopback); the full client matrix is in tests/test_routing.py.
+peer that is not loopback); the full client matrix is in tests/unit/policy/test_routing.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Issue 9 items 9 and 21 of the pacer end to end, through a real proxy: 500 host names leave a bounded set
 of metric label series, and a full queue answers 503 with Retry-After at once. The in-process cases are in
-tests/unit/test_pacer_hardening.py."""
+tests/unit/pacing/test_pacer_bounds.py."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from politeproxy.observe.metricparts import FREE_HOST_LABELS, PINNED_HOSTS
 from politeproxy.pacing import pacer as pacer_mod
 from politeproxy.policy.hosts import HostSet
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.proxyio import host_labels
 from tests.support.upstream_proc import Upstream
-from tests.unit.test_pacer_hardening import FREE_HOST_LABELS, PINNED_HOSTS, A, host_labels
+
+A = "data.commoncrawl.org"
 
 # -- item 9 end to end: 500 names through a real proxy, then its /metrics -----------------------------------
 

@@ -58,7 +58,8 @@ def test_a_polite_pipeline_gets_about_every_other_slot_behind_a_greedy_one(
 ) -> None:
     """One request at a time from a polite pipeline, beside a greedy one with ~75 queued. Under FIFO each
     polite request would wait behind the whole queue (~75 slots); under fair shares it goes at the next
-    slot or the one after (the exact order is tested on the fake clock, tests/unit/test_pacer_clock.py).
+    slot or the one after (the exact order is tested on the fake clock,
+    tests/unit/pacing/test_pacer_clock.py).
 
     Jitter tolerated: a polite request's next one reaches the proxy a little after its answer, so it may miss
     one slot, and a grant delivered late by a busy loop costs one more. So each polite request is allowed

@@ -41,7 +41,7 @@ def assert_refused(r: subprocess.CompletedProcess[str], *names: str) -> None:
 
 def test_a_wrong_scheme_in_the_file_fails_check_config_and_run(tmp_path: Path) -> None:
     """It used to pass check-config and end run in a traceback. (More wrong URLs, in process:
-    tests/unit/test_config_sources.py.)"""
+    tests/unit/config/test_overrides_and_paths.py.)"""
     url = f"http://:{SECRET}@redis:6379/0"
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[schedule]\nbackend = "redis"\nredis_url = "{url}"\n')

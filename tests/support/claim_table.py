@@ -1,7 +1,8 @@
 """The claim-case table's vocabulary: the store's now, the backoff policy the rows assume, the record
 fields a row may set or expect, ``Case``, and the helpers that apply a row's event to a store and compare
 what it answered. The rows are in tests/support/claim_rows_slots.py and claim_rows_holds.py; the tests
-that run them against the Python rules, the file store and the Lua scripts in tests/unit/test_claim_cases.py.
+that run them against the Python rules, the file store and the Lua scripts in
+tests/unit/stores/test_claim_cases.py.
 """
 
 from __future__ import annotations

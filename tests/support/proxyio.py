@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import re
 import socket
 import ssl
 from collections.abc import Callable, Iterator
@@ -145,6 +146,11 @@ def still_serves(p: ProxyProc, up: Upstream | None = None) -> None:
 def metric_value(p: ProxyProc, name: str, labels: str = "") -> float:
     """The value of one sample of /metrics, 0 when absent (``labels`` like 'reason="auth"')."""
     return p.metric(name, labels)
+
+
+def host_labels(text: str) -> set[str]:
+    """The ``host`` label values in a /metrics text."""
+    return set(re.findall(r'host="([^"]*)"', text))
 
 
 def proc_mem_kib(pid: int) -> dict[str, int]:

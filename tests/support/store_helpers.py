@@ -1,5 +1,5 @@
-"""What the store test modules share (tests/unit/test_store_contract.py, test_file_store.py,
-test_failover_store.py): a settable wall clock, its start time, a backoff without jitter, a host name."""
+"""What the store test modules share (tests/unit/stores/: test_contract.py, test_file.py,
+test_failover.py): a settable wall clock, its start time, a backoff without jitter, a host name."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Fixtures the Lua script modules share (tests/unit/test_claim_cases.py, test_redis_script_edges.py), and
-those of the lean client's tests (tests/unit/test_h1client_*.py, defined in tests/support/rawupstream.py)."""
+"""Fixtures the Lua script modules share (tests/unit/stores/test_claim_cases.py and
+test_redis_script_edges.py), and those of the lean client's tests (tests/unit/proxy/test_h1client_*.py,
+defined in tests/support/rawupstream.py)."""
 
 from __future__ import annotations
 

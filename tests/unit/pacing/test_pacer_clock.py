@@ -4,8 +4,8 @@ in milliseconds of real time.
 
 Every list of grant times is also held to the rule the timing tests use (``assert_paced``): no window of
 W seconds holds more than floor(W / gap) + 1 grants on the schedule, plus one grant delivered late.
-tests/unit/test_pacer.py holds the pacer's older cases, on the same clock: refusals for a host's backoff or
-a schedule booked by another proxy, cancelled waiters, exempt reads, reloads."""
+tests/unit/pacing/test_pacer.py holds the pacer's older cases, on the same clock: refusals for a host's
+backoff or a schedule booked by another proxy, cancelled waiters, exempt reads, reloads."""
 
 from __future__ import annotations
 

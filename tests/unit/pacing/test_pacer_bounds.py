@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from politeproxy.observe import metrics as metrics_mod
+from politeproxy.observe.metricparts import FREE_HOST_LABELS, PINNED_HOSTS
 from politeproxy.observe.metrics import Metrics
 from politeproxy.pacing import pacer as pacer_mod
 from politeproxy.pacing.base import NoPacerEvents
@@ -28,13 +29,11 @@ from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE
 from politeproxy.stores.base import StoreError
 from politeproxy.stores.memory import MemoryStore
+from tests.support.proxyio import host_labels
 from tests.support.turns import paced
 from tests.support.virtual_clock import T0, VirtualClock, vclock_fixture  # noqa: F401 - the vclock fixture
 
 A = "data.commoncrawl.org"
-# The label cap's parts, read this way so that the test also runs (and fails) against the code before it.
-PINNED_HOSTS: tuple[str, ...] = getattr(metrics_mod, "PINNED_HOSTS", ("index.commoncrawl.org", A))
-FREE_HOST_LABELS: int = getattr(metrics_mod, "FREE_HOST_LABELS", 50)
 TABLE_CAP = 256  # what the pacer promises for any per-host table (state.HINT_CAP)
 
 
@@ -157,10 +156,6 @@ def table_sizes(*objs: object) -> dict[str, int]:
             if isinstance(value, dict | set | deque):
                 sizes[f"{type(obj).__name__}.{name}"] = len(value)
     return sizes
-
-
-def host_labels(text: str) -> set[str]:
-    return set(re.findall(r'host="([^"]*)"', text))
 
 
 async def test_500_names_leave_bounded_tables_and_label_series(
