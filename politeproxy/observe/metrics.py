@@ -118,12 +118,12 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
                 registry=r,
             ),
             lab,
-            self.pipeline_label,
+            self.pipeline_label.counted_as,
         )
         self.grants = HostLabelled(
             Counter("politeproxy_grants", "Slots granted", ["host", "pipeline"], registry=r),
             lab,
-            self.pipeline_label,
+            self.pipeline_label.counted_as,
         )
         self.retries = HostLabelled(
             Counter("politeproxy_retries", "Throttled requests retried by the proxy", ["host"], registry=r),
@@ -138,7 +138,7 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
                 registry=r,
             ),
             lab,
-            self.pipeline_label,
+            self.pipeline_label.counted_as,
         )
         self._host_state_metrics(r, lab)
 
@@ -212,10 +212,10 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
 
     def cache_result(self, result: str, pipeline: str) -> None:
         if result in RESULTS:
-            self.cache_requests.labels(result, self.pipeline_label(pipeline)).inc()
+            self.cache_requests.labels(result, self.pipeline_label.counted_as(pipeline)).inc()
 
     def cache_slot_saved(self, pipeline: str) -> None:
-        self.cache_saved.labels(self.pipeline_label(pipeline)).inc()
+        self.cache_saved.labels(self.pipeline_label.counted_as(pipeline)).inc()
 
     def cache_size(self, nbytes: int) -> None:
         self.cache_bytes.set(nbytes)
@@ -324,12 +324,12 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
         self.throttles.labels(host, str(code) if code else "error").inc()
 
     def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None:
-        self.rejections.labels(host, reason, self.pipeline_label(pipeline)).inc()
+        self.rejections.labels(host, reason, self.pipeline_label.counted_as(pipeline)).inc()
 
     def line_changed(self, host: str, pipeline: str, depth: int) -> None:
         """The depth of one (host, pipeline) line; lines that share a label (``other``) are summed. A
         host's depth is their sum (``sum by (host) (politeproxy_queue_depth)``)."""
-        labels = (self.host_label(host), self.pipeline_label(pipeline))
+        labels = (self.host_label(host), self.pipeline_label.counted_as(pipeline))
         if labels == (host, pipeline) and OTHER not in labels:
             self.queue_depth.metric.labels(*labels).set(depth)
             return
@@ -340,7 +340,7 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
         total = sum(
             n
             for (h, p), n in self._other_lines.items()
-            if (self.host_label(h), self.pipeline_label(p)) == labels
+            if (self.host_label(h), self.pipeline_label.counted_as(p)) == labels
         )
         self.queue_depth.metric.labels(*labels).set(total)
 

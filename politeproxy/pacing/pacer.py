@@ -65,7 +65,7 @@ class Pacer:
 
     The door: ``permit``, ``snapshot`` (every read for status, health and gauges), ``start``, ``close``,
     ``reload``, and the read-only ``settings`` and ``monotonic``. Beside it, three small calls:
-    ``pipeline`` (the bounded name a client counts as: the proxy labels an exchange with it before the
+    ``pipeline_of`` (the bounded name a client counts as: the proxy labels an exchange with it before the
     cache answers, so before any permit) and ``host_view`` (a host's record: the status document, the
     backoff gauges, the robots.txt watcher) with ``set_crawl_delay`` (the watcher's robots.txt delay).
     Everything else is private: nothing outside the pacing package calls the store.
@@ -160,14 +160,14 @@ class Pacer:
             self.monotonic(), self._settings, self._dispatcher.grants, self._state, self._places, store
         )
 
-    def pipeline(self, name: str | None) -> str:
+    def pipeline_of(self, name: str | None) -> str:
         """The pipeline a requested name counts as (bounded; ``None`` is the default pipeline)."""
         try:
             return self._named[name]
         except KeyError:
             pass
         # PipelineNames answers a name the same way until configure (its first-come set only grows)
-        counted = self._pipelines(name or DEFAULT_PIPELINE)
+        counted = self._pipelines.counted_as(name or DEFAULT_PIPELINE)
         if len(self._named) >= MAX_REMEMBERED_NAMES:
             self._named.clear()
         self._named[name] = counted
@@ -285,7 +285,7 @@ class Pacer:
 
         ``pipeline`` names who asks (the proxy user name, else the client address); it is mapped to a
         bounded name (``Pacer.pipeline``), and slots and exempt places are shared fairly between them."""
-        return Permit(self, host, klass, 0.0, self.pipeline(pipeline), arrived)
+        return Permit(self, host, klass, 0.0, self.pipeline_of(pipeline), arrived)
 
     def _rest_note(self, host: str) -> str:
         """The "; <host> is blocked until <time>" (or backing off) note, when this proxy knows it rests:

@@ -56,7 +56,7 @@ class PipelineNames:
     def configure(self, names: Iterable[str]) -> None:
         self.configured = {DEFAULT_PIPELINE, OTHER_PIPELINE, *names}
 
-    def __call__(self, raw: str) -> str:
+    def counted_as(self, raw: str) -> str:
         name = clean_name(raw) or DEFAULT_PIPELINE
         if name in self.configured or name in self.seen:
             return name

@@ -138,7 +138,7 @@ class Forwarder:
         netloc = f"[{host}]" if ":" in host else host
         url = URL(f"{scheme}://{netloc}:{port}{path or '/'}", encoded=True)
         # Bounded here, once: the permit, the metrics, the access line and the headers all take this name.
-        pipeline = self.pacer.pipeline(who)
+        pipeline = self.pacer.pipeline_of(who)
         ex = Exchange(request.remote or "?", request.method, host, access_path(path), klass, pipeline)
         try:
             if self.cache is None:

@@ -19,7 +19,7 @@ B = "index.commoncrawl.org"
 # The public surface after issue 23; a new public name is a decision, not an accident.
 DOOR = {"permit", "snapshot", "start", "close", "reload", "settings", "monotonic"}
 # forward.py bounds a client's name before the cache answers; host records for status, the gauges and robots
-PROXY_CALLS = {"pipeline", "host_view", "set_crawl_delay"}
+PROXY_CALLS = {"pipeline_of", "host_view", "set_crawl_delay"}
 
 
 def settings(**kw: object) -> PacingSettings:

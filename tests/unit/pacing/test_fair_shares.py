@@ -138,10 +138,14 @@ def test_a_host_in_backoff_does_not_hold_its_pipeline_turn() -> None:
 
 def test_pipeline_names_are_bounded() -> None:
     names = PipelineNames(configured=["urls"])
-    seen = {names(f"p{i}") for i in range(200)}
+    seen = {names.counted_as(f"p{i}") for i in range(200)}
     assert len(seen) == FREE_PIPELINES + 1 and OTHER_PIPELINE in seen
-    assert names("urls") == "urls" and names("p0") == "p0" and names("p199") == OTHER_PIPELINE
-    assert PipelineNames()('bad name"\n') == "bad_name__"
+    assert (
+        names.counted_as("urls") == "urls"
+        and names.counted_as("p0") == "p0"
+        and names.counted_as("p199") == OTHER_PIPELINE
+    )
+    assert PipelineNames().counted_as('bad name"\n') == "bad_name__"
 
 
 @settings(max_examples=100, deadline=None)
@@ -212,7 +216,7 @@ def test_any_proxy_authorization_names_a_bounded_pipeline(header: str | None) ->
     creds = basic_credentials(header)
     assert creds is None or (isinstance(creds[0], str) and isinstance(creds[1], str))
     raw = Access([], {}).pipeline(header, "10.0.0.7")
-    name = PipelineNames()(raw)
+    name = PipelineNames().counted_as(raw)
     assert 0 < len(name) <= MAX_NAME
     assert all(33 <= ord(c) < 127 and c not in "\"'\\" for c in name)
 

@@ -49,7 +49,7 @@ class Refusing:
         self.asked: list[str | None] = []
         self.permits: list[str] = []
 
-    def pipeline(self, name: str | None) -> str:
+    def pipeline_of(self, name: str | None) -> str:
         self.asked.append(name)
         return f"b-{name}"
 
