@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.measure import achieved_rate, busiest_window, over_budget, results, run_clients
+from tests.support.measure import (
+    achieved_rate,
+    budget_bound,
+    busiest_window,
+    over_budget,
+    results,
+    run_clients,
+)
 from tests.support.pacing_clients import start_clients, warm_upstream_pool
 from tests.support.processes import wait_for
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
@@ -133,8 +140,12 @@ def test_redis_outage_keeps_pacing_and_recovers(
         )
         for i in range(3)
     }
-    assert count <= 53, (
-        f"{count} in the 1 s from {start - killed:+.2f}s of the kill, "
+    # The budget rule (tests/support/measure.py), with the same LATE as the healthy test: a grant up to three
+    # slots late may be followed by the next on time. Proxies that each kept 50/s while degraded would put
+    # ~150 in one second, so the bound (54) still proves one budget across the outage.
+    bound = budget_bound(50.0, 1.0, LATE)
+    assert count <= bound, (
+        f"{count} > {bound} in the 1 s from {start - killed:+.2f}s of the kill, "
         f"{start - restarted:+.2f}s of the restart; per proxy {per}"
     )
     for p in proxies:
