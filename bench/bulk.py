@@ -8,8 +8,6 @@ MB/s (10^6 bytes per second) and each proxy's peak RSS (VmHWM, reset before each
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (  # noqa: E402
     DATA_HOST,
     Bench,
-    Proxy,
     add_compare_args,
     compared_paths,
     fmt,
@@ -33,26 +30,9 @@ from bench.common import (  # noqa: E402
     start_upstream,
     table,
 )
+from bench.workloads import curl_download  # noqa: E402
 
 GIB = 1 << 30
-
-
-def curl_download(url: str, size: int, cafile: Path, proxy: Proxy | None, up_port: int) -> float:
-    """Bytes per second, as curl measured them; raises unless the whole body arrived."""
-    curl = shutil.which("curl")
-    if curl is None:
-        raise SystemExit("curl is required")
-    cmd = [curl, "-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_download} %{speed_download}"]
-    cmd += ["--cacert", str(cafile), "--max-time", "600"]
-    if proxy:
-        cmd += ["-x", proxy.url]
-    else:
-        cmd += ["--connect-to", f"{DATA_HOST}:443:127.0.0.1:{up_port}"]
-    out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=700)
-    parts = out.stdout.split()
-    if out.returncode != 0 or len(parts) != 3 or parts[0] != "200" or int(parts[1]) != size:
-        raise RuntimeError(f"download failed: rc={out.returncode} {out.stdout!r} {out.stderr[-500:]!r}")
-    return float(parts[2])
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bulk import curl_download  # noqa: E402
 from bench.common import (  # noqa: E402
     DATA_HOST,
     Bench,
@@ -33,7 +32,12 @@ from bench.common import (  # noqa: E402
     start_upstream,
     table,
 )
-from bench.duckdb_scan import TABLE_PATH, run_query, write_parquet  # noqa: E402
+from bench.workloads import (  # noqa: E402
+    TABLE_PATH,
+    curl_download,  # noqa: E402
+    run_query,
+    write_parquet,
+)
 
 OBJECT = "/cc-index/table/cc-main/object-64MiB.bin"
 

@@ -39,12 +39,12 @@ except ImportError:
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common  # noqa: E402
-from bench.bulk import curl_download  # noqa: E402
 from bench.common import DATA_HOST, PY, Bench, log, make_certs, rss_mib, table  # noqa: E402
 from bench.cpu_per_request import cpu_seconds  # noqa: E402
 from bench.floor_server import raise_nofile  # noqa: E402
 from bench.small_gets import run_hey  # noqa: E402
 from bench.stats import busy_share, cpu_jiffies, spread  # noqa: E402
+from bench.workloads import curl_download  # noqa: E402
 from tests.support.processes import wait_for  # noqa: E402
 
 # -- the driver -----------------------------------------------------------------------------------------
