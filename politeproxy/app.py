@@ -175,7 +175,7 @@ class App:
         events = StatusEvents(self.metrics)  # metrics, plus the per-pipeline tallies of /status
         self.pacer = Pacer(store, settings, events)
         self.status = StatusBoard(
-            self.pacer, events, store, hosts.concrete_hosts(), cfg["schedule"]["backend"]
+            self.pacer, events, hosts.concrete_hosts(), cfg["schedule"]["backend"]
         )
         self.proxy = self._make_proxy(ca, access, hosts)
         # The shared disk cache (issue 14); None when cache.enabled = false or its directory is unusable.

@@ -26,7 +26,7 @@ from politeproxy.pacing.pacer import Pacer, PacerSnapshot
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, OTHER_PIPELINE
 from politeproxy.proxy.events import NoProxyEvents, ProxyEvents
-from politeproxy.stores.base import HostView, Store
+from politeproxy.stores.base import HostView
 
 HISTORY_SPAN = 900.0  # seconds of history kept (15 min)
 HISTORY_STEP = 5.0  # seconds between history points; POLITEPROXY_STATUS_STEP (0.5..60) changes it
@@ -212,14 +212,12 @@ class StatusBoard:
         self,
         pacer: Pacer,
         events: StatusEvents,
-        store: Store,
         hosts: list[str],
         backend: str,
         step: float | None = None,
     ) -> None:
         self.pacer = pacer
         self.events = events
-        self.store = store
         self.hosts = list(hosts)[:MAX_HOSTS]  # the configured concrete hosts: always shown
         self.backend = backend
         self.started = pacer.monotonic()
@@ -258,7 +256,8 @@ class StatusBoard:
             "version": __version__,
             "time": round(time.time(), 3),
             "uptime_s": num(snap.at - self.started, 1),
-            "overall": self._overall(snap),
+            # The store as it stands after this document's reads: one that failed over shows at once.
+            "overall": self._overall(snap, self.pacer.snapshot()),
             "hosts": hosts,
             "hosts_omitted": max(0, len(self._candidates(snap)) - len(names)),
             "pipelines": pipelines[:MAX_PIPELINE_ROWS],
@@ -347,7 +346,7 @@ class StatusBoard:
         rows.sort(key=lambda r: (-r["queued"], -r["grants_last_minute"], r["pipeline"]))
         return rows
 
-    def _overall(self, snap: PacerSnapshot) -> dict[str, Any]:
+    def _overall(self, snap: PacerSnapshot, after: PacerSnapshot | None = None) -> dict[str, Any]:
         # The last minute, or the time since start but at least RATE_FLOOR (one early grant is no rate).
         span = max(RATE_FLOOR, min(GRANT_WINDOW, snap.at - self.started))
         return {
@@ -362,7 +361,7 @@ class StatusBoard:
             "cache": self.events.cache_view(),
             "store": {
                 "backend": self.backend,
-                "active": self.store.name,
-                "degraded": bool(getattr(self.store, "degraded", False)),
+                "active": (after or snap).store,
+                "degraded": (after or snap).degraded,
             },
         }

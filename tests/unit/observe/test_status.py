@@ -48,11 +48,15 @@ def make_settings(**kw: Any) -> PacingSettings:
 
 
 @pytest.fixture
-async def board() -> AsyncIterator[StatusBoard]:
-    store = MemoryStore(rand=lambda: 0.0)
+def store() -> MemoryStore:
+    return MemoryStore(rand=lambda: 0.0)
+
+
+@pytest.fixture
+async def board(store: MemoryStore) -> AsyncIterator[StatusBoard]:
     events = StatusEvents(Metrics())
     pacer = Pacer(store, make_settings(), events)
-    b = StatusBoard(pacer, events, store, [D, I], "memory", step=5.0)
+    b = StatusBoard(pacer, events, [D, I], "memory", step=5.0)
     yield b
     await pacer.close()
 
@@ -100,8 +104,7 @@ async def test_weights_and_configured_pipelines(board: StatusBoard) -> None:
     assert p["big"]["expected_wait_s"] == pytest.approx(6.0)
 
 
-async def test_host_states_from_the_store(board: StatusBoard) -> None:
-    store = board.store
+async def test_host_states_from_the_store(board: StatusBoard, store: MemoryStore) -> None:
     await store.throttled(D, 30.0, BackoffPolicy(), Kind.THROTTLE, 1.0)
     await store.throttled(I, None, BackoffPolicy(block_hold=120.0), Kind.BLOCK, 1.0)
     h = rows(await board.document(), "hosts", "host")
@@ -127,7 +130,7 @@ def test_host_state_table(view: HostView | None, want: tuple[str, float]) -> Non
 
 
 async def test_a_store_that_fails_or_hangs_leaves_the_host_unknown(
-    board: StatusBoard, monkeypatch: pytest.MonkeyPatch
+    board: StatusBoard, store: MemoryStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(status_mod, "STORE_READ_TIMEOUT", 0.05)
 
@@ -137,7 +140,7 @@ async def test_a_store_that_fails_or_hangs_leaves_the_host_unknown(
         await asyncio.sleep(10)
         return HostView()
 
-    monkeypatch.setattr(board.store, "host_view", view)
+    monkeypatch.setattr(store, "host_view", view)
     doc = await board.document()
     assert {h["state"] for h in doc["hosts"]} == {"unknown"}
     json.dumps(doc, allow_nan=False)
@@ -252,10 +255,10 @@ def shown(doc: Any) -> str:
     return c.export_text()
 
 
-async def test_view_shows_hosts_pipelines_and_rates(board: StatusBoard) -> None:
+async def test_view_shows_hosts_pipelines_and_rates(board: StatusBoard, store: MemoryStore) -> None:
     queue(board.pacer, "[bold]mark[/bold]", D, 2)
     queue(board.pacer, "esc\x1b[2Jx", D, 1)
-    await board.store.throttled(I, 20.0, BackoffPolicy(), Kind.THROTTLE, 1.0)
+    await store.throttled(I, 20.0, BackoffPolicy(), Kind.THROTTLE, 1.0)
     text = shown(await board.document())
     assert D in text and I in text and "backing off" in text
     assert "[bold]mark[/bold]" in text  # a name is text, never markup
@@ -351,7 +354,7 @@ async def test_a_failed_over_store_shows_as_degraded() -> None:
     store = FailoverStore(DownStore(), MemoryStore(), probe_interval=60.0)
     events = StatusEvents(Metrics())
     pacer = Pacer(store, make_settings(), events)
-    b = StatusBoard(pacer, events, store, [D], "redis", step=5.0)
+    b = StatusBoard(pacer, events, [D], "redis", step=5.0)
     try:
         before = b._overall(pacer.snapshot())["store"]
         assert before == {"backend": "redis", "active": "redis", "degraded": False}
