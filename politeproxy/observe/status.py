@@ -307,6 +307,7 @@ class StatusBoard:
             "state": state,
             "seconds_left": num(left, 1),
             "detail": detail,
+            "reason": snap.reasons.get(host, "") if state in ("blocked", "backing off") else "",
             "effective_interval_s": num(view.interval(base) if view else base),
             "configured_interval_s": num(configured),
             "queued": snap.queued_by_host.get(host, 0),

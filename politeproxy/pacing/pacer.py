@@ -31,6 +31,7 @@ from politeproxy.pacing.state import HINT_CAP, QueueState, Waiter
 from politeproxy.policy.backoff import Delay, Kind, answer_delay, parse_retry_after
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineNames, PipelineRule
+from politeproxy.policy.signals import Signal
 from politeproxy.policy.slots import HostState, Outcome
 from politeproxy.stores.base import HostView, Store, StoreError
 
@@ -157,8 +158,9 @@ class Pacer:
         """The one read path for status, health and gauges: a frozen copy of the counts now."""
         store = (self._store.name, bool(getattr(self._store, "degraded", False)))  # a failover store degrades
         return take(
-            self.monotonic(), self._settings, self._dispatcher.grants, self._state, self._places, store
-        )
+            self.monotonic(), self._settings, self._dispatcher.grants, self._state, self._places, store,
+            self._rest.reasons(),
+        )  # fmt: skip
 
     def pipeline_of(self, name: str | None) -> str:
         """The pipeline a requested name counts as (bounded; ``None`` is the default pipeline)."""
@@ -292,32 +294,42 @@ class Pacer:
         the permit attaches it to a refusal."""
         return self._rest.note(host)
 
-    async def _feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None:
+    async def _feedback(
+        self, host: str, status: int | None, retry_after: str | None, signal: Signal | None = None
+    ) -> Delay | None:
         """Record an answer in a task of our own, shielded from the caller's cancellation."""
-        if self._answer_kind(status) is None and not self._success_due(host, self.monotonic()):
+        kind = self._answer_kind(status, signal)
+        if kind is None and not self._success_due(host, self.monotonic()):
             return None  # the usual success, no store write due: nothing to shield, so no task (hot path)
         ra = parse_retry_after(retry_after, time.time())
-        task = asyncio.get_running_loop().create_task(self._record(host, status, ra))
+        task = asyncio.get_running_loop().create_task(self._record(host, status, ra, signal))
         self._feedback_tasks.add(task)
         task.add_done_callback(self._feedback_tasks.discard)
         return await asyncio.shield(task)
 
     # -- answers ------------------------------------------------------------------------------------
 
-    def _answer_kind(self, status: int | None) -> Kind | None:
-        """What an answer says (issue 12): a block (403), a throttle, a failure (no answer), or None."""
+    def _answer_kind(self, status: int | None, signal: Signal | None = None) -> Kind | None:
+        """What an answer says (issue 12), read by its cause (issue 24): a block (403 from CloudFront or
+        from nobody known), a throttle, a failure (no answer), or None: an ordinary answer, and so an S3
+        denial or a 404 (it came through, so it ends a block like any success)."""
+        if signal is not None and not signal.cause.records:
+            return None
         if status is None:
             return Kind.FAILURE
         if status in self._settings.block_codes:
             return Kind.BLOCK
         return Kind.THROTTLE if status in self._settings.throttle_codes else None
 
-    async def _record(self, host: str, status: int | None, retry_after: float | None) -> Delay | None:
+    async def _record(
+        self, host: str, status: int | None, retry_after: float | None, signal: Signal | None = None
+    ) -> Delay | None:
         """Feed an upstream answer back; ``status`` None means the connection failed or timed out.
 
         Never raises on a store error: the local hint still holds the host back for the delay."""
-        if (kind := self._answer_kind(status)) is not None:
-            return await self._throttled(host, status, retry_after, kind)
+        if (kind := self._answer_kind(status, signal)) is not None:
+            why = signal.reason(status) if signal is not None else None
+            return await self._throttled(host, status, retry_after, kind, why)
         # A success resets the count even when the throttles were recorded by another proxy sharing the
         # store, or by this one before a restart; checking at most once a second keeps the store quiet.
         if self._success_due(host, now := self.monotonic()):
@@ -330,7 +342,7 @@ class Pacer:
         return None
 
     async def _throttled(
-        self, host: str, status: int | None, retry_after: float | None, kind: Kind = Kind.THROTTLE
+        self, host: str, status: int | None, retry_after: float | None, kind: Kind, why: str | None
     ) -> Delay:
         s = self._settings
         base = max(s.gap, s.interval_for(host))  # the rate the adaptive interval is raised from
@@ -339,7 +351,8 @@ class Pacer:
         except Exception as e:  # noqa: BLE001 - the throttle still applies here, from the local hint
             self._errors.error("recording a throttle", e)
             delay = answer_delay(HostState(), kind, retry_after, s.backoff, 0.5)
-        self._rest.remember(host, Kind.BLOCK if delay.block else kind, delay.seconds)
+        reason = why or (f"{status} from upstream" if status is not None else "no answer from upstream")
+        self._rest.remember(host, Kind.BLOCK if delay.block else kind, delay.seconds, reason)
         now = self.monotonic()
         self._state.hold(host, now + delay.seconds, now)
         self._checked.pop(host, None)  # the next success must reset the count in the store

@@ -19,6 +19,7 @@ from politeproxy.policy.backoff import Delay
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE
 from politeproxy.policy.retry import RetryDecision, decide_retry
+from politeproxy.policy.signals import Signal
 
 
 class Turns(Protocol):
@@ -33,7 +34,9 @@ class Turns(Protocol):
     async def _exempt_enter(self, host: str, arrived: float | None, pipeline: str) -> float: ...
     def _exempt_leave(self, host: str, pipeline: str) -> None: ...
     def _probing(self, host: str) -> bool: ...
-    async def _feedback(self, host: str, status: int | None, retry_after: str | None) -> Delay | None: ...
+    async def _feedback(
+        self, host: str, status: int | None, retry_after: str | None, signal: Signal | None
+    ) -> Delay | None: ...
     def _rest_note(self, host: str) -> str: ...
 
 
@@ -89,13 +92,18 @@ class Permit:
             self._held = False
             self._pacer._exempt_leave(self.host, self.pipeline)
 
-    async def answered(self, status: int | None, retry_after: str | None) -> Delay | None:
+    async def answered(
+        self, status: int | None, retry_after: str | None, signal: Signal | None = None
+    ) -> Delay | None:
         """Feed the upstream's answer back (``status`` None: the connection failed or timed out).
+
+        ``signal``: the answer's cause (``policy.signals``); an S3 403, a 404 or a local failure records
+        nothing. None: read by the status alone.
 
         The store write runs in a task the pacer owns and is awaited through ``asyncio.shield``: a caller
         cancelled here (its client left) never loses a throttle the upstream already sent.
         """
-        self._delay = d = await self._pacer._feedback(self.host, status, retry_after)
+        self._delay = d = await self._pacer._feedback(self.host, status, retry_after, signal)
         return d
 
     def retry(self, method: str, has_body: bool, retried: int) -> RetryDecision:

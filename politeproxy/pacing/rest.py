@@ -23,21 +23,25 @@ class RestNotes:
     def __init__(self, cap: int, clock: Callable[[], float] = time.time) -> None:
         self.cap = cap
         self.clock = clock
-        self._hosts: dict[str, tuple[Kind, float]] = {}
+        self._hosts: dict[str, tuple[Kind, float, str]] = {}
 
-    def remember(self, host: str, kind: Kind, seconds: float) -> None:
+    def remember(self, host: str, kind: Kind, seconds: float, reason: str = "") -> None:
         self._hosts.pop(host, None)
-        self._hosts[host] = (kind, self.clock() + seconds)
+        self._hosts[host] = (kind, self.clock() + seconds, reason)
         while len(self._hosts) > self.cap:
             del self._hosts[next(iter(self._hosts))]
 
     def note(self, host: str) -> str:
         """ "; <host> is blocked until <UTC time>" (or "backing off until"), or "" when it does not rest."""
-        kind, until = self._hosts.get(host, (Kind.THROTTLE, 0.0))
+        kind, until, _ = self._hosts.get(host, (Kind.THROTTLE, 0.0, ""))
         if until <= self.clock():
             return ""
         when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
         return f"; {host} is {'blocked' if kind is Kind.BLOCK else 'backing off'} until {when}"
+
+    def reasons(self) -> dict[str, str]:
+        """host -> why this proxy last held it ("403 from CloudFront (Server: CloudFront)"), for /status."""
+        return {h: r for h, (_, _, r) in self._hosts.items() if r}
 
 
 async def exempt_slot(

@@ -10,7 +10,7 @@ by live waiters, exempt places, the hint cap or the pipelines served in about th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from politeproxy.pacing.base import PacingSettings
 from politeproxy.pacing.exempt import ExemptPlaces
@@ -36,6 +36,7 @@ class PacerSnapshot:
     tags: FairTags  # a copy of the fair-queuing tags, for expected_wait
     store: str = ""  # the schedule store answering now (a failover store names the active one)
     degraded: bool = False  # the shared store does not answer: this proxy paces on its fallback
+    reasons: dict[str, str] = field(default_factory=dict)  # host -> why this proxy last held it (issue 24)
 
     @property
     def gap(self) -> float:
@@ -79,6 +80,7 @@ def take(
     state: QueueState[T],
     places: ExemptPlaces,
     store: tuple[str, bool] = ("", False),
+    reasons: dict[str, str] | None = None,
 ) -> PacerSnapshot:
     """Copy the pacer's parts at ``now`` (its clock); ``store`` is the store's (name, degraded)."""
     live, tags = state.tags, FairTags()
@@ -98,4 +100,5 @@ def take(
         tags=tags,
         store=store[0],
         degraded=store[1],
+        reasons=reasons or {},
     )

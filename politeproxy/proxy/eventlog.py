@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from politeproxy.policy.backoff import Delay
 from politeproxy.policy.loglimit import LogLimiter
+from politeproxy.policy.signals import Cause, Signal
 from politeproxy.proxy.responses import BurstLimitedLog
-from politeproxy.proxy.upstream import PoolFull
+from politeproxy.proxy.upstream import PoolFull, loggable
 
 events_log = logging.getLogger("politeproxy.events")
 POOL_LOG_EVERY = 10.0  # seconds between "pool full" warnings for one pool
 MAX_POOLS = 16  # pools are the request classes (paced, exempt, passthrough): a handful
+DENIED_MANY = 10  # S3 denials of one host within DENIED_WINDOW seconds that earn the warning ...
+DENIED_WINDOW = 60.0
+ONCE = 86400.0  # ... given once (a day) per host; an unknown 403's headers are logged as rarely
 
 
 class OperatorLog:
@@ -33,6 +37,9 @@ class OperatorLog:
         self.hosts = BurstLimitedLog(logger, clock, burst=5, window=10.0, max_keys=256)
         self.clients = BurstLimitedLog(logger, clock, burst=5, window=10.0, max_keys=1024)
         self._pool_full = LogLimiter(burst=1, window=POOL_LOG_EVERY, max_keys=MAX_POOLS)  # per pool
+        # S3 denials counted per host (held beyond DENIED_MANY - 1 in a window: many), and warned of once
+        self._denied = LogLimiter(burst=DENIED_MANY - 1, window=DENIED_WINDOW, max_keys=256)
+        self._once = LogLimiter(burst=1, window=ONCE, max_keys=512)
 
     def answered(self, host: str, status: int | None, delay: Delay | None, probe: bool) -> None:
         """The pacer's verdict on an upstream answer: a backoff, a block, or a probe's success."""
@@ -61,3 +68,29 @@ class OperatorLog:
             return
         more = f" ({v.held} more since the last line)" if v.held else ""
         self.logger.warning("503: %s (a local limit, not an upstream throttle)%s", e, more)
+
+    def signal(self, host: str, status: int, signal: Signal, headers: Mapping[str, str]) -> None:
+        """Issue 24: many S3 denials in a short time earn one warning; a 403 nobody known made is logged
+        once with its headers (it is held as a block)."""
+        now = self.clock()
+        if signal.cause is Cause.S3_DENIED:
+            if not self._denied.hit(host, now).log and self._once.hit(f"denied {host}", now).log:
+                self.logger.warning(
+                    "%s: %d or more 403 AccessDenied from S3 within %.0fs: S3 refuses these requests one "
+                    "by one (no hold, no backoff). Most often they are unsigned: the bucket needs signed "
+                    "requests, so use credentials, or read the public data over https://data.commoncrawl.org "
+                    "(--no-sign-request against s3://commoncrawl is the usual misuse)",
+                    host, DENIED_MANY, DENIED_WINDOW,
+                )  # fmt: skip
+        elif signal.cause is Cause.UNKNOWN_403 and self._once.hit(f"403 {host} {signal.server}", now).log:
+            heads = "; ".join(f"{k}: {v}" for k, v in list(headers.items())[:40])
+            self.logger.warning(
+                "%s: %d from neither CloudFront nor S3, held as a block; its headers: %s",
+                host, status, loggable(heads, 1000),
+            )  # fmt: skip
+
+    def local_failure(self, host: str, status: int, message: str) -> None:
+        """The proxy's own failure (TLS trust, DNS, refused, request): no hold, so a client can repeat it
+        at will; bounded like the other per-host lines."""
+        if self.hosts.allow(host):
+            self.logger.warning("%s: %d (local, nothing recorded): %s", host, status, message)

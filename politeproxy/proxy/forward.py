@@ -22,6 +22,7 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.backoff import Delay, retry_after_seconds
 from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import normalize_host
+from politeproxy.policy.signals import PEEK, Signal, read_signal, wants_body
 from politeproxy.proxy.aiohttp_seams import HttpProcessingError, RequestHandler, handler_of, write_early
 from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import OperatorLog
@@ -33,8 +34,10 @@ from politeproxy.proxy.responses import error_response
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import (
     CHUNK,
+    Answer,
     PoolFull,
     Upstream,
+    body_head,
     describe_error,
     loggable,
     strip_hop_by_hop,
@@ -221,7 +224,9 @@ class Forwarder:
             return await self._failed(request, p, t, e, ex)
         try:
             if p is not None:
-                delay = await self._answered(p, upstream.status, upstream.headers.get("Retry-After"))
+                signal = await _signal(upstream)  # who made the answer: a 403 from S3 holds nothing
+                self.oplog.signal(t.host, upstream.status, signal, upstream.headers)
+                delay = await self._answered(p, upstream.status, upstream.headers.get("Retry-After"), signal)
                 self.oplog.answered(t.host, upstream.status, delay, probe)
                 if self.robots is not None:
                     self.robots.ensure(t.host)  # the host answered: worth its robots.txt
@@ -242,16 +247,18 @@ class Forwarder:
         finally:
             await exchange.__aexit__(None, None, None)
 
-    async def _answered(self, p: Permit, status: int | None, retry_after: str | None) -> Delay | None:
+    async def _answered(
+        self, p: Permit, status: int | None, retry_after: str | None, signal: Signal | None
+    ) -> Delay | None:
         """Feed the answer back (shielded inside the facade); a Retry-After nobody can parse still counts."""
         try:
-            d = await p.answered(status, retry_after)
+            d = await p.answered(status, retry_after, signal)
         except Exception as e:  # noqa: BLE001 - the facade should not raise; the throttle must not be lost
             log.warning(
                 "%s: feedback with Retry-After %r failed (%s); recorded without it", p.host, retry_after, e
             )
             try:
-                d = await p.answered(status, None)
+                d = await p.answered(status, None, signal)
             except Exception as e2:  # noqa: BLE001
                 log.warning("%s: feedback failed: %s", p.host, e2)
                 return None
@@ -264,10 +271,14 @@ class Forwarder:
             log.info("%s %s %s: client went away", request.remote, request.method, loggable(t.url))
             ex.status = 499
             return error_response(400, "the request body ended early")
-        status, message = describe_error(e, t.url)
-        message = loggable(message)
+        status, message, local = describe_error(e, t.url)
+        message = loggable(message, 600)
+        if local:  # the proxy's own failure: no backoff, no hold, nothing in the store (issue 24)
+            ex.status, ex.note = status, "local_error"
+            self.oplog.local_failure(t.host, status, message)
+            return error_response(status, message)
         if p is not None:
-            self.oplog.answered(t.host, None, await self._answered(p, None, None), False)
+            self.oplog.answered(t.host, None, await self._answered(p, None, None, None), False)
         ex.status, ex.note = status, "upstream_error"
         log.info("%s %s: %d %s", request.method, loggable(t.url), status, message)
         return error_response(status, message)
@@ -281,3 +292,15 @@ class Forwarder:
         except (OSError, aiohttp.ClientError, HttpProcessingError):
             ex.note = "client_gone"
             raise
+
+
+async def _signal(upstream: Answer) -> Signal:
+    """The answer's cause from its head and, for a 403 whose head does not say, the body's first bytes
+    (peeked, left for the relay). Never raises: an answer that cannot be read is read by its status."""
+    try:
+        head = b""
+        if wants_body(upstream.status, upstream.headers):
+            head = await body_head(upstream, PEEK)
+        return read_signal(upstream.status, upstream.headers, head)
+    except Exception:  # noqa: BLE001 - an odd answer must not lose its feedback
+        return read_signal(upstream.status, {}, b"")

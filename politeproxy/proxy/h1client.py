@@ -12,6 +12,7 @@ connect and read timeouts and the error-to-status mapping are the same as aiohtt
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import ssl
 import time
@@ -133,7 +134,7 @@ class H1Client:
         except UpstreamFailed:
             raise
         except socket.gaierror:
-            raise UpstreamFailed(502, f"cannot resolve {host}") from None
+            raise UpstreamFailed(502, f"cannot resolve {host}", local="dns") from None
         except TimeoutError:
             raise UpstreamFailed(504, f"connecting to {where} timed out") from None
 
@@ -159,13 +160,15 @@ class H1Client:
                     sock.close()
                     raise
             return conn
-        except ssl.SSLError as e:  # a certificate that does not verify, or a broken handshake
-            why = e.verify_message if isinstance(e, ssl.SSLCertVerificationError) else e
-            raise UpstreamFailed(502, f"TLS to {where} failed: {why}") from None
+        except ssl.SSLCertVerificationError as e:  # our trust store lacks the upstream's CA: ours to fix
+            raise UpstreamFailed(502, f"TLS to {where} failed: {e.verify_message}", local="tls") from None
+        except ssl.SSLError as e:  # a broken handshake: the upstream's doing
+            raise UpstreamFailed(502, f"TLS to {where} failed: {e}") from None
         except TimeoutError:
             raise UpstreamFailed(504, f"connecting to {where} timed out") from None
         except OSError as e:  # every address refused or unreachable
-            raise UpstreamFailed(502, f"cannot connect to {where}: {e.strerror or e}") from None
+            local = "refused" if e.errno == errno.ECONNREFUSED else ""
+            raise UpstreamFailed(502, f"cannot connect to {where}: {e.strerror or e}", local=local) from None
 
     async def _resolve(self, host: str, port: int) -> list[AddrInfoType]:
         hit = self.lookup(host, port)
@@ -218,5 +221,5 @@ def _request_head(url: URL, host: str, port: int, headers: CIMultiDict[str]) -> 
     text = "\r\n".join(lines)
     # every field came through a parser that refuses CR and LF in it; a second look costs one scan
     if text.count("\n") != len(lines) - 1 or text.count("\r") != len(lines) - 1:
-        raise UpstreamFailed(400, "a header value holds a line break")
+        raise UpstreamFailed(400, "a header value holds a line break", local="request")
     return (text + "\r\n\r\n").encode("utf-8", "surrogateescape")

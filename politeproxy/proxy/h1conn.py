@@ -28,14 +28,28 @@ def length_unknown(headers: CIMultiDictProxy[str]) -> bool:
     return "Content-Length" not in headers and "chunked" not in te
 
 
+# Failures on this side (issue 24): the upstream never saw the request, so they say nothing about it and
+# record nothing. Each names its cause and its fix, in the 502's body and the log line.
+LOCAL_FIX = {
+    "tls": "this proxy does not trust the upstream's certificate (a local set-up problem, not the upstream's "
+    "answer): add the CA that signed it with [upstream] ca_file or --upstream-ca FILE",
+    "dns": "a local DNS failure, not the upstream's answer: check this machine's resolver, or map the name "
+    "with [upstream] resolve",
+    "refused": "the resolved address refused the connection (a local set-up problem, not the upstream's "
+    "answer): check [upstream] resolve, the network and any firewall",
+    "request": "the request cannot be sent as it is (not the upstream's answer)",
+}
+
+
 class UpstreamFailed(Exception):
     """An exchange that failed, with the status the client gets and a one-line reason."""
 
-    def __init__(self, status: int, message: str, *, gone: bool = False) -> None:
+    def __init__(self, status: int, message: str, *, gone: bool = False, local: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.gone = gone  # the connection closed before any byte of an answer (a reused one: try again)
+        self.local = local  # a LOCAL_FIX key: the failure is this proxy's, not the upstream's
 
 
 class H1Conn(asyncio.Protocol):
@@ -297,6 +311,22 @@ class H1Answer:
             self._paused = False
             self.conn.transport.resume_reading()
         return data
+
+    async def peek(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the body's start, left in place for ``read`` (the relay streams them on
+        unchanged): waits until they arrived, the body ended or failed, or read_timeout passed."""
+        while self._buffered < n and not self.complete and self._error is None:
+            try:
+                await self._wait(f"sent nothing for {self._read_timeout:g}s")
+            except UpstreamFailed:
+                break  # the relay's read meets the failure
+        out, size = [], 0
+        for c in self._chunks:
+            if size >= n:
+                break
+            out.append(c[: n - size])
+            size += len(out[-1])
+        return b"".join(out)
 
     async def _wait(self, what: str) -> None:
         loop = asyncio.get_running_loop()

@@ -9,6 +9,7 @@ limit (``PoolFull``), never an upstream throttle.
 from __future__ import annotations
 
 import asyncio
+import errno
 import ipaddress
 import re
 import socket
@@ -26,7 +27,7 @@ from politeproxy.policy import settings as defaults
 from politeproxy.proxy.aiohttp_seams import connection_parts
 from politeproxy.proxy.fastnet import NO_CLOSE_NOTIFY, close_notify_missing, tls_object
 from politeproxy.proxy.h1client import H1Client
-from politeproxy.proxy.h1conn import H1Answer, UpstreamFailed, length_unknown
+from politeproxy.proxy.h1conn import LOCAL_FIX, H1Answer, UpstreamFailed, length_unknown
 
 # RFC 9110 7.6.1 and the proxy-only fields: never forwarded in either direction.
 HOP_BY_HOP = frozenset(
@@ -85,22 +86,44 @@ def close_delimited(resp: Answer, method: str) -> bool:
     return length_unknown(resp.headers)
 
 
-def describe_error(e: BaseException, url: URL) -> tuple[int, str]:
-    """The status and one-line reason for a failed upstream exchange (no response head)."""
+def describe_error(e: BaseException, url: URL) -> tuple[int, str, str]:
+    """The status, one-line reason and local cause of a failed upstream exchange (no response head).
+
+    The local cause is a ``LOCAL_FIX`` key when the failure is this proxy's (our trust store, DNS, an
+    address that refused us, a request that cannot be sent), "" when it may be the upstream's; a local one
+    ends its reason with the fix."""
+    status, message, local = _describe(e, url)
+    if local:
+        message = f"{message}; {LOCAL_FIX[local]}"
+    return status, message, local
+
+
+def _describe(e: BaseException, url: URL) -> tuple[int, str, str]:
     if isinstance(e, UpstreamFailed):  # the lean client's failures carry their status and reason
-        return e.status, loggable(e.message)
+        return e.status, loggable(e.message), e.local if e.local in LOCAL_FIX else ""
     where = f"{url.host}:{url.port}"
     if isinstance(e, aiohttp.ClientConnectorDNSError):
-        return 502, f"cannot resolve {url.host}"
-    if isinstance(e, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError):
-        return 502, f"TLS to {where} failed: {getattr(e, 'certificate_error', e)}"
+        return 502, f"cannot resolve {url.host}", "dns"
+    if isinstance(e, aiohttp.ClientConnectorCertificateError):
+        return 502, f"TLS to {where} failed: {e.certificate_error}", "tls"
+    if isinstance(e, aiohttp.ClientSSLError):
+        return 502, f"TLS to {where} failed: {e}", ""
     if isinstance(e, aiohttp.ConnectionTimeoutError):
-        return 504, f"connecting to {where} timed out"
+        return 504, f"connecting to {where} timed out", ""
     if isinstance(e, aiohttp.ServerTimeoutError | TimeoutError):
-        return 504, f"{where} did not answer in time"
+        return 504, f"{where} did not answer in time", ""
     if isinstance(e, aiohttp.ClientConnectorError):
-        return 502, f"cannot connect to {where}: {e.strerror or e}"
-    return 502, loggable(f"upstream {where} failed: {type(e).__name__}: {e}")
+        local = "refused" if e.errno == errno.ECONNREFUSED else ""
+        return 502, f"cannot connect to {where}: {e.strerror or e}", local
+    return 502, loggable(f"upstream {where} failed: {type(e).__name__}: {e}"), ""
+
+
+async def body_head(resp: Answer, n: int) -> bytes:
+    """Up to ``n`` bytes of the body's start, left in place for the relay (the lean client's answers);
+    b"" for aiohttp's, whose reader offers no peek (HEAD and requests with a body: the head decides)."""
+    if isinstance(resp, H1Answer):
+        return await resp.peek(n)
+    return b""
 
 
 class EndWatch:

@@ -21,7 +21,8 @@ port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once lis
   /CC-MAIN-*-index        a pywb-style CDX answer: JSON lines (limit= honoured, at most 3), showNumPages,
                           and 400 for page >= 1 (pywb's "no more pages")
   /__log                  the arrival log as JSON lines (not logged itself)
-  /__control (POST JSON)  {"throttle": {"host": H, "count": N, "status": 503, "retry_after": "2"}}
+  /__control (POST JSON)  {"throttle": {"host": H, "count": N, "status": 503, "retry_after": "2"}}, with
+                          optional "headers": {...} (Server: AmazonS3 ...) and "body": "..." for the answer
                           or {"robots": {"host": H, "text": "..."}}, {"reset": true} (a fresh server's state)
                           or {"table_delay": S}: each /cc-index/table/ file answer waits S seconds first
                           or {"capacity": {"host": H, "per_second": N}}: H answers 503 SlowDown (no
@@ -116,7 +117,9 @@ def _refusal(path: str, host: str, now: float, state: State) -> web.Response | N
     if t and t.get("count", 0) > 0:
         t["count"] -= 1
         headers = {"Retry-After": str(t["retry_after"])} if t.get("retry_after") is not None else {}
-        return web.Response(status=int(t.get("status", 503)), text="slow down\n", headers=headers)
+        headers.update({"Content-Type": "text/plain"} | dict(t.get("headers") or {}))
+        body = str(t.get("body", "slow down\n")).encode()
+        return web.Response(status=int(t.get("status", 503)), body=body, headers=headers)
     if host in state.capacity and _over_capacity(*state.capacity[host], now):
         return web.Response(status=503, text="SlowDown\n")
     return None
