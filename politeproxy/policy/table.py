@@ -69,7 +69,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("client.idle_timeout", "duration", 60.0, "idle keep-alive connections and blind tunnels are closed after it", bounds=(0.0, DAY), unit=_D),
     S("client.max_header_size", "int", 32768, "bytes per request head; a larger one gets 431", bounds=(1024, 1 << 20), unit="bytes"),
     S("client.max_connections", "int", 4096, "client connections open at once, tunnels included; one more gets 503", bounds=(1, 1_000_000)),
-    S("upstream.ca_file", "path", "", "extra trust anchors for upstream TLS; resolved like data_dir"),
+    S("upstream.ca_file", "path", "", "extra trust anchors for upstream TLS (a PEM file, added to the usual ones); resolved like data_dir", env="POLITEPROXY_UPSTREAM_CA", flag="--upstream-ca"),
     S("upstream.resolve", "resolve table", {}, '{ "host:port" = "ip:port" }, like curl --resolve'),
     S("upstream.connect_timeout", "duration", 10.0, "504 when exceeded, 502 when refused", bounds=(0.0, 600.0), unit=_D),
     S("upstream.read_timeout", "duration", 60.0, "between reads from upstream", bounds=(0.0, DAY), unit=_D),
