@@ -90,11 +90,9 @@ def wants_body(status: int | None, headers: Mapping[str, str]) -> bool:
 def read_signal(status: int | None, headers: Mapping[str, str], head: bytes = b"") -> Signal:
     """The cause of an answer with ``status`` and ``headers``; ``head``: at most the first ``PEEK`` bytes
     of its body (only a 403's is ever asked for; ``wants_body``)."""
+    if status != 403:  # every answer passes here: no header is read for the others (the hot path)
+        return _NOT_FOUND if status == 404 else _STATUS
     server = _server(headers)
-    if status == 404:
-        return Signal(Cause.NOT_FOUND, server)
-    if status != 403:
-        return Signal(Cause.STATUS, server)
     low = server.lower()
     if low.startswith("amazons3"):
         return Signal(Cause.S3_DENIED, server)
@@ -107,4 +105,6 @@ def read_signal(status: int | None, headers: Mapping[str, str], head: bytes = b"
     return Signal(Cause.UNKNOWN_403, server)
 
 
+_STATUS = Signal(Cause.STATUS)
+_NOT_FOUND = Signal(Cause.NOT_FOUND)
 LOCAL = Signal(Cause.LOCAL)

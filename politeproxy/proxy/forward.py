@@ -224,7 +224,9 @@ class Forwarder:
             return await self._failed(request, p, t, e, ex)
         try:
             if p is not None:
-                signal = await _signal(upstream)  # who made the answer: a 403 from S3 holds nothing
+                # who made the answer (a 403 from S3 holds nothing); only a 403 may wait for body bytes
+                st, heads = upstream.status, upstream.headers
+                signal = await _peeked(upstream) if wants_body(st, heads) else read_signal(st, heads)
                 self.oplog.signal(t.host, upstream.status, signal, upstream.headers)
                 delay = await self._answered(p, upstream.status, upstream.headers.get("Retry-After"), signal)
                 self.oplog.answered(t.host, upstream.status, delay, probe)
@@ -294,13 +296,10 @@ class Forwarder:
             raise
 
 
-async def _signal(upstream: Answer) -> Signal:
-    """The answer's cause from its head and, for a 403 whose head does not say, the body's first bytes
-    (peeked, left for the relay). Never raises: an answer that cannot be read is read by its status."""
+async def _peeked(upstream: Answer) -> Signal:
+    """A 403's cause from its head and its body's first bytes (peeked, left for the relay). Never raises:
+    an answer that cannot be read is a 403 from nobody known."""
     try:
-        head = b""
-        if wants_body(upstream.status, upstream.headers):
-            head = await body_head(upstream, PEEK)
-        return read_signal(upstream.status, upstream.headers, head)
+        return read_signal(upstream.status, upstream.headers, await body_head(upstream, PEEK))
     except Exception:  # noqa: BLE001 - an odd answer must not lose its feedback
         return read_signal(upstream.status, {}, b"")
