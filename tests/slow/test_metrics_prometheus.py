@@ -24,7 +24,7 @@ from tests.support.upstream_proc import Upstream
 # Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
 pytestmark = pytest.mark.slow
 
-WINDOW = 10  # seconds: the achieved-rate gauge's window and the PromQL rate window
+WINDOW = 5  # seconds: the achieved-rate gauge's window and the PromQL rate window (100 grants at 20/s)
 
 
 class Prometheus:
@@ -85,8 +85,9 @@ def loaded(
     prom = Prometheus(tmp_path, f"127.0.0.1:{proxy.port}")
     try:
         wait_for(prom.ready, 30, "prometheus ready")
-        # Steady paced load at 20/s for about 20 s, plus one of each event the dashboard shows.
-        steady = run_clients(proxy.env, "https://data.commoncrawl.org/steady/", 400, 4)
+        # Steady paced load at 20/s for WINDOW + 8 s (past the test's WINDOW + 4 s wait and its queries), plus
+        # one of each event the dashboard shows.
+        steady = run_clients(proxy.env, "https://data.commoncrawl.org/steady/", 20 * (WINDOW + 8), 4)
         upstream.control(
             {"throttle": {"host": "index.commoncrawl.org", "count": 1, "status": 503, "retry_after": "1"}}
         )
