@@ -43,7 +43,7 @@ async def relay(
 
     ``ex.held``: the request went through the pacer, so the answer names its wait and pipeline."""
     headers = strip_hop_by_hop(upstream.headers)
-    if upstream.status in RETRY_AFTER_STATUSES and "Retry-After" not in headers:
+    if _throttle_passed_on(upstream.status, ex) and "Retry-After" not in headers:
         # A throttle or block passed on carries a Retry-After even when upstream gave none (issue 12):
         # duckdb and friends retry within 0.5 s otherwise. The pacer's delay, else one second.
         headers["Retry-After"] = str(retry_after_seconds(ex.retry_after or 1.0))
@@ -91,6 +91,12 @@ async def relay(
     except (ConnectionError, aiohttp.ClientError):
         return _client_gone(request, upstream, ex, out)
     return out
+
+
+def _throttle_passed_on(status: int, ex: Exchange) -> bool:
+    """429 and 503 always; a 403 only when the pacer read it as a block (it recorded a delay): an S3
+    AccessDenied is that request's answer, and a Retry-After would send the client back for the same 403."""
+    return status in RETRY_AFTER_STATUSES and (status != 403 or ex.retry_after is not None)
 
 
 def _client_gone(

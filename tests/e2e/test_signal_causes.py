@@ -60,6 +60,7 @@ def test_an_s3_403_answers_its_request_and_holds_nothing(
     throttle(upstream, DATA, 1, None, 403, S3_HEADERS, S3_DENIED)
     code, headers, body = tunnel_get(p.env, DATA, "/size/5?denied")
     assert code == 403 and headers.get("server") == "AmazonS3" and body.decode() == S3_DENIED
+    assert "retry-after" not in headers  # not a throttle: it would send the client back for the same 403
     code, _, _ = tunnel_get(p.env, DATA, "/size/5?next")
     assert code == 200
     ts = {a["path"]: a["t"] for a in arrivals(upstream, DATA)}
