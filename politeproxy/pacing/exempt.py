@@ -1,6 +1,8 @@
-"""Exempt places: a small per-host semaphore whose size may change at any time (a config reload).
+"""Exempt places: a small per-service semaphore whose size may change at any time (a config reload).
 
-A host's entry lives only while it has a holder or a waiter, so names a client makes up cost nothing once
+Places are kept per service (``policy.services.service_key``: every name of the bucket shares one
+``max_in_flight``, issue 24), under the service's own host name. A service's entry lives only while it
+has a holder or a waiter, so names a client makes up cost nothing once
 their reads end. Places are shared fairly between pipelines: a freed place goes to the waiting pipeline that
 holds the fewest of the host's places per weight (``policy.fairness.least_served``), and within a pipeline
 first come, first served. A long scan in one pipeline therefore keeps another's reads waiting for one place
@@ -15,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, least_served
+from politeproxy.policy.services import service_key
 
 
 @dataclass
@@ -34,7 +37,9 @@ class ExemptPlaces:
         limit: Callable[[], int],
         on_change: Callable[[str, int], None] = lambda _h, _n: None,
         weights: Callable[[], Mapping[str, float]] = dict,
+        key: Callable[[str], str] = service_key,
     ) -> None:
+        self._key = key  # host -> the name its places are kept under
         self._limit = limit
         self._on_change = on_change
         self._weights = weights
@@ -43,11 +48,11 @@ class ExemptPlaces:
         self.waiting_by_pipeline: dict[str, int] = {}  # for each pipeline's max_queued
 
     def in_flight(self, host: str) -> int:
-        h = self._hosts.get(host)
+        h = self._hosts.get(self._key(host))
         return h.held if h else 0
 
     def held_by(self, host: str, pipeline: str) -> int:
-        h = self._hosts.get(host)
+        h = self._hosts.get(self._key(host))
         return h.by_pipeline.get(pipeline, 0) if h else 0
 
     def snapshot(self) -> dict[str, int]:
@@ -57,7 +62,9 @@ class ExemptPlaces:
         return set(self._hosts)
 
     async def acquire(self, host: str, pipeline: str = DEFAULT_PIPELINE) -> None:
-        """Wait for one of ``host``'s places (bound it with a timeout); release() gives it back."""
+        """Wait for one of the places of ``host``'s service (bound it with a timeout); release() gives it
+        back."""
+        host = self._key(host)
         h = self._hosts.setdefault(host, _Host())
         if not h.waiters and h.held < self._limit():
             self._take(host, h, pipeline)
@@ -77,6 +84,7 @@ class ExemptPlaces:
             raise
 
     def release(self, host: str, pipeline: str = DEFAULT_PIPELINE) -> None:
+        host = self._key(host)
         h = self._hosts.get(host)
         if h is None or h.held <= 0:
             return

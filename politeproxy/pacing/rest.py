@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from politeproxy.pacing.base import PacingSettings, WaitTooLong
 from politeproxy.policy.backoff import Kind
+from politeproxy.policy.services import service_key
 from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.base import Store
 
@@ -53,17 +54,20 @@ async def exempt_slot(
     local_ready: Callable[[], float],
     on_error: Callable[[BaseException], None],
 ) -> float:
-    """Wait for the host's exempt slot; return 0, or raise WaitTooLong (with the wait) when it would come
-    after ``deadline`` (monotonic). ``exempt.respect_backoff = false``: the ceiling only (and with
-    ``exempt.rate = 0`` no store call at all).
+    """Wait for the exempt slot of the host's service (one ceiling for every name of the bucket, issue 24);
+    return 0, or raise WaitTooLong (with the wait) when it would come after ``deadline`` (monotonic). The
+    host's own backoff, block and probe hold the read. ``exempt.respect_backoff = false``: the ceiling
+    only (and with ``exempt.rate = 0`` no store call at all).
     A store that cannot answer is reported to ``on_error``; the local hint (``local_ready``) then holds."""
     hold = s.exempt_respect_backoff
     if not hold and s.exempt_rate <= 0:
         return 0.0
+    ceiling = service_key(host)
     while True:
         now = monotonic()
         try:
-            c = await store.exempt_claim(host, s.exempt_rate, s.exempt_burst, max(0.0, deadline - now), hold)
+            left = max(0.0, deadline - now)
+            c = await store.exempt_claim(host, s.exempt_rate, s.exempt_burst, left, hold, ceiling)
         except Exception as e:  # noqa: BLE001 - a store fault must not turn an exempt read into a 500
             on_error(e)
             wait = max(0.0, local_ready() - now) if hold else 0.0

@@ -142,6 +142,22 @@ def exempt_claim(
     return Claim(Outcome.GRANTED, slot - now, slot, probe), new
 
 
+def exempt_claim_split(
+    now: float,
+    host: HostState,
+    ceiling: HostState,
+    rate: float,
+    burst: int,
+    deadline: float | None = None,
+    hold: bool = True,
+) -> tuple[Claim, HostState, HostState]:
+    """``exempt_claim`` with the ceiling's arrival time kept in another record (the service's: issue 24,
+    one ceiling for every name of the bucket) and the hold read from the host's own. Returns the claim, the
+    new host record and the new ceiling record."""
+    c, new = exempt_claim(now, replace(host, tat=ceiling.tat), rate, burst, deadline, hold)
+    return c, replace(new, tat=host.tat), replace(ceiling, tat=new.tat)
+
+
 # -- sanity bounds for records read back from a store ------------------------------------------------------
 #
 # A record is a file or a Redis hash that anything may have written: a corrupt file, a clock that stepped

@@ -101,10 +101,18 @@ class Store(ABC):
         """
 
     async def exempt_claim(
-        self, host: str, rate: float, burst: int, max_wait: float | None, hold: bool = True
+        self,
+        host: str,
+        rate: float,
+        burst: int,
+        max_wait: float | None,
+        hold: bool = True,
+        ceiling: str | None = None,
     ) -> Claim:
         """Atomically take a GCRA slot for an exempt read (``rate`` seconds apart after a ``burst``; 0 = no
         ceiling), or nothing. A backoff, a block or a probe out holds it (HOST_NOT_READY).
+        ``ceiling``: the record the GCRA state is kept in (the host's service, ``policy.services``), when
+        it is not ``host``'s own; the hold is always read from ``host``'s.
 
         The stores override this; this fallback (for a store that keeps no ceiling) only honours the
         host's backoff."""

@@ -211,17 +211,23 @@ class FailoverStore(Store):
         return await self.fallback.throttled(host, retry_after, policy, kind, base)
 
     async def exempt_claim(
-        self, host: str, rate: float, burst: int, max_wait: float | None, hold: bool = True
+        self,
+        host: str,
+        rate: float,
+        burst: int,
+        max_wait: float | None,
+        hold: bool = True,
+        ceiling: str | None = None,
     ) -> Claim:
         # Degraded, the fallback's ceiling is per proxy: widened like the gap, so N proxies keep the sum.
         if not self.degraded:
             try:
-                return await self.primary.exempt_claim(host, rate, burst, max_wait, hold)
+                return await self.primary.exempt_claim(host, rate, burst, max_wait, hold, ceiling)
             except FAILS as e:
                 self._degrade(e)
         wide = duration(rate) * self.gap_multiplier
         burst = max(1, int(burst / self.gap_multiplier))
-        return await self.fallback.exempt_claim(host, wide, burst, max_wait, hold)
+        return await self.fallback.exempt_claim(host, wide, burst, max_wait, hold, ceiling)
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
         if not self.degraded:

@@ -323,13 +323,23 @@ class FileStore(Store):
             return c
 
     async def exempt_claim(
-        self, host: str, rate: float, burst: int, max_wait: float | None, hold: bool = True
+        self,
+        host: str,
+        rate: float,
+        burst: int,
+        max_wait: float | None,
+        hold: bool = True,
+        ceiling: str | None = None,
     ) -> Claim:
+        key = None if ceiling is None or ceiling == host else ceiling
         async with self._held():
             st = self._read_host(host)
-            c, new = self.sm.exempt_claim(st, rate, burst, max_wait, hold)
+            other = None if key is None else self._read_host(key)
+            c, new, new_other = self.sm.exempt_claim(st, rate, burst, max_wait, hold, other)
             if c.granted and new != st:
                 self._write_host(host, new)
+            if c.granted and key is not None and new_other is not None and new_other != other:
+                self._write_host(key, new_other)
             self.note_probe(host, c)
             return c
 

@@ -74,12 +74,24 @@ class StateMachine:
         return c, new_next, new_host
 
     def exempt_claim(
-        self, host: HostState, rate: float, burst: int, max_wait: float | None, hold: bool = True
-    ) -> tuple[Claim, HostState]:
+        self,
+        host: HostState,
+        rate: float,
+        burst: int,
+        max_wait: float | None,
+        hold: bool = True,
+        ceiling: HostState | None = None,
+    ) -> tuple[Claim, HostState, HostState | None]:
+        """The claim, the new host state and (with ``ceiling``, the record holding the GCRA state) the new
+        ceiling state."""
         now = self.clock()
-        host = self.check_host(host, now, replace(LOOSE, backoff=self.max_backoff))
+        loose = replace(LOOSE, backoff=self.max_backoff)
+        host = self.check_host(host, now, loose)
         deadline = None if max_wait is None else now + duration(max_wait)
-        return slots.exempt_claim(now, host, duration(rate), max(1, burst), deadline, hold)
+        if ceiling is None:
+            return (*slots.exempt_claim(now, host, duration(rate), max(1, burst), deadline, hold), None)
+        ceiling = self.check_host(ceiling, now, loose)
+        return slots.exempt_claim_split(now, host, ceiling, duration(rate), max(1, burst), deadline, hold)
 
     def throttled(
         self,
@@ -162,11 +174,23 @@ class MemoryStore(Store):
         return c
 
     async def exempt_claim(
-        self, host: str, rate: float, burst: int, max_wait: float | None, hold: bool = True
+        self,
+        host: str,
+        rate: float,
+        burst: int,
+        max_wait: float | None,
+        hold: bool = True,
+        ceiling: str | None = None,
     ) -> Claim:
-        c, new = self.sm.exempt_claim(self.hosts.get(host, HostState()), rate, burst, max_wait, hold)
+        key = None if ceiling is None or ceiling == host else ceiling
+        other = None if key is None else self.hosts.get(key, HostState())
+        c, new, new_ceiling = self.sm.exempt_claim(
+            self.hosts.get(host, HostState()), rate, burst, max_wait, hold, other
+        )
         if c.granted:
             self.hosts[host] = new
+            if key is not None and new_ceiling is not None:
+                self.hosts[key] = new_ceiling
             self.note_probe(host, c)
         return c
 

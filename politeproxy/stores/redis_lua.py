@@ -248,7 +248,8 @@ return {delay_us, corrupt, b}
 """
 )
 
-# KEYS: host. ARGV: rate_us (0 = no ceiling), burst, max_wait_us ('' = none), key_ttl_ms, max_backoff_us,
+# KEYS: host, ceiling (the record holding the GCRA state: the host's service, or the host itself).
+# ARGV: rate_us (0 = no ceiling), burst, max_wait_us ('' = none), key_ttl_ms, max_backoff_us,
 # hold ('1': the backoff, block and probe hold the read; '0': exempt.respect_backoff = false).
 # Returns {outcome, wait_us, corrupt (2 host)[, probe]}.
 # slots.exempt_claim: a GCRA slot, held by a backoff, a block or a probe out. Returns {outcome, wait_us,
@@ -265,6 +266,16 @@ if not ok then
   put_host(KEYS[1], h)
   keep(KEYS[1], now, ttl_ms, furthest(h))
 end
+local c = h
+if KEYS[2] ~= KEYS[1] then
+  local cok
+  c, cok = sane_host(KEYS[2], now, 0, LOOSE_STEP, tonumber(ARGV[5]))
+  if not cok then
+    corrupt = 2
+    put_host(KEYS[2], c)
+    keep(KEYS[2], now, ttl_ms, furthest(c))
+  end
+end
 local deadline = nil
 if ARGV[3] ~= '' then deadline = now + tonumber(ARGV[3]) end
 local hold = ARGV[6] == '1'
@@ -275,17 +286,22 @@ end
 if hold and h[6] > 0 and h[8] > now then return {1, math.min(h[8] - now, PROBE_POLL), corrupt} end
 local rate, burst = tonumber(ARGV[1]), math.max(1, tonumber(ARGV[2]))
 local slot = now
-local tat = h[12]
+local tat = c[12]
 if rate > 0 then
-  tat = math.max(h[12], now)
+  tat = math.max(c[12], now)
   slot = math.max(now, tat + rate - burst * rate)
   tat = tat + rate
 end
 if deadline ~= nil and slot > deadline then return {2, slot - now, corrupt} end
-if rate > 0 then redis.call('HSET', KEYS[1], 'tat', fmt(tat)) end
+if rate > 0 then
+  redis.call('HSET', KEYS[2], 'tat', fmt(tat))
+  keep(KEYS[2], now, ttl_ms, host_furthest(KEYS[2]))
+end
 local probe = hold and h[6] > 0
-if probe then redis.call('HSET', KEYS[1], 'probe_until', fmt(slot + PROBE_LEASE)) end
-if rate > 0 or probe then keep(KEYS[1], now, ttl_ms, host_furthest(KEYS[1])) end
+if probe then
+  redis.call('HSET', KEYS[1], 'probe_until', fmt(slot + PROBE_LEASE))
+  keep(KEYS[1], now, ttl_ms, host_furthest(KEYS[1]))
+end
 if probe then return {0, slot - now, corrupt, 1} end
 return {0, slot - now, corrupt, 0}
 """

@@ -140,14 +140,19 @@ class RedisStore(Store):
         return (await self.claim_with_server_time(host, gap, interval, max_wait, not_before))[0]
 
     async def exempt_claim(
-        self, host: str, rate: float, burst: int, max_wait: float | None, hold: bool = True
+        self,
+        host: str,
+        rate: float,
+        burst: int,
+        max_wait: float | None,
+        hold: bool = True,
+        ceiling: str | None = None,
     ) -> Claim:
         wait_arg = "" if max_wait is None else round(duration(max_wait) * US)
         args = [_us(duration(rate)), max(1, int(burst)), wait_arg, self.key_ttl_ms, _us(self.max_backoff)]
         args.append("1" if hold else "0")
-        code, wait_us, corrupt, *probe = await self._script(
-            "exempt_claim", self._exempt, [self.host_key(host)], args
-        )
+        keys = [self.host_key(host), self.host_key(ceiling or host)]
+        code, wait_us, corrupt, *probe = await self._script("exempt_claim", self._exempt, keys, args)
         self._corrupt(int(corrupt), host)
         wait = int(wait_us) / US
         c = Claim(_OUTCOMES[int(code)], wait, time.time() + wait, bool(probe and int(probe[0])))
