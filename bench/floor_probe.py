@@ -71,9 +71,9 @@ Path3 = tuple[str, str | None, int | None]  # name, proxy URL, proxy pid
 def measure_paths(a: argparse.Namespace, paths: list[Path3], url: str, direct: str) -> dict[int, Sample]:
     """Interleaved rounds; per concurrency and path: req/s, CPU µs/request and the machine's busy share."""
     got: dict[int, Sample] = {c: {} for c in a.conc}
-    for _name, px, _pid in paths:  # warm-up: leaves, pools, connections
+    for _name, px, _pid in paths:  # warm-up: leaves, pools, connections (1 s; a --quick round's length)
         for c in a.conc:
-            run_hey(direct if px is None else url, px, c, 1.0, [])
+            run_hey(direct if px is None else url, px, c, min(1.0, a.duration), [])
     for r in range(a.rounds):
         for c in a.conc:
             for name, px, pid in paths[r % len(paths) :] + paths[: r % len(paths)]:
