@@ -17,7 +17,7 @@ from urllib.parse import unquote
 
 from politeproxy.policy import settings as d
 from politeproxy.policy.classify import normalize_path
-from politeproxy.policy.hosts import host_matches
+from politeproxy.policy.hosts import BUCKET_HOSTS, host_matches
 
 
 @dataclass(frozen=True)
@@ -50,14 +50,14 @@ def rules_for(rules: tuple[CacheRule, ...], host: str) -> tuple[CacheRule, ...]:
     return tuple(r for r in rules if any(host_matches(host, h) for h in r.hosts))
 
 
-DATA_HOSTS = ("data.commoncrawl.org", "commoncrawl.s3.amazonaws.com", "commoncrawl.s3.*.amazonaws.com")
+DATA_HOSTS = ("data.commoncrawl.org", *BUCKET_HOSTS)  # the data distribution and every name of the bucket
 
 
 def default_rules(collinfo_ttl: float = d.CACHE_COLLINFO_TTL) -> tuple[CacheRule, ...]:
-    """Everything published under /crawl-data/ and /cc-index/, and the index server's collinfo.json only:
-    its query answers can be an empty 200 while its backend is down."""
+    """Everything published under /crawl-data/, /cc-index/ and the host index (/projects/host-index*), and
+    the index server's collinfo.json only: its query answers can be an empty 200 while its backend is down."""
     return (
-        CacheRule("data", DATA_HOSTS, ("/crawl-data/", "/cc-index/")),
+        CacheRule("data", DATA_HOSTS, ("/crawl-data/", "/cc-index/", "/projects/host-index")),
         CacheRule("index", ("index.commoncrawl.org",), ("/collinfo.json",), exact=True, ttl=collinfo_ttl),
     )
 

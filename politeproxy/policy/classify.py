@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from urllib.parse import unquote
 
-from politeproxy.policy.hosts import S3_PATH_STYLE_HOSTS, HostSet, host_matches
+from politeproxy.policy.hosts import BUCKET_HOSTS, S3_PATH_STYLE_HOSTS, HostSet, host_matches
 
 BUCKET = "commoncrawl"  # the S3 bucket whose path-style requests are paced
 _PATH_STYLE = HostSet(S3_PATH_STYLE_HOSTS)
@@ -45,7 +45,7 @@ class Klass(StrEnum):
 class ExemptRule:
     """Requests matching every field skip the global schedule (columnar range reads by default)."""
 
-    host: str = "*.commoncrawl.org"
+    host: str = "data.commoncrawl.org"
     path: str = "/cc-index/table/"
     range_required: bool = True
     methods: tuple[str, ...] = ("GET", "HEAD")
@@ -65,11 +65,15 @@ class ExemptRule:
         return path.startswith(self.path)
 
 
-DEFAULT_EXEMPT_RULES: tuple[ExemptRule, ...] = (
-    ExemptRule(host="*.commoncrawl.org"),
-    ExemptRule(host="commoncrawl.org"),
-    ExemptRule(host="commoncrawl.s3.amazonaws.com"),
-    ExemptRule(host="commoncrawl.s3.*.amazonaws.com"),
+# Common Crawl's published parquet datasets: the columnar index and the host index (its "-testing/v2"
+# and the names that succeed it). Immutable once published, read in ranges by duckdb, pyarrow, fsspec.
+PARQUET_PATHS: tuple[str, ...] = ("/cc-index/table/", "/projects/host-index*")
+# The services whose range reads are exempt: the data distribution and the bucket under each of its names.
+# Not index.commoncrawl.org (one pywb server with per-IP limits: it keeps its interval for every request),
+# nor commoncrawl.org.
+EXEMPT_HOSTS: tuple[str, ...] = ("data.commoncrawl.org", *BUCKET_HOSTS)
+DEFAULT_EXEMPT_RULES: tuple[ExemptRule, ...] = tuple(
+    ExemptRule(host=h, path=p) for h in EXEMPT_HOSTS for p in PARQUET_PATHS
 )
 
 

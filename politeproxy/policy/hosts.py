@@ -27,6 +27,10 @@ DEFAULT_PACED_HOSTS: tuple[str, ...] = (
     "commoncrawl.s3-external-1.amazonaws.com",  # the legacy us-east-1 name
 )
 
+# Every name of the commoncrawl bucket among the default patterns (virtual-hosted, regional, dualstack,
+# FIPS, the legacy dash forms): one service to Common Crawl (policy/services.py).
+BUCKET_HOSTS: tuple[str, ...] = tuple(p for p in DEFAULT_PACED_HOSTS if p.startswith("commoncrawl.s3"))
+
 # S3's own endpoints, paced only with intercept_s3_path_style (policy/classify.py paces only the
 # commoncrawl bucket's paths on them); the CA's constraints then cover every bucket on these names.
 S3_PATH_STYLE_HOSTS: tuple[str, ...] = (

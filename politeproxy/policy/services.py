@@ -14,7 +14,7 @@ import functools
 
 from politeproxy.policy.classify import bucket_request
 from politeproxy.policy.hosts import (
-    DEFAULT_PACED_HOSTS,
+    BUCKET_HOSTS,
     S3_PATH_STYLE_HOSTS,
     HostSet,
     normalize_host,
@@ -39,7 +39,7 @@ SERVICE_HOST: dict[str, str] = {
 
 _EXACT: dict[str, str] = {h: s for s, h in SERVICE_HOST.items()} | {"www.commoncrawl.org": WWW}
 # Every name of the bucket: the default paced patterns that name it (region, dualstack, fips, dash forms).
-_BUCKET_NAMES = HostSet(p for p in DEFAULT_PACED_HOSTS if p.startswith("commoncrawl.s3"))
+_BUCKET_NAMES = HostSet(BUCKET_HOSTS)
 _PATH_STYLE = HostSet(S3_PATH_STYLE_HOSTS)
 
 

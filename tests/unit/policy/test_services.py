@@ -74,3 +74,38 @@ def test_every_region_name_of_the_bucket_is_the_bucket(region: str) -> None:
     ):
         assert service_of(host, "/x") == "bucket"
     assert service_of(f"s3.{region}.amazonaws.com", "/commoncrawl/x") == "bucket"
+
+
+CLASSIFY_ROWS = [
+    ("data.commoncrawl.org", "/cc-index/table/cc-main/warc/x.parquet", "exempt"),
+    ("data.commoncrawl.org", "/projects/host-index-testing/v2/x.parquet", "exempt"),
+    ("data.commoncrawl.org", "/projects/host-index/v3/x.parquet", "exempt"),  # a successor
+    ("commoncrawl.s3.amazonaws.com", "/cc-index/table/x", "exempt"),
+    ("commoncrawl.s3.dualstack.us-east-1.amazonaws.com", "/projects/host-index-testing/v2/x", "exempt"),
+    ("s3.us-east-1.amazonaws.com", "/commoncrawl/cc-index/table/x", "exempt"),
+    ("index.commoncrawl.org", "/cc-index/table/x", "paced"),  # the index server keeps its interval
+    ("commoncrawl.org", "/cc-index/table/x", "paced"),
+    ("data.commoncrawl.org", "/crawl-data/x.warc.gz", "paced"),
+    ("data.commoncrawl.org", "/projects/other/x", "paced"),
+]
+
+
+@pytest.mark.parametrize(("host", "path", "klass"), CLASSIFY_ROWS)
+def test_default_exempt_rule_per_service(host: str, path: str, klass: str) -> None:
+    from politeproxy.policy.classify import Classifier
+    from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS, S3_PATH_STYLE_HOSTS, HostSet
+
+    c = Classifier(HostSet(DEFAULT_PACED_HOSTS + S3_PATH_STYLE_HOSTS))
+    assert c.classify("GET", host, path, True) == klass
+    assert c.classify("GET", host, path, False) == "paced"  # no Range: a whole-object GET is paced
+
+
+def test_default_cache_rules_cover_the_host_index_on_every_bucket_name() -> None:
+    from politeproxy.policy.cacherules import default_rules
+
+    data = default_rules()[0]
+    assert data.matches(
+        "commoncrawl.s3.dualstack.us-east-1.amazonaws.com", "/projects/host-index-testing/v2/x"
+    )
+    assert data.matches("data.commoncrawl.org", "/cc-index/table/x")
+    assert not data.matches("index.commoncrawl.org", "/cc-index/table/x")
