@@ -174,9 +174,7 @@ class App:
         self.metrics.prepare(hosts.concrete_hosts(), settings)  # their label sets at 0 from the start
         events = StatusEvents(self.metrics)  # metrics, plus the per-pipeline tallies of /status
         self.pacer = Pacer(store, settings, events)
-        self.status = StatusBoard(
-            self.pacer, events, hosts.concrete_hosts(), cfg["schedule"]["backend"]
-        )
+        self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), cfg["schedule"]["backend"])
         self.proxy = self._make_proxy(ca, access, hosts)
         # The shared disk cache (issue 14); None when cache.enabled = false or its directory is unusable.
         self.cache = await CacheFront.open(cfg.cache(), cfg.data_dir, events, settings.max_wait)
