@@ -3,7 +3,6 @@ plain and the JSON form; the passage headers' helpers; the JSON error line of a 
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -12,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from politeproxy.observe.logs import PLAIN_FORMAT, AccessLog, JsonFormatter, error_line
+from politeproxy.observe.logs import PLAIN_FORMAT, JsonFormatter, error_line
 from politeproxy.policy.backoff import Delay
 from politeproxy.policy.classify import Klass
 from politeproxy.proxy.eventlog import OperatorLog
@@ -28,19 +27,7 @@ from politeproxy.proxy.passage import (
     wait_text,
 )
 from politeproxy.proxy.upstream import PoolFull
-
-
-def _render(formatter: logging.Formatter, record: Exchange) -> str:
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(formatter)
-    logger = logging.getLogger(f"politeproxy.access.line{id(out)}")
-    logger.handlers[:] = [handler]
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    AccessLog(logger).access(record)
-    return out.getvalue().strip()
-
+from tests.support.access_lines import render
 
 REC = Exchange(
     "10.0.0.1", "GET", "data.commoncrawl.org", "/crawl-data/x.warc.gz", Klass.PACED, "etl", 0.41234, 200, 42,
@@ -49,7 +36,7 @@ REC = Exchange(
 
 
 def test_plain_line_has_path_pipeline_and_retries() -> None:
-    line = _render(logging.Formatter(PLAIN_FORMAT), REC)
+    line = render(logging.Formatter(PLAIN_FORMAT), REC)
     assert line.endswith(
         "10.0.0.1 GET data.commoncrawl.org/crawl-data/x.warc.gz paced wait=0.412s status=200 bytes=42"
         " duration=0.500s retries=1 pipeline=etl"
@@ -57,7 +44,7 @@ def test_plain_line_has_path_pipeline_and_retries() -> None:
 
 
 def test_json_line_has_path_pipeline_and_retries() -> None:
-    obj = json.loads(_render(JsonFormatter(), REC))
+    obj = json.loads(render(JsonFormatter(), REC))
     assert obj["path"] == "/crawl-data/x.warc.gz"
     assert (obj["pipeline"], obj["retries"], obj["class"], obj["wait"]) == ("etl", 1, "paced", 0.4123)
 
@@ -66,9 +53,9 @@ def test_the_cache_result_is_on_the_line_in_both_forms() -> None:
     rec = Exchange(
         "10.0.0.1", "GET", "data.commoncrawl.org", "/", Klass.PACED, "etl", 0.0, 200, 42, 0.01, cache="hit"
     )
-    assert _render(logging.Formatter(PLAIN_FORMAT), rec).endswith(" cache=hit")
-    assert json.loads(_render(JsonFormatter(), rec))["cache"] == "hit"
-    assert "cache" not in json.loads(_render(JsonFormatter(), REC))  # not a cacheable request: no key
+    assert render(logging.Formatter(PLAIN_FORMAT), rec).endswith(" cache=hit")
+    assert json.loads(render(JsonFormatter(), rec))["cache"] == "hit"
+    assert "cache" not in json.loads(render(JsonFormatter(), REC))  # not a cacheable request: no key
 
 
 def test_access_path_keeps_the_path_and_never_the_query() -> None:

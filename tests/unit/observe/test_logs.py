@@ -6,22 +6,10 @@ import io
 import json
 import logging
 
-from politeproxy.observe.logs import PLAIN_FORMAT, AccessLog, JsonFormatter
+from politeproxy.observe.logs import PLAIN_FORMAT, JsonFormatter
 from politeproxy.policy.classify import Klass
 from politeproxy.proxy.exchange import Exchange
-
-
-def _render(formatter: logging.Formatter, record: Exchange) -> str:
-    out = io.StringIO()
-    handler = logging.StreamHandler(out)
-    handler.setFormatter(formatter)
-    logger = logging.getLogger(f"politeproxy.access.test{id(out)}")
-    logger.handlers[:] = [handler]
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    AccessLog(logger).access(record)
-    return out.getvalue().strip()
-
+from tests.support.access_lines import render
 
 REC = Exchange(
     "10.0.0.1", "GET", "data.commoncrawl.org", "/x", Klass.PACED, "default", 0.12345, 200, 42, 0.56789
@@ -29,7 +17,7 @@ REC = Exchange(
 
 
 def test_plain_line() -> None:
-    line = _render(logging.Formatter(PLAIN_FORMAT), REC)
+    line = render(logging.Formatter(PLAIN_FORMAT), REC)
     assert line.endswith(
         "10.0.0.1 GET data.commoncrawl.org/x paced wait=0.123s status=200 bytes=42 duration=0.568s"
         " retries=0 pipeline=default"
@@ -37,7 +25,7 @@ def test_plain_line() -> None:
 
 
 def test_json_line_is_flat_and_rounded() -> None:
-    obj = json.loads(_render(JsonFormatter(), REC))
+    obj = json.loads(render(JsonFormatter(), REC))
     assert {k: obj[k] for k in obj if k not in ("ts", "logger")} == {
         "level": "info",
         "client": "10.0.0.1",
@@ -56,8 +44,8 @@ def test_json_line_is_flat_and_rounded() -> None:
 
 def test_note_in_both_forms() -> None:
     rec = Exchange("?", "GET", "h", "/", Klass.PACED, "etl", 0.0, 0, 0, 1.0, note="client_gone")
-    assert _render(logging.Formatter(PLAIN_FORMAT), rec).endswith(" retries=0 note=client_gone pipeline=etl")
-    assert json.loads(_render(JsonFormatter(), rec))["note"] == "client_gone"
+    assert render(logging.Formatter(PLAIN_FORMAT), rec).endswith(" retries=0 note=client_gone pipeline=etl")
+    assert json.loads(render(JsonFormatter(), rec))["note"] == "client_gone"
 
 
 def test_a_message_that_looks_like_json_stays_a_message() -> None:
