@@ -71,7 +71,10 @@ class OperatorLog:
 
     def signal(self, host: str, status: int, signal: Signal, headers: Mapping[str, str]) -> None:
         """Issue 24: many S3 denials in a short time earn one warning; a 403 nobody known made is logged
-        once with its headers (it is held as a block)."""
+        once with its headers (it is held as a block). Called for every paced answer: any other cause
+        returns before reading the clock."""
+        if signal.cause is not Cause.S3_DENIED and signal.cause is not Cause.UNKNOWN_403:
+            return
         now = self.clock()
         if signal.cause is Cause.S3_DENIED:
             if not self._denied.hit(host, now).log and self._once.hit(f"denied {host}", now).log:

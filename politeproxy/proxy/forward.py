@@ -150,7 +150,7 @@ class Forwarder:
                 go = lambda: self._exchange(request, ex, url, started)  # noqa: E731
                 resp = await self.cache.exchange(request, klass, host, url, ex, go)
             if not resp.prepared and ex.held:  # our own answer (it has Via): how long it was held
-                held(resp.headers, ex.wait, ex.pipeline)  # type: ignore[arg-type]
+                held(resp.headers, ex.wait, ex.pipeline)
         except asyncio.CancelledError:
             # handler_cancellation: the client closed its connection while we waited or relayed
             if ex.note is None:
