@@ -103,7 +103,7 @@ HOST_INTERVALS: tuple[tuple[str, float], ...] = (("index.commoncrawl.org", INDEX
 # [exempt]
 EXEMPT_MAX_IN_FLIGHT: int = default("exempt.max_in_flight")
 EXEMPT_RESPECT_BACKOFF: bool = default("exempt.respect_backoff")
-EXEMPT_RATE: float = default("exempt.rate")  # 50/s per host, shared by every proxy on the store
+EXEMPT_RATE: float = default("exempt.rate")  # 50/s per service, shared by every proxy on the store
 EXEMPT_BURST: int = default("exempt.burst")
 EXEMPT_BURST_BOUNDS = bounds_of("exempt.burst")
 # [pipelines.NAME]: a pipeline's weight in the fair queue, and its own cap on requests waiting (0 = none)

@@ -128,10 +128,6 @@ def _method(v: Any, key: str) -> str:
     return _str(v, key).upper()
 
 
-def _size(v: Any, key: str) -> int:
-    return parse_size(v, key)
-
-
 def _bounded(make: Callable[[Any, Any], Conv]) -> Callable[[Setting], Conv]:
     def conv(s: Setting) -> Conv:
         assert s.bounds is not None, f"{s.key}: kind {s.kind} needs bounds"
@@ -151,7 +147,7 @@ CONVERTERS: dict[str, Callable[[Setting], Conv]] = {
     "string": lambda s: _str,
     "path": lambda s: _str,  # made absolute by config/paths.py when the config loads
     "choice": lambda s: _choice(*s.choices),
-    "size": lambda s: _size,
+    "size": lambda s: parse_size,
     "host:port": lambda s: _hostport,
     "host:port or empty": lambda s: _optional_hostport,
     "redis url": lambda s: check_redis_url,
