@@ -158,5 +158,10 @@ class Store(ABC):
         pass
 
 
+def other_ceiling(host: str, ceiling: str | None) -> str | None:
+    """The record an exempt claim keeps its ceiling in when it is not ``host``'s own, else None."""
+    return None if ceiling is None or ceiling == host else ceiling
+
+
 def jitter_source() -> float:
     return random.random()

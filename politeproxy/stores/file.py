@@ -28,7 +28,7 @@ from pathlib import Path
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.hosts import normalize_host, valid_hostname
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_THROTTLES, Claim, HostState, duration
-from politeproxy.stores.base import HostView, Store, StoreError, jitter_source
+from politeproxy.stores.base import HostView, Store, StoreError, jitter_source, other_ceiling
 from politeproxy.stores.memory import StateMachine
 
 GLOBAL = struct.Struct(">QQ")
@@ -331,7 +331,7 @@ class FileStore(Store):
         hold: bool = True,
         ceiling: str | None = None,
     ) -> Claim:
-        key = None if ceiling is None or ceiling == host else ceiling
+        key = other_ceiling(host, ceiling)
         async with self._held():
             st = self._read_host(host)
             other = None if key is None else self._read_host(key)

@@ -9,7 +9,7 @@ from dataclasses import replace
 from politeproxy.policy import backoff, slots
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_DURATION, Bounds, Claim, HostState, duration
-from politeproxy.stores.base import HostView, Store, WarnOnce, jitter_source
+from politeproxy.stores.base import HostView, Store, WarnOnce, jitter_source, other_ceiling
 
 # Outside a claim the host's interval is unknown: bound next_allowed by the longest interval a config may
 # give, so a throttle or a view never cuts a legitimate interval short (0xFF bytes are still far beyond).
@@ -182,7 +182,7 @@ class MemoryStore(Store):
         hold: bool = True,
         ceiling: str | None = None,
     ) -> Claim:
-        key = None if ceiling is None or ceiling == host else ceiling
+        key = other_ceiling(host, ceiling)
         other = None if key is None else self.hosts.get(key, HostState())
         c, new, new_ceiling = self.sm.exempt_claim(
             self.hosts.get(host, HostState()), rate, burst, max_wait, hold, other
