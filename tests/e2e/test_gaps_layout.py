@@ -80,10 +80,14 @@ def test_index_host_defaults_to_one_request_a_second(
     times = sorted(a["t"] for a in upstream.log() if a["host"] == "index.commoncrawl.org")
     assert len(times) == 4
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    # Grants are exactly 1 s apart; arrivals carry the upstream leg's jitter (a new TLS connection for one
-    # of them), so allow 50 ms per gap and hold the span of the four to three intervals.
-    assert min(gaps) >= 0.95, f"index.commoncrawl.org arrivals {gaps} are closer than its 1 s interval"
-    assert times[-1] - times[0] >= 2.95, f"four index lookups within {times[-1] - times[0]:.2f}s"
+    # Grants are exactly 1 s apart, and the schedule is kept: an arrival that lags its grant (the first
+    # opens a new upstream TLS connection; a busy loop) may be followed by the next one on time, so a gap
+    # and the span may each come up to LATE short (the late-grant rule, README "Writing a timing test").
+    # 50 ms failed once in CI at 71 ms (gaps 0.93, 1.00, 1.00). Without the interval the four would
+    # arrive 20 ms apart (the global gap), so 0.85 s still proves it.
+    late = 0.15
+    assert min(gaps) >= 1.0 - late, f"index.commoncrawl.org arrivals {gaps} are closer than its 1 s interval"
+    assert times[-1] - times[0] >= 3.0 - late, f"four index lookups within {times[-1] - times[0]:.2f}s"
 
 
 def test_json_logs_are_json_from_the_first_line(tmp_path: Path) -> None:
