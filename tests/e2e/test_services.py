@@ -22,6 +22,7 @@ from tests.support.upstream_proc import CC_HOSTS, OTHER_HOSTS, Certs, Upstream, 
 RATE = 0.1  # exempt.rate: 10 reads/s per service
 BURST = 3
 LATE = 0.05  # a granted read may reach the upstream this late (the proxy's leg on a noisy 2-core box)
+GAP_LATE = 0.1  # seconds a gap between arrivals may come short (see the index test)
 INTERVAL = 0.3  # index.commoncrawl.org's interval here (1 s by default), short to keep the test quick
 TABLE = "/cc-index/table/cc-main/warc/part-0.parquet"
 DUALSTACK = "commoncrawl.s3.dualstack.us-east-1.amazonaws.com"
@@ -113,4 +114,7 @@ def test_range_reads_to_the_index_server_keep_its_interval(proxy: ProxyProc, up:
     ts = sorted(a["t"] for a in up.log() if a["host"] == "index.commoncrawl.org" and TABLE in a["path"])
     assert len(ts) >= 4, ts
     gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]
-    assert min(gaps) >= INTERVAL - 0.02, [round(g, 3) for g in gaps]
+    # The late-grant rule: an arrival that lags its grant may be followed by the next on time, so a gap may
+    # come up to GAP_LATE short (20 ms has held here so far; the same bound on the index's 1 s interval in
+    # test_gaps_layout failed once in CI, at 71 ms). With the exempt rule on the index the gaps were 0.006 s.
+    assert min(gaps) >= INTERVAL - GAP_LATE, [round(g, 3) for g in gaps]
