@@ -32,7 +32,7 @@ def pacing_lines(s: PacingSettings) -> list[str]:
             )
     if s.exempt_rate > 0:
         lines.append(
-            f"pacing: exempt range reads: at most {format_rate(s.exempt_rate)} per host, one per "
+            f"pacing: exempt range reads: at most {format_rate(s.exempt_rate)} per service, one per "
             f"{format_duration(s.exempt_rate)}, after a burst of {s.exempt_burst} (exempt.rate)"
         )
     else:

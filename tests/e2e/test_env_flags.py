@@ -48,7 +48,7 @@ def test_the_effective_pace_is_printed_at_start_without_v(quiet: Quiet) -> None:
     log = quiet.log()
     assert "pacing: all paced hosts together: one grant per 100ms (10/s) (schedule.global_rate)" in log
     assert "pacing: index.commoncrawl.org: one grant per 500ms (2/s) at most" in log
-    assert "pacing: exempt range reads: at most 40/s per host, one per 25ms" in log
+    assert "pacing: exempt range reads: at most 40/s per service, one per 25ms" in log
     assert "Traceback" not in log
 
 

@@ -19,7 +19,7 @@ from tests.support.redis_server import RedisServer, redis_fixture
 from tests.support.upstream_proc import Upstream
 
 DATA = "data.commoncrawl.org"
-RATE = 0.05  # exempt.rate: 20 reads/s per host
+RATE = 0.05  # exempt.rate: 20 reads/s per service
 BURST = 5
 TABLE = "/cc-index/table/cc-main/warc/part-0.parquet"
 
