@@ -36,6 +36,7 @@ SYSTEM_BUNDLES = (
 )
 MAX_BUNDLE = 16 << 20  # a system bundle is a few hundred KiB
 TRUST_BUNDLE = "trust-bundle.pem"
+PIPELINE_PASSWORD = "x"  # any non-empty password: the proxy reads only the user name without [auth] users
 
 
 def system_roots(data_dir: Path) -> Path | None:
@@ -100,9 +101,12 @@ def _sql(text: str) -> str:
 def export_lines(cfg: Config, ca: Any, bundle: Path, pipeline: str | None) -> list[str]:
     """The lines `politeproxy env` prints; ``pipeline`` is a name already checked by the caller."""
     netloc = proxy_netloc(cfg)
-    # The pipeline is the proxy URL's user name, percent-encoded, sent as Proxy-Authorization. The empty
-    # password (the ':') is for requests, which sends no credentials for a user name alone.
-    proxy = f"http://{quote(pipeline, safe='')}:@{netloc}" if pipeline else f"http://{netloc}"
+    # The pipeline is the proxy URL's user name, percent-encoded, sent as Proxy-Authorization. A password
+    # is needed: requests sends no credentials for a user name alone, and botocore (the AWS CLI, boto3)
+    # none for an empty password. Without [auth] users the proxy ignores it (policy/access.py).
+    proxy = (
+        f"http://{quote(pipeline, safe='')}:{PIPELINE_PASSWORD}@{netloc}" if pipeline else f"http://{netloc}"
+    )
     values = [
         *(f"{k}={shlex.quote(proxy)}" for k in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")),
         # wget and some Go tools read only the lower-case one; others only the upper-case one.
@@ -123,5 +127,7 @@ def export_lines(cfg: Config, ca: Any, bundle: Path, pipeline: str | None) -> li
     )
     if pipeline:
         # duckdb 1.4 sends no proxy credentials without a non-empty password (any, without [auth] users)
-        lines.append(f"# duckdb: SET http_proxy_username = {_sql(pipeline)}; SET http_proxy_password = 'x';")
+        lines.append(
+            f"# duckdb: SET http_proxy_username = {_sql(pipeline)}; SET http_proxy_password = {_sql(PIPELINE_PASSWORD)};"
+        )
     return lines

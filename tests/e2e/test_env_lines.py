@@ -66,7 +66,7 @@ def test_values_survive_eval_with_a_space_in_the_data_dir(spaced: tuple[Path, di
     assert got["NODE_EXTRA_CA_CERTS"] == str(d / "ca.pem")
     assert Path(got["SSL_CERT_FILE"]).is_file() and Path(got["NODE_EXTRA_CA_CERTS"]).is_file()
     for v in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"):
-        assert got[v] == "http://team-a:@127.0.0.1:4567"
+        assert got[v] == "http://team-a:x@127.0.0.1:4567"
 
 
 def test_no_proxy_in_both_cases_with_the_metadata_address(spaced: tuple[Path, dict[str, str]]) -> None:

@@ -116,7 +116,7 @@ def test_env_pipeline_names_the_pipeline(env_proxy: ProxyProc, tmp_path: Path) -
         text=True,
         cwd=ROOT,
     ).stdout
-    assert f"export HTTPS_PROXY=http://urls:@127.0.0.1:{p.port}" in out
+    assert f"export HTTPS_PROXY=http://urls:x@127.0.0.1:{p.port}" in out
     assert "SET http_proxy_username = 'urls'; SET http_proxy_password = 'x';" in out
     env = {**p.env}
     for line in out.splitlines():
