@@ -1,6 +1,7 @@
 """`politeproxy env`: the export lines that point a shell's tools at the proxy, safe to ``eval``.
 
-Every value is shell-quoted (a data dir with a space or a ``$`` survives ``eval``). ``SSL_CERT_FILE``
+Every value is shell-quoted (a data dir with a space, a ``$`` or a newline survives ``eval``), and every
+comment line shows control characters as escapes (a newline there would end the comment). ``SSL_CERT_FILE``
 and friends *replace* a tool's trust store, so they point at a bundle of the system's roots (corporate
 chains live there), certifi's roots and the proxy's CA.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import ssl
 import tempfile
@@ -127,7 +129,16 @@ def export_lines(cfg: Config, ca: Any, bundle: Path, pipeline: str | None) -> li
     )
     if pipeline:
         # duckdb 1.4 sends no proxy credentials without a non-empty password (any, without [auth] users)
-        lines.append(
-            f"# duckdb: SET http_proxy_username = {_sql(pipeline)}; SET http_proxy_password = {_sql(PIPELINE_PASSWORD)};"
-        )
-    return lines
+        user, password = _sql(pipeline), _sql(PIPELINE_PASSWORD)
+        lines.append(f"# duckdb: SET http_proxy_username = {user}; SET http_proxy_password = {password};")
+    return [comment_safe(line) if line.startswith("#") else line for line in lines]
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def comment_safe(line: str) -> str:
+    """A comment line with every control character shown as an escape: a newline in a path (the data
+    dir's) would end the comment and run the rest as a command under ``eval``. Values need no such care:
+    shlex.quote keeps a newline inside its quotes."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)

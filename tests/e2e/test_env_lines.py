@@ -153,3 +153,24 @@ def test_make_run_with_args(tmp_path: Path) -> None:
         proc.wait(15)
     assert f"export HTTPS_PROXY=http://127.0.0.1:{port}" in text
     assert "one grant per 500ms (2/s)" in text, text
+
+
+def test_a_newline_in_the_data_dir_runs_nothing_under_eval(tmp_path: Path) -> None:
+    """Issue 25 item 9: a data dir whose name holds newlines, a carriage return and a command
+    substitution; `eval "$(politeproxy env)"` in bash runs none of the commands in it, and the values
+    still name the files. (The comment lines named the path raw: the line after its newline ran.)"""
+    bash = need_tool("bash")
+    work = tmp_path / "cwd"
+    work.mkdir()
+    d = tmp_path / "dd\ntouch pwned1\n$(touch pwned2)\r\ntouch pwned3 #`touch pwned4`"
+    pp = " ".join(f"'{p}'" for p in POLITEPROXY)
+    script = f'PP=({pp})\ncd "$W"\nout="$(cd "$R" && "${{PP[@]}}" env --data-dir "$D")" || exit 9\n'
+    script += 'eval "$out"\nprintf "%s" "$SSL_CERT_FILE"'
+    env = {**os.environ, "D": str(d), "W": str(work), "R": str(ROOT)}
+    for v in VARS:
+        env.pop(v, None)
+    r = subprocess.run([bash, "-c", script], env=env, capture_output=True, timeout=60)  # bytes: keep the \r
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in work.iterdir()) == [], "a command in the data dir's name ran"
+    assert r.stdout.decode() == str(d / "trust-bundle.pem")
+    assert Path(r.stdout.decode()).is_file()
