@@ -1,12 +1,13 @@
 # Two commands on a fresh machine with only python3:
 #   make run   - make a virtualenv, install politeproxy, print the env lines, run the proxy
-#   make test  - the same virtualenv plus the test tools, then every test
+#   make test  - the same virtualenv plus the test tools, then every test and the docs build (--strict)
+#   make docs  - the manual (docs/) as a site in build/site, built by mkdocs with --strict
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test test-repeat lint typecheck bench clean
+.PHONY: run test docs test-repeat lint typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,13 +26,19 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 run: $(VENV)/.installed-run
 	@$(BIN)/politeproxy env $(ARGS)
 	@echo '# paste the lines above into your shell (or: eval "$$($(BIN)/politeproxy env $(ARGS))"); Ctrl-C stops the proxy'
+	@echo '# the politeproxy command is $(abspath $(BIN))/politeproxy; to put it on PATH: source $(abspath $(BIN))/activate'
 	exec $(BIN)/politeproxy run $(ARGS)
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check politeproxy tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy --config-file pyproject.toml
+	$(MAKE) docs
 	$(BIN)/python -m pytest -q -p no:cacheprovider -n 2
+
+# The manual: a broken link, anchor or nav entry fails the build (--strict; mkdocs.yml says why mkdocs).
+docs: $(VENV)/.installed-test
+	$(BIN)/mkdocs build --strict --quiet
 
 # The flake finder: the suite N times in a row beside one CPU burner; prints each test that ever failed.
 N ?= 5

@@ -1,17 +1,23 @@
-"""The README's layout tree names every module of the package, under its own folder, and no module that is
-gone: the map a newcomer reads is the tree (issue 23, "the docs' layout section matches the tree")."""
+"""The docs' shape (issue 23, issue 26): the module tree in docs/architecture.md names every module of the
+package, under its own folder, and no module that is gone; README.md stays a front page of at most 8 KB;
+every relative link in README.md and docs/*.md points at a file that exists (and, for a link into a
+Markdown page, at a heading that exists). mkdocs --strict checks docs/ too, in `make docs`; this test also
+covers README.md, which mkdocs does not build, and runs in the quick suite."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from tests.support.processes import ROOT
 
 PACKAGE = ROOT / "politeproxy"
+LAYOUT_PAGE = ROOT / "docs" / "architecture.md"
+README_LIMIT = 8 * 1024  # bytes: the front page a newcomer reads in five minutes (DESIGN.md, "Docs")
 
 
 def layout_block() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = LAYOUT_PAGE.read_text()
     start = text.index("```\npoliteproxy/", text.index("## Layout")) + 4
     return text[start : text.index("\n```", start)]
 
@@ -41,10 +47,56 @@ def modules() -> set[str]:
 
 
 def test_every_module_is_in_the_layout_tree() -> None:
-    missing = modules() - documented()
-    assert not missing, f"add to README.md's layout tree: {sorted(missing)}"
+    missing = sorted(modules() - documented())
+    assert not missing, (
+        f"{len(missing)} module(s) missing from the layout tree in {LAYOUT_PAGE.relative_to(ROOT)} "
+        f"(## Layout): {', '.join(missing)}; add one line each under its folder"
+    )
 
 
 def test_the_layout_tree_names_no_module_that_is_gone() -> None:
-    gone = documented() - modules()
-    assert not gone, f"the layout tree names modules that do not exist: {sorted(gone)}"
+    gone = sorted(documented() - modules())
+    assert not gone, f"the layout tree in {LAYOUT_PAGE.relative_to(ROOT)} names modules that do not exist: {gone}"
+
+
+def test_the_readme_is_a_front_page() -> None:
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_LIMIT, f"README.md is {size} bytes, over {README_LIMIT}: move the detail into docs/"
+
+
+def pages() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def slug(heading: str) -> str:
+    """The anchor mkdocs (Python-Markdown's toc) gives a heading: lower case, markup and punctuation dropped,
+    spaces to hyphens."""
+    text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    text = re.sub(r"[^\w\s-]", "", text)
+    return re.sub(r"[-\s]+", "-", text).strip("-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    return {slug(m) for m in re.findall(r"^#{1,6} (.+?)\s*$", text, flags=re.M)}
+
+
+def relative_links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # code is not a link
+    text = re.sub(r"`[^`\n]*`", "", text)
+    return [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = []
+    for page in pages():
+        if not page.exists():
+            continue
+        for target in relative_links(page):
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "links that do not resolve:\n" + "\n".join(broken)
