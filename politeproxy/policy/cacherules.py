@@ -9,11 +9,11 @@ layer (politeproxy/cache) does the I/O, and tests/unit/policy/test_cacherules.py
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 from politeproxy.policy import settings as d
 from politeproxy.policy.classify import normalize_path
@@ -158,13 +158,24 @@ CONDITIONAL = ("If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-
 
 
 def request_decision(
-    limits: CacheLimits, method: str, host: str, raw_path: str, headers: Mapping[str, str], has_body: bool
+    limits: CacheLimits,
+    method: str,
+    host: str,
+    raw_path: str,
+    headers: Mapping[str, str],
+    has_body: bool,
+    scheme: str = "https",
+    port: int = 443,
 ) -> Cacheable | Bypass | None:
     """None when no rule covers the request (not the cache's business); else a key or why not.
 
-    The rule matches the normalised path (what the server resolves); the key holds the raw path, which
-    names exactly what the upstream served for it. A query string makes it another request (S3's
-    ``partNumber``, presigned URLs): never cached.
+    The rule matches the normalised path (what the server resolves); the key holds the target exactly as
+    it goes upstream (``raw_path``: no percent-decoding, no case folding, no dot-segment removal), so two
+    spellings are two entries and one object is never served as another. A query string makes it another
+    request (S3's ``partNumber``, presigned URLs): never cached. Only ``https`` is cached: a cleartext
+    answer may come from anyone on the path, so it is neither stored nor served from the cache (and its
+    ``no-cache`` replaces nothing). The key names the scheme and the port: an entry is served only to a
+    request for the same object on the same scheme and port.
     """
     if not limits.enabled:
         return None
@@ -175,6 +186,8 @@ def request_decision(
     rule = next((r for r in rules if r.path_matches(path)), None)
     if rule is None:
         return None
+    if scheme != "https":
+        return Bypass("cleartext")
     if method not in ("GET", "HEAD"):
         return Bypass("method")
     if "?" in raw_path or "#" in raw_path or has_body:
@@ -190,8 +203,17 @@ def request_decision(
         rng = parse_range(raw_range)
         if rng is None or not rule.ranges:
             return Bypass("range")
-    key = f"{method} {rule.host_class} {unquote(raw_path)} {rng.text() if rng else '*'}"
-    return Cacheable(key, rule, rng, refresh="no-cache" in cc)
+    return Cacheable(
+        cache_key(method, rule.host_class, port, raw_path, rng), rule, rng, refresh="no-cache" in cc
+    )
+
+
+def cache_key(method: str, host_class: str, port: int, raw_path: str, rng: ByteRange | None) -> str:
+    """The key text (hashed by the store, never a path): the method, then a JSON list of the scheme, the
+    host class (the names that serve the same objects), the port, the exact target and the range. JSON
+    keeps the fields apart whatever a client puts in its target."""
+    fields = ["https", host_class, port, raw_path, rng.text() if rng else "*"]
+    return f"{method} {json.dumps(fields, ensure_ascii=False)}"
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,14 @@ class CacheFront:
         if klass is Klass.PASSTHROUGH:
             return await go()
         d = request_decision(
-            self.limits, request.method, host, url.raw_path_qs, request.headers, request.body_exists
+            self.limits,
+            request.method,
+            host,
+            url.raw_path_qs,  # the target exactly as it goes upstream: the key's path
+            request.headers,
+            request.body_exists,
+            scheme=url.scheme,
+            port=url.port or 0,
         )
         if d is None:
             return await go()

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from politeproxy.cache.store import key_name
+from politeproxy.policy.cacherules import cache_key
 from tests.support.cache_upstream import CACHE_TOML, D, fetch
 from tests.support.processes import wait_for
 from tests.support.proxy_proc import ProxyProc, start_proxy
@@ -169,7 +170,7 @@ def test_no_cache_from_the_client_refetches_and_replaces(env: Env) -> None:
     (env.files / "nc.bin").write_bytes(b"new")
     assert fetch(env.a, D, path)[2] == b"old"  # immutable by the rules: a hit
     assert fetch(env.a, D, path, {"Cache-Control": "no-cache"})[2] == b"new"
-    name = key_name(f"GET data {path} *")
+    name = key_name(cache_key("GET", "data", 443, path, None))
     entry = env.a.data_dir / "cache" / "objects" / name[:2] / name
     wait_for(lambda: entry.read_bytes().startswith(b"new"), 10, "the replacement renamed into place")
     assert fetch(env.a, D, path)[2] == b"new"  # replaced
@@ -179,7 +180,9 @@ def test_no_cache_from_the_client_refetches_and_replaces(env: Env) -> None:
 def test_a_corrupt_entry_is_dropped_and_fetched_again(env: Env) -> None:
     path = "/crawl-data/CC-MAIN-2024-10/corrupt.warc.gz"
     _s, _h, good = fetch(env.a, D, path)
-    name = key_name(f"GET data {path} *")  # the key the rules give it (tests/unit/policy/test_cacherules.py)
+    name = key_name(
+        cache_key("GET", "data", 443, path, None)
+    )  # the key the rules give it (tests/unit/policy/test_cacherules.py)
     newest = env.a.data_dir / "cache" / "objects" / name[:2] / name
     wait_for(newest.exists, 10, "the entry renamed into place")  # the commit follows the client's last byte
     raw = bytearray(newest.read_bytes())
@@ -218,7 +221,7 @@ def test_stats_and_clear_from_the_command_line(env: Env) -> None:
         return r.stdout
 
     fetch(env.a, D, "/crawl-data/CC-MAIN-2024-10/stats.warc.gz")
-    name = key_name("GET data /crawl-data/CC-MAIN-2024-10/stats.warc.gz *")
+    name = key_name(cache_key("GET", "data", 443, "/crawl-data/CC-MAIN-2024-10/stats.warc.gz", None))
     wait_for((env.a.data_dir / "cache" / "objects" / name[:2] / name).exists, 10, "the entry in place")
     out = cli("stats")
     assert re.search(r"entries: [1-9]", out), out

@@ -1,0 +1,109 @@
+"""A raw upstream that misbehaves on purpose, for the cache's tests (issue 25): keep-alive, TLS or cleartext,
+one thread per connection, and an answer chosen by the request's path.
+
+Every answer names the server's ``label`` and the exact request target it answers (the bytes of the
+request line, unchanged), so a test sees which server and which object an answer came from.
+
+    /crawl-data/long*      Content-Length 10, then 10 bytes and 11 more in the same write (a body over its
+                           length); the connection stays open
+    /crawl-data/trailing*  a good answer and, in the same write, a second answer nobody asked for ("EVIL")
+    /crawl-data/idlejunk*  a good answer; 0.3 s later, on the idle connection, an answer nobody asked for
+    /crawl-data/slow*      Content-Length SLOW_SIZE, sent SLOW_PIECE bytes every SLOW_GAP seconds
+    anything else          200 with the label and the target (a HEAD: the head only)
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+import time
+from pathlib import Path
+
+EVIL = b'HTTP/1.1 200 OK\r\nContent-Length: 4\r\nETag: "evil"\r\n\r\nEVIL'
+SLOW_SIZE = 200_000
+SLOW_PIECE = 10_000
+SLOW_GAP = 0.25  # 20 pieces: the whole body takes about 5 s
+
+
+def answer_body(label: str, method: str, target: str) -> bytes:
+    return f"{label}|{method}|{target}".encode("latin-1")
+
+
+class Misbehaving:
+    """One listening socket on 127.0.0.1; ``tls`` with ``server_pem`` (the tests' upstream leaf)."""
+
+    def __init__(self, label: str, server_pem: Path | None = None) -> None:
+        self.label = label
+        self.ctx: ssl.SSLContext | None = None
+        if server_pem is not None:
+            self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self.ctx.load_cert_chain(server_pem)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.port: int = self.sock.getsockname()[1]
+        self.lock = threading.Lock()
+        self.arrivals: list[tuple[int, str, str]] = []  # (connection number, method, target)
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def count(self, target: str, method: str = "GET") -> int:
+        with self.lock:
+            return sum(1 for _c, m, t in self.arrivals if t == target and m == method)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.connections += 1
+                n = self.connections
+            threading.Thread(target=self._serve, args=(conn, n), daemon=True).start()
+
+    def _serve(self, raw: socket.socket, n: int) -> None:
+        raw.settimeout(60)
+        try:
+            s: socket.socket = self.ctx.wrap_socket(raw, server_side=True) if self.ctx else raw
+            with s:
+                buf = b""
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        chunk = s.recv(65536)
+                        if not chunk:
+                            return
+                        buf += chunk
+                    head, _, buf = buf.partition(b"\r\n\r\n")
+                    method, target = head.split(b" ", 2)[:2]
+                    m, t = method.decode("latin-1"), target.decode("latin-1")
+                    with self.lock:
+                        self.arrivals.append((n, m, t))
+                    self._answer(s, m, t)
+        except (OSError, ssl.SSLError, ValueError):
+            pass
+
+    def _answer(self, s: socket.socket, method: str, target: str) -> None:
+        body = answer_body(self.label, method, target)
+        good = b'HTTP/1.1 200 OK\r\nContent-Length: %d\r\nETag: "e1"\r\n\r\n' % len(body)
+        if method != "HEAD":
+            good += body
+        if target.startswith("/crawl-data/long"):
+            s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789" + b"EXTRA-BYTES")
+        elif target.startswith("/crawl-data/trailing"):
+            s.sendall(good + EVIL)
+        elif target.startswith("/crawl-data/idlejunk"):
+            s.sendall(good)
+            time.sleep(0.3)
+            s.sendall(EVIL)
+        elif target.startswith("/crawl-data/slow"):
+            s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % SLOW_SIZE)
+            for _ in range(SLOW_SIZE // SLOW_PIECE):
+                time.sleep(SLOW_GAP)
+                s.sendall(b"s" * SLOW_PIECE)
+        else:
+            s.sendall(good)
+
+    def close(self) -> None:
+        self.sock.close()
