@@ -3,11 +3,15 @@
 Checks, in order, each printed as ok or what is wrong and how to fix it:
 
 1. HTTPS_PROXY and https_proxy are set (tools read one case or the other) and agree;
-2. the proxy answers there (its /healthz; else a bare TCP connect for a proxy that keeps admin closed);
+2. politeproxy answers there: its /healthz (200), or its 421 when the admin paths refuse the Host name;
 3. each CA bundle named by SSL_CERT_FILE, REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE exists, holds the proxy's
    CA, and makes a paced host's certificate (the proxy's leaf) verify, in a TLS handshake through the proxy;
 4. no_proxy and NO_PROXY are both set and neither covers a Common Crawl host;
-5. one GET of a paced URL through the proxy comes back with ``Via: 1.1 politeproxy``.
+5. one GET of a paced URL through the proxy comes back 2xx with ``Via: 1.1 politeproxy`` (a 502 the proxy
+   made, or any other error, is a failure that shows the answer's first line).
+
+The fix lines name the command as this shell can run it (``command()``): bare ``politeproxy`` only when
+that is the one on PATH, else the installed script's absolute path (``make run`` leaves it in .venv/bin).
 
 Exit 0 when every check passes, 1 otherwise. Standard library only (plus cryptography to read bundles),
 so it runs in any shell the proxy's own package is installed in. Every socket has a timeout.
@@ -20,11 +24,14 @@ import base64
 import http.client
 import json
 import os
+import shlex
+import shutil
 import ssl
 import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 from urllib.parse import unquote, urlsplit
 
@@ -40,7 +47,21 @@ CC_HOSTS = (
     "commoncrawl.s3.amazonaws.com",
 )
 BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
-FIX_ENV = 'eval "$(politeproxy env)"'
+
+
+def command() -> str:
+    """How the user runs this politeproxy from any directory: ``politeproxy`` when PATH finds this very
+    script, else the script's absolute path, else ``python -m politeproxy`` with this interpreter."""
+    script = Path(sys.prefix) / "bin" / "politeproxy"
+    found = shutil.which("politeproxy")
+    if script.is_file():
+        same = found is not None and Path(found).resolve() == script.resolve()
+        return "politeproxy" if same else shlex.quote(str(script))
+    return "politeproxy" if found else f"{shlex.quote(sys.executable)} -m politeproxy"
+
+
+COMMAND = command()
+FIX_ENV = f'eval "$({COMMAND} env)"'
 CONNECT_TIMEOUT = 5.0
 REQUEST_TIMEOUT = 30.0  # a paced request may be held; 30 s is what cdx_toolkit and duckdb wait
 MAX_BUNDLE = 16 * 1024 * 1024  # bytes of a CA bundle read (a system bundle is about 200 KiB)
@@ -109,12 +130,24 @@ def _masked(url: str) -> str:
     return url
 
 
-def _admin_get(proxy: ProxyAddr, path: str) -> tuple[int, bytes]:
+def _ours(resp: http.client.HTTPResponse) -> bool:
+    """Did politeproxy write (or pass on) this answer? Every answer it writes carries its Via entry."""
+    return VIA_ENTRY in [v.strip() for v in (resp.getheader("Via") or "").split(",")]
+
+
+def _first_line(body: bytes) -> str:
+    """The first line of an answer's body, for a failure line (client-visible bytes: shown with repr)."""
+    line = body.decode("utf-8", "replace").strip().split("\n", 1)[0][:200]
+    return line if line.isprintable() else repr(line)
+
+
+def _admin_get(proxy: ProxyAddr, path: str) -> tuple[int, bool, bytes]:
+    """(status, written by politeproxy, body) of a GET of an admin path on the proxy port."""
     conn = http.client.HTTPConnection(proxy.host, proxy.port, timeout=CONNECT_TIMEOUT)
     try:
         conn.request("GET", path, headers=_auth(proxy) or {})
         resp = conn.getresponse()
-        return resp.status, resp.read(MAX_BODY)
+        return resp.status, _ours(resp), resp.read(MAX_BODY)
     finally:
         conn.close()
 
@@ -123,24 +156,29 @@ def check_proxy_answers(proxy: ProxyAddr) -> tuple[Check, bytes | None]:
     """The proxy's /healthz, and its CA from /ca.pem (None when the admin paths are closed to us)."""
     where = f"{proxy.host}:{proxy.port}"
     try:
-        status, body = _admin_get(proxy, "/healthz")
+        status, ours, body = _admin_get(proxy, "/healthz")
     except (OSError, http.client.HTTPException) as e:
         return Check(
-            False, f"no proxy answers at {where}: {e}", "start it: politeproxy run (or fix the port)"
+            False, f"no proxy answers at {where}: {e}", f"start it: {COMMAND} run (or fix the port)"
         ), None
     if status == 407:
         return Check(
             False, f"the proxy at {where} wants a user name and password", "set them in the URL"
         ), None
-    if status != 200:
-        return Check(True, f"something answers at {where} (/healthz: {status}; admin closed to us?)"), None
+    if status == 421 and ours:  # the admin paths refuse the name in HTTPS_PROXY; proxying still works
+        why = _first_line(body)
+        return Check(True, f"politeproxy answers at {where} (its admin paths refuse this name: {why})"), None
+    if status != 200:  # the JSON of a 200 shows it is politeproxy's; its error answers carry its Via
+        what = f"{status} {_first_line(body)}" if ours else f"{status}, without `Via: {VIA_ENTRY}`"
+        fix = "see the proxy's log" if ours else "HTTPS_PROXY names another server, or fix the port"
+        return Check(False, f"{where} answers /healthz with {what}", fix), None
     try:
         health = json.loads(body)
         note = f"store {health.get('store')}, {health.get('queued')} queued"
     except (ValueError, AttributeError):
         return Check(False, f"{where} answers /healthz, but not as politeproxy does", "check the port"), None
     try:
-        status, pem = _admin_get(proxy, "/ca.pem")
+        status, _, pem = _admin_get(proxy, "/ca.pem")
     except (OSError, http.client.HTTPException):
         status, pem = 0, b""
     return Check(True, f"politeproxy answers at {where} ({note})"), pem if status == 200 else None
@@ -189,7 +227,7 @@ def check_bundles(
             )
             continue
         if not os.path.isfile(path):
-            out.append(Check(False, f"{var}={path} does not exist", f"{FIX_ENV} (or politeproxy ca)"))
+            out.append(Check(False, f"{var}={path} does not exist", f"{FIX_ENV} (or {COMMAND} ca)"))
             continue
         if ca_pem is not None and path not in holds:
             holds[path] = _bundle_has(path, ca_pem)
@@ -249,15 +287,18 @@ def check_request(env: Mapping[str, str], proxy: ProxyAddr, url: str) -> Check:
         target = (u.path or "/") + (f"?{u.query}" if u.query else "")
         conn.request("GET", target, headers={"User-Agent": "politeproxy-doctor"})
         resp = conn.getresponse()
-        resp.read(MAX_BODY)
+        body = resp.read(MAX_BODY)
     except (OSError, http.client.HTTPException) as e:  # ssl.SSLError is an OSError
         return Check(False, f"GET {url} through the proxy failed: {e}", "see the checks above")
     finally:
         conn.close()
     via = resp.getheader("Via") or ""
-    if VIA_ENTRY not in [v.strip() for v in via.split(",")]:
+    if not _ours(resp):
         why = f"GET {url}: {resp.status}, but no `Via: {VIA_ENTRY}` (Via: {via or 'none'})"
         return Check(False, why, "https_proxy names another proxy, or this one is not politeproxy")
+    if not 200 <= resp.status < 300:  # a 502 the proxy made, a 403 from upstream: not a working path
+        why = f"GET {url} through the proxy: {resp.status} {resp.reason}: {_first_line(body)}"
+        return Check(False, why, "the answer says why; the proxy's log has the details")
     wait, pipeline, cache = (resp.getheader(h) for h in (WAIT_HEADER, PIPELINE_HEADER, "X-Politeproxy-Cache"))
     notes = [
         f"held {wait} s" if wait else "",

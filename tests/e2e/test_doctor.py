@@ -12,6 +12,7 @@ import io
 import os
 import shlex
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,15 +52,19 @@ def env_out(proxy: ProxyProc) -> str:
     return _env_lines(proxy)
 
 
-@pytest.fixture
-def good(env_out: str) -> dict[str, str]:
-    """The variables `politeproxy env` exports, read as a shell reads them (a fresh copy per test)."""
+def _exported(env_out: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.lower().endswith("_proxy")}
     for line in env_out.splitlines():
         if line.startswith("export "):
             k, _, v = line[len("export ") :].partition("=")
             env[k] = shlex.split(v)[0]
     return env
+
+
+@pytest.fixture
+def good(env_out: str) -> dict[str, str]:
+    """The variables `politeproxy env` exports, read as a shell reads them (a fresh copy per test)."""
+    return _exported(env_out)
 
 
 def _run(env: dict[str, str], url: str = URL) -> tuple[int, str]:
@@ -89,7 +94,7 @@ def test_no_proxy_variable(good: dict[str, str]) -> None:
     code, out = _run(env)
     assert code == 1
     assert "FAIL  neither HTTPS_PROXY nor https_proxy is set" in out
-    assert 'fix: eval "$(politeproxy env)"' in out
+    assert f"fix: {doctor.FIX_ENV}" in out
 
 
 def test_one_case_missing(good: dict[str, str]) -> None:
@@ -131,7 +136,7 @@ def test_proxy_down(good: dict[str, str]) -> None:
     code, out = _run(env)
     assert code == 1
     assert f"FAIL  no proxy answers at 127.0.0.1:{dead.rsplit(':', 1)[1]}" in out
-    assert "fix: start it: politeproxy run" in out
+    assert f"fix: start it: {doctor.COMMAND} run" in out
     assert "GET " not in out  # nothing to send through
 
 
@@ -147,3 +152,58 @@ def test_a_proxy_url_politeproxy_does_not_speak(good: dict[str, str]) -> None:
     code, out = _run(env)
     assert code == 1
     assert "FAIL  the proxy URL 'socks5://127.0.0.1:1080' is not http://HOST:PORT" in out
+
+
+def test_a_502_from_the_proxy_is_a_failure(certs: Certs, tmp_path: Path) -> None:
+    """Issue 25 item 10: a proxy whose upstream does not answer makes a 502 (with its Via): doctor fails
+    that check, and says what the proxy answered."""
+    dead = free_port()
+    resolve = f'[upstream]\nca_file = "{certs.ca_file}"\n[upstream.resolve]\n'
+    resolve += f'"index.commoncrawl.org:443" = "127.0.0.1:{dead}"\n'
+    fast_index = '[hosts."index.commoncrawl.org"]\ninterval = "0s"\n'
+    p = start_proxy(tmp_path, None, None, resolve + NO_ROBOTS + fast_index)
+    try:
+        code, out = _run(_exported(_env_lines(p)))
+    finally:
+        p.stop()
+    assert code == 1, out
+    assert f"FAIL  GET {URL} through the proxy: 502" in out, out
+    assert "1 of " in out and "checks failed" in out  # every other check passed
+
+
+def test_an_upstream_error_status_is_a_failure(good: dict[str, str]) -> None:
+    """An answer the upstream made (404 here), passed on with the proxy's Via, is not "ok" either."""
+    url = "https://index.commoncrawl.org/status/404"
+    code, out = _run(good, url)
+    assert code == 1, out
+    assert f"FAIL  GET {url} through the proxy: 404" in out, out
+
+
+def test_fix_lines_name_a_command_this_shell_can_run(proxy: ProxyProc) -> None:
+    """Issue 26 item 6: with the venv's bin off PATH (as after `make run`), the fix lines name the
+    installed script by its absolute path; with it on PATH, bare `politeproxy`."""
+    script = Path(sys.prefix) / "bin" / "politeproxy"
+    if not script.is_file():
+        pytest.skip("no installed politeproxy script in this environment")
+    dead = f"http://127.0.0.1:{free_port()}"
+    code = "from politeproxy.commands import doctor; print(doctor.FIX_ENV); print(doctor.COMMAND)"
+    base = {k: v for k, v in os.environ.items() if k != "PATH"}
+    paths = {"off": "/usr/bin:/bin", "on": f"{script.parent}:/usr/bin:/bin"}
+    got = {}
+    for name, path in paths.items():
+        env = {**base, "PATH": path, "HTTPS_PROXY": dead, "https_proxy": dead}
+        r = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        )
+        got[name] = r.stdout.splitlines()
+    assert got["off"] == [f'eval "$({script} env)"', str(script)]
+    assert got["on"] == ['eval "$(politeproxy env)"', "politeproxy"]
+    r = subprocess.run(
+        ["bash", "-c", f"{got['off'][1]} --version"],
+        env={**base, "PATH": "/usr/bin:/bin"},
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and r.stdout.startswith("politeproxy"), r.stderr
