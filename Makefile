@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test docs test-repeat lint typecheck bench clean
+.PHONY: run test docs docs-screenshot test-repeat lint typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: $(VENV)/.installed-test
 # The manual: a broken link, anchor or nav entry fails the build (--strict; mkdocs.yml says why mkdocs).
 docs: $(VENV)/.installed-test
 	$(BIN)/mkdocs build --strict --quiet
+
+# docs/img/status.png again: the status page of a live proxy with two pipelines queued, in headless chromium.
+docs-screenshot: $(VENV)/.installed-test
+	POLITEPROXY_DOCS_SCREENSHOT=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n 0 tests/slow/test_status_screenshot.py
 
 # The flake finder: the suite N times in a row beside one CPU burner; prints each test that ever failed.
 N ?= 5

@@ -56,7 +56,9 @@ def test_every_module_is_in_the_layout_tree() -> None:
 
 def test_the_layout_tree_names_no_module_that_is_gone() -> None:
     gone = sorted(documented() - modules())
-    assert not gone, f"the layout tree in {LAYOUT_PAGE.relative_to(ROOT)} names modules that do not exist: {gone}"
+    assert not gone, (
+        f"the layout tree in {LAYOUT_PAGE.relative_to(ROOT)} names modules that do not exist: {gone}"
+    )
 
 
 def test_the_readme_is_a_front_page() -> None:
