@@ -24,6 +24,11 @@ from politeproxy.proxy.responses import BadRequestOneLine, BoundedServer, BurstL
 log = logging.getLogger("politeproxy")
 refusals = BurstLimitedLog(log)  # refusal lines, rate-limited per client
 http_log = logging.getLogger("politeproxy.http")
+TLS_HANDSHAKE = b"\x16"  # a TLS record of type handshake: no HTTP method starts with this byte
+TLS_TO_PLAIN_PORT = (
+    "the client speaks TLS to the proxy port (a ClientHello, not a request): this proxy speaks plain HTTP "
+    "to its clients; use http:// for the proxy URL (HTTPS_PROXY=http://HOST:PORT), not https://"
+)
 http_log.addFilter(BadRequestOneLine(refusals))
 
 
@@ -113,11 +118,25 @@ class FrontProtocol(asyncio.Protocol):
             self.transport.write(plain_response(status, reason, message, extra))
             self.transport.close()
 
+    def _speaks_tls(self) -> None:
+        """A TLS ClientHello where a request head belongs: the client was given an https:// proxy URL.
+        No HTTP answer can reach it (it waits for a ServerHello), so the log says the fix; then close."""
+        self.done = True
+        if self.timer:
+            self.timer.cancel()
+        refusals.info(self.client, "%s: %s", self.client, TLS_TO_PLAIN_PORT)
+        self.proxy.events.rejected("other", "bad_request")
+        if self.transport:
+            self.transport.close()
+
     def refuse(self, r: Refusal) -> None:
         self._fail(r.status, r.reason, r.message, r.why)
 
     def data_received(self, data: bytes) -> None:
         if self.done:
+            return
+        if not self.buf and data[:1] == TLS_HANDSHAKE:
+            self._speaks_tls()
             return
         self.buf += data
         self.conn.receive_data(data)
