@@ -7,6 +7,8 @@ an unknown key or a wrong type is a ``ConfigError`` naming the key and what was 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -55,6 +57,13 @@ __all__ = [
     "Config",
     "env_overrides",
 ]
+
+
+def egress_default() -> str:
+    """This machine's host name, as an egress name (anything else becomes ``-``)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:63].strip("-.")
+    return name or "local"
+
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KiB; this refuses a wrong path to a huge file
 
@@ -241,7 +250,15 @@ class Config:
             exempt_respect_backoff=self.raw["exempt"]["respect_backoff"],
             exempt_rate=self.raw["exempt"]["rate"],
             exempt_burst=self.raw["exempt"]["burst"],
+            egress=self.egress_name,
+            window=self.raw["egress"]["window"],
+            window_limit=self.raw["egress"]["limit"],
         )
+
+    @property
+    def egress_name(self) -> str:
+        """``[egress] name``, else this machine's host name (its valid characters only)."""
+        return self.raw["egress"]["name"] or egress_default()
 
     def cache(self) -> CacheLimits:
         c = self.raw["cache"]

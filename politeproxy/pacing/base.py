@@ -14,6 +14,8 @@ from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineRule
 from politeproxy.policy.hosts import host_matches
 from politeproxy.policy.loglimit import LogLimiter, error_key, error_line
+from politeproxy.policy.services import service_key
+from politeproxy.policy.window import WindowRule
 from politeproxy.stores.base import StoreError
 
 INDEX_HOST_INTERVAL = 1.0
@@ -38,11 +40,26 @@ class PacingSettings:
     pipelines: tuple[PipelineRule, ...] = ()
     # issue 12: codes that block (hold, then one probe); the GCRA ceiling of exempt reads (0 = off)
     block_codes: frozenset[int] = DEFAULT_BLOCK_CODES
-    exempt_rate: float = 0.02
-    exempt_burst: int = 100
+    exempt_rate: float = 0.1
+    exempt_burst: int = 90
+    # issue 24: the request window per egress and service (policy.window); a limit of 0 = no window
+    egress: str = "local"
+    window: float = 300.0
+    window_limit: int = 4800
 
     def interval_for(self, host: str) -> float:
         return _interval_for(self.host_intervals, host)
+
+    def window_for(self, host: str) -> WindowRule | None:
+        """The request window of ``host``'s service, or None when windows are off."""
+        if self.window_limit <= 0:
+            return None
+        return _window_for(host, self.egress, self.window, self.window_limit)
+
+
+@lru_cache(maxsize=4096)  # asked per grant; bounded: hosts are client-chosen
+def _window_for(host: str, egress: str, seconds: float, limit: int) -> WindowRule:
+    return WindowRule(service_key(host), egress, seconds, limit)
 
 
 @lru_cache(maxsize=4096)  # asked twice per paced request (issue 15); bounded: hosts are client-chosen
@@ -52,6 +69,17 @@ def _interval_for(host_intervals: tuple[tuple[str, float], ...], host: str) -> f
         if host_matches(host, pattern):
             return interval
     return 0.0
+
+
+def window_full(s: PacingSettings, host: str, wait: float) -> str:
+    """Why a request the window has no room for is refused (the 503's text)."""
+    w = s.window_for(host)
+    if w is None:
+        return ""
+    return (
+        f"the request window of {w.service} is full ({w.limit} requests per {w.seconds:g}s, egress.limit); "
+        f"this request would wait {wait:.1f}s"
+    )
 
 
 class WaitTooLong(Exception):

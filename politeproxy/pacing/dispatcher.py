@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from politeproxy.pacing.base import PacerEvents, PacingSettings, RepeatLog, WaitTooLong
+from politeproxy.pacing.base import PacerEvents, PacingSettings, RepeatLog, WaitTooLong, window_full
 from politeproxy.pacing.state import QueueState, Waiter
 from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.base import Store, StoreError
@@ -77,7 +77,8 @@ class Dispatcher:
             return
         host = head.host
         s = self.settings()
-        c = await self.store.claim(host, s.gap, s.interval_for(host), max(0.0, head.deadline - now))
+        left = max(0.0, head.deadline - now)
+        c = await self.store.claim(host, s.gap, s.interval_for(host), left, window=s.window_for(host))
         now = self.monotonic()
         if c.outcome is Outcome.GRANTED:
             await self._grant(host, head, now + c.wait, c.wait)
@@ -130,9 +131,9 @@ class Dispatcher:
         self.state.remove(head)
         if not head.ticket.done():
             self.events.rejected(host, "max_wait", head.pipeline)
-            head.ticket.set_exception(
-                WaitTooLong(c.wait, f"{host} is paced and this request would wait {c.wait:.1f}s")
-            )
+            why = window_full(self.settings(), host, c.wait) if c.window else ""
+            why = why or f"{host} is paced and this request would wait {c.wait:.1f}s"
+            head.ticket.set_exception(WaitTooLong(c.wait, why))
         if c.wait > 0:
             self.state.hold(host, now + min(c.wait, 0.05), now)
 

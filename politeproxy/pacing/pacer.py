@@ -227,7 +227,9 @@ class Pacer:
         """Global pacing off and nobody ahead for this host: claim in this task, skipping the hand-off to
         the dispatcher. The store still answers, so a host's interval and backoff still hold."""
         try:
-            c = await self._store.claim(host, 0.0, self._settings.interval_for(host), deadline - now)
+            s = self._settings
+            w = s.window_for(host)
+            c = await self._store.claim(host, 0.0, s.interval_for(host), deadline - now, window=w)
         except StoreError:
             return False
         if c.granted and c.wait <= 0:

@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from politeproxy.pacing.base import PacingSettings, WaitTooLong
+from politeproxy.pacing.base import PacingSettings, WaitTooLong, window_full
 from politeproxy.policy.backoff import Kind
 from politeproxy.policy.services import service_key
 from politeproxy.policy.slots import Claim, Outcome
@@ -60,20 +60,22 @@ async def exempt_slot(
     only (and with ``exempt.rate = 0`` no store call at all).
     A store that cannot answer is reported to ``on_error``; the local hint (``local_ready``) then holds."""
     hold = s.exempt_respect_backoff
-    if not hold and s.exempt_rate <= 0:
+    window = s.window_for(host)
+    if not hold and s.exempt_rate <= 0 and window is None:
         return 0.0
     ceiling = service_key(host)
     while True:
         now = monotonic()
         try:
             left = max(0.0, deadline - now)
-            c = await store.exempt_claim(host, s.exempt_rate, s.exempt_burst, left, hold, ceiling)
+            c = await store.exempt_claim(host, s.exempt_rate, s.exempt_burst, left, hold, ceiling, window)
         except Exception as e:  # noqa: BLE001 - a store fault must not turn an exempt read into a 500
             on_error(e)
             wait = max(0.0, local_ready() - now) if hold else 0.0
             c = Claim(Outcome.HOST_NOT_READY if wait > 0 else Outcome.GRANTED, wait, 0.0)
         if c.outcome is Outcome.TOO_LATE or now + c.wait > deadline:
-            raise WaitTooLong(c.wait, f"{host} would wait {c.wait:.1f}s for an exempt read")
+            why = window_full(s, host, c.wait) if c.window else ""
+            raise WaitTooLong(c.wait, why or f"{host} would wait {c.wait:.1f}s for an exempt read")
         if c.wait > 0:
             await asyncio.sleep(c.wait)
         if c.granted:

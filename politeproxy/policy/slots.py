@@ -46,6 +46,7 @@ class Claim:
     wait: float  # seconds from now until the slot (granted) or until the host/slot would be ready
     at: float  # the slot, or the earliest time the request could go
     probe: bool = False  # granted as the probe after a block: its answer must reach the store at once
+    window: bool = False  # not granted because the service's request window is full (policy.window)
 
     @property
     def granted(self) -> bool:

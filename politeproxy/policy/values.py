@@ -7,6 +7,7 @@ from them.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,17 @@ def _str(v: Any, key: str) -> str:
     if not isinstance(v, str):
         raise ConfigError(f"{key}: expected a string, got {type(v).__name__} {v!r}")
     return v
+
+
+EGRESS_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def egress_name(v: Any, key: str) -> str:
+    """An egress name: a store key part, so letters, digits, ``.``, ``_`` and ``-`` only; empty = default."""
+    name = _str(v, key)
+    if name and not EGRESS_NAME.fullmatch(name):
+        raise ConfigError(f"{key}: expected letters, digits, '.', '_' or '-' (at most 63), got {name!r}")
+    return name
 
 
 def _bool(v: Any, key: str) -> bool:
@@ -145,6 +157,7 @@ CONVERTERS: dict[str, Callable[[Setting], Conv]] = {
     "float": _bounded(_float),
     "bool": lambda s: _bool,
     "string": lambda s: _str,
+    "egress name": lambda s: egress_name,
     "path": lambda s: _str,  # made absolute by config/paths.py when the config loads
     "choice": lambda s: _choice(*s.choices),
     "size": lambda s: parse_size,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.slots import Claim, HostState, Outcome, adaptive_interval
+from politeproxy.policy.window import WindowRule
 
 log = logging.getLogger("politeproxy.store")
 
@@ -91,13 +92,21 @@ class Store(ABC):
 
     @abstractmethod
     async def claim(
-        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+        self,
+        host: str,
+        gap: float,
+        interval: float,
+        max_wait: float | None,
+        not_before: float = 0.0,
+        window: WindowRule | None = None,
     ) -> Claim:
         """Atomically reserve the next global slot and the host's next time, or nothing.
 
         ``gap``: global seconds between grants (0 = off); ``interval``: the host's minimum interval;
         ``max_wait``: reserve nothing if the request would go later than this many seconds from now;
-        ``not_before``: the slot is at least this many seconds from now (the failover store's grace).
+        ``not_before``: the slot is at least this many seconds from now (the failover store's grace);
+        ``window``: the host's service's request window, checked and counted in the same step
+        (``policy.window``): a slot it has no room for reserves nothing (``Claim.window``).
         """
 
     async def exempt_claim(
@@ -108,14 +117,15 @@ class Store(ABC):
         max_wait: float | None,
         hold: bool = True,
         ceiling: str | None = None,
+        window: WindowRule | None = None,
     ) -> Claim:
         """Atomically take a GCRA slot for an exempt read (``rate`` seconds apart after a ``burst``; 0 = no
         ceiling), or nothing. A backoff, a block or a probe out holds it (HOST_NOT_READY).
         ``ceiling``: the record the GCRA state is kept in (the host's service, ``policy.services``), when
-        it is not ``host``'s own; the hold is always read from ``host``'s.
+        it is not ``host``'s own; the hold is always read from ``host``'s. ``window``: as in ``claim``.
 
-        The stores override this; this fallback (for a store that keeps no ceiling) only honours the
-        host's backoff."""
+        The stores override this; this fallback (for a store that keeps no ceiling and no window) only
+        honours the host's backoff."""
         view = await self.host_view(host)
         wait = max(view.backoff_in, view.probe_in if view.blocks else 0.0)
         if hold and wait > 0:
@@ -144,6 +154,10 @@ class Store(ABC):
 
     @abstractmethod
     async def host_view(self, host: str) -> HostView: ...
+
+    async def window_used(self, rule: WindowRule) -> int:
+        """Requests the service's window holds now (slots reserved for later included), for status."""
+        return 0
 
     @abstractmethod
     async def grants(self) -> int:

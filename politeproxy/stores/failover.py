@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.slots import Claim, Outcome, duration
+from politeproxy.policy.window import WindowRule, divided
 from politeproxy.stores.base import HostView, Store, StoreError, WarnOnce
 
 log = logging.getLogger("politeproxy.store")
@@ -138,7 +139,13 @@ class FailoverStore(Store):
             self._floor = max(self._floor, slot + self._wide)
 
     async def claim(
-        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+        self,
+        host: str,
+        gap: float,
+        interval: float,
+        max_wait: float | None,
+        not_before: float = 0.0,
+        window: WindowRule | None = None,
     ) -> Claim:
         gap = duration(gap)
         paced = gap > 0  # a gap of 0 is no global schedule, so there is nothing to guard
@@ -149,8 +156,8 @@ class FailoverStore(Store):
         if not self.degraded:
             try:
                 if paced and self.monotonic() < self._grace_until:
-                    return await self._grace_claim(host, gap, interval, max_wait, not_before)
-                c = await self.primary.claim(host, gap, interval, max_wait, not_before)
+                    return await self._grace_claim(host, gap, interval, max_wait, not_before, window)
+                c = await self.primary.claim(host, gap, interval, max_wait, not_before, window)
             except FAILS as e:
                 self._degrade(e)
                 if paced and (held := self._held()) is not None:
@@ -159,27 +166,40 @@ class FailoverStore(Store):
                 if c.granted and paced:
                     self._shared_granted(c)
                 return c
-        c = await self.fallback.claim(host, gap * self.gap_multiplier, interval, max_wait, not_before)
+        wide = gap * self.gap_multiplier
+        c = await self.fallback.claim(host, wide, interval, max_wait, not_before, self._local(window))
         if c.granted and paced:
             self._local_granted(c, grace=False)
         return c
 
+    def _local(self, rule: WindowRule | None) -> WindowRule | None:
+        """The window one proxy keeps on the fallback: the limit divided like the rate, so N proxies on
+        their fallbacks keep the sum. (Grants made on the shared store just before an outage are not
+        in the fallback's count: the division, not the count, keeps the sum then.)"""
+        return divided(rule, self.gap_multiplier)
+
     async def _grace_claim(
-        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float
+        self,
+        host: str,
+        gap: float,
+        interval: float,
+        max_wait: float | None,
+        not_before: float,
+        window: WindowRule | None,
     ) -> Claim:
         """Just back: take the local widened slot first, then the shared slot no earlier than it, so the
         shared record moves past every grant made in the grace (other proxies claiming from it after their
         own grace then follow it, instead of landing on it)."""
         try:
             local: Claim | None = await self.fallback.claim(
-                host, gap * self.gap_multiplier, interval, max_wait, not_before
+                host, gap * self.gap_multiplier, interval, max_wait, not_before, self._local(window)
             )
         except FAILS:
             local = None
         if local is not None and not local.granted:
             return local
         earliest = max(not_before, local.wait if local is not None else 0.0)
-        c = await self.primary.claim(host, gap, interval, max_wait, earliest)
+        c = await self.primary.claim(host, gap, interval, max_wait, earliest, window)
         if c.granted:  # else the local slot goes unused: a gap, never a burst
             self._local_granted(c, grace=True)
         return c
@@ -218,16 +238,23 @@ class FailoverStore(Store):
         max_wait: float | None,
         hold: bool = True,
         ceiling: str | None = None,
+        window: WindowRule | None = None,
     ) -> Claim:
         # Degraded, the fallback's ceiling is per proxy: widened like the gap, so N proxies keep the sum.
         if not self.degraded:
             try:
-                return await self.primary.exempt_claim(host, rate, burst, max_wait, hold, ceiling)
+                return await self.primary.exempt_claim(host, rate, burst, max_wait, hold, ceiling, window)
             except FAILS as e:
                 self._degrade(e)
         wide = duration(rate) * self.gap_multiplier
         burst = max(1, int(burst / self.gap_multiplier))
-        return await self.fallback.exempt_claim(host, wide, burst, max_wait, hold, ceiling)
+        local = self._local(window)
+        return await self.fallback.exempt_claim(host, wide, burst, max_wait, hold, ceiling, local)
+
+    async def window_used(self, rule: WindowRule) -> int:
+        if self.degraded:
+            return await self.fallback.window_used(rule)
+        return await self._run(lambda s: s.window_used(rule))
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
         if not self.degraded:

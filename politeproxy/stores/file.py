@@ -14,92 +14,31 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import hashlib
 import os
-import struct
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import lru_cache
 from pathlib import Path
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
-from politeproxy.policy.hosts import normalize_host, valid_hostname
-from politeproxy.policy.slots import MAX_BACKOFF, MAX_THROTTLES, Claim, HostState, duration
+from politeproxy.policy.slots import MAX_BACKOFF, Claim, HostState, duration
+from politeproxy.policy.window import WindowRule, WindowState
+from politeproxy.stores import window_records
 from politeproxy.stores.base import HostView, Store, StoreError, jitter_source, other_ceiling
+from politeproxy.stores.file_records import (
+    GLOBAL,
+    HOST,
+    MAX_HOST_FDS,
+    U64,
+    _ns,
+    decode_global,
+    decode_host,
+    encode_host,
+    host_file_name,
+)
 from politeproxy.stores.memory import StateMachine
-
-GLOBAL = struct.Struct(">QQ")
-# next_allowed, backoff_until, robots_expires (UnixNano), throttles, crawl_delay (ns): the 40-byte record
-# of earlier versions, still read; then blocks, fails, probe_until, adapt_interval (ns), adapt_from,
-# adapt_until, tat (UnixNano): 96 bytes, written whole in one pwrite.
-HOST_V1 = struct.Struct(">QQQQQ")
-HOST = struct.Struct(">QQQQQQQQQQQQ")
-NS = 1_000_000_000
-U64 = 2**64 - 1
-MAX_HOST_FDS = 64  # open host files kept (LRU); a name a client chose must not cost an fd for good
-
-
-def _ns(t: float) -> int:
-    """Seconds to uint64 nanoseconds; never raises (callers hand sane times, this is the last fence)."""
-    if t != t or t <= 0:
-        return 0
-    return U64 if t >= U64 / NS else round(t * NS)
-
-
-def _s(ns: int) -> float:
-    return ns / NS
-
-
-def decode_global(data: bytes) -> tuple[float, int] | None:
-    """The (next, count) of a 16-byte record, or None for a short one. Never raises: any 16 bytes are two
-    uint64s, the time then goes through the sanity bounds."""
-    if len(data) < GLOBAL.size:
-        return None
-    nxt, count = GLOBAL.unpack_from(data)
-    return _s(nxt), count
-
-
-def decode_host(data: bytes) -> HostState | None:
-    """The host state of a 96-byte record (or an earlier 40-byte one: the new fields absent), or None for
-    a short one. Never raises; the counts are cut just past their bound, so the sanity check sees them."""
-    if len(data) < HOST_V1.size:
-        return None
-    if len(data) < HOST.size:
-        data = data[: HOST_V1.size] + bytes(HOST.size - HOST_V1.size)
-    nxt, until, robots, throttles, delay, blocks, fails, probe, ai, afrom, auntil, tat = HOST.unpack(
-        data[: HOST.size]
-    )
-    c = MAX_THROTTLES + 1
-    return HostState(  # ns / NS inline, not _s(): read on every claim (issue 15: per-request calls)
-        nxt / NS, until / NS, min(throttles, c), delay / NS, robots / NS, min(blocks, c), min(fails, c),
-        probe / NS, ai / NS, afrom / NS, auntil / NS, tat / NS,
-    )  # fmt: skip
-
-
-def encode_host(st: HostState) -> bytes:
-    def n(x: int) -> int:
-        return min(max(0, x), U64)
-
-    return HOST.pack(
-        _ns(st.next_allowed), _ns(st.backoff_until), _ns(st.robots_expires), n(st.throttles),
-        _ns(st.crawl_delay), n(st.blocks), n(st.fails), _ns(st.probe_until), _ns(st.adapt_interval),
-        _ns(st.adapt_from), _ns(st.adapt_until), _ns(st.tat),
-    )  # fmt: skip
-
-
-@lru_cache(maxsize=4096)  # a pure function of the name, asked on every claim: bounded, like the fds
-def host_file_name(host: str) -> str:
-    """The file name for a host: the normalised name when it is RFC 1123 labels, else a hash of it.
-
-    Hashed rather than refused: a StoreError would make the failover store treat a client-chosen name as
-    an outage and switch every host to the fallback. ``_`` cannot start a valid name, so no collision."""
-    name = normalize_host(host)
-    if valid_hostname(name):
-        return name
-    return "_" + hashlib.sha256(host.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
 
 class _Held:
@@ -191,12 +130,15 @@ class FileStore(Store):
         self.sm.max_backoff = duration(max_backoff, MAX_BACKOFF)
         self.path = self.dir / "ratelimit.lock"
         self.host_dir = self.dir / "hosts"
+        self.window_dir = self.dir / "windows"  # one record per service (stores/window_records.py)
         try:
             self.host_dir.mkdir(parents=True, exist_ok=True)
+            self.window_dir.mkdir(exist_ok=True)
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise StoreError(f"cannot open {self.path}: {e}") from e
         self.host_fds: OrderedDict[str, int] = OrderedDict()
+        self.window_fds: dict[str, int] = {}  # one per named service: a handful
         self.lock_timeout = 5.0
         # flock belongs to the open file description, which every coroutine here shares: two of them
         # "holding" it at once would let the first one's unlock end the second one's critical section
@@ -296,7 +238,7 @@ class FileStore(Store):
         return st
 
     def _write_host(self, host: str, st: HostState) -> None:
-        # One pwrite of 40 bytes: a kill -9 leaves the old or the new record, never half of each.
+        # One pwrite of 96 bytes: a kill -9 leaves the old or the new record, never half of each.
         fd = self._host_fd(host, create=True)
         assert fd is not None
         os.pwrite(fd, encode_host(st), 0)
@@ -304,12 +246,21 @@ class FileStore(Store):
     # -- Store ------------------------------------------------------------------------------------
 
     async def claim(
-        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+        self,
+        host: str,
+        gap: float,
+        interval: float,
+        max_wait: float | None,
+        not_before: float = 0.0,
+        window: WindowRule | None = None,
     ) -> Claim:
         async with self._held():
             nxt, count = self._read_global()
             st = self._read_host(host)
             c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait, not_before)
+            c, counted = self._windowed(c, window, max_wait)
+            if not c.granted and c.window:  # the window has no room: nothing reserved, nothing written
+                return c
             if c.granted:
                 self._write_global(new_next, count + 1)
             elif new_next != nxt:  # a corrupt record, treated as now: write that back
@@ -322,6 +273,44 @@ class FileStore(Store):
             self.note_probe(host, c)
             return c
 
+    def _windowed(
+        self, c: Claim, rule: WindowRule | None, max_wait: float | None
+    ) -> tuple[Claim, WindowState | None]:
+        """The claim through the service's window, read and (when granted) written under the flock held."""
+        if rule is None or not rule.on or not c.granted:
+            return c, None
+        c, counted = self.sm.windowed(c, self._read_window(rule), rule, max_wait)
+        if counted is not None:
+            self._write_window(rule, counted)
+        return c, counted
+
+    def _window_fd(self, rule: WindowRule) -> int:
+        name = host_file_name(rule.service)
+        fd = self.window_fds.get(name)
+        if fd is None:
+            while len(self.window_fds) >= MAX_HOST_FDS:  # services are a handful; the bound is a fence
+                os.close(self.window_fds.pop(next(iter(self.window_fds))))
+            fd = os.open(os.path.join(self.window_dir, name), os.O_RDWR | os.O_CREAT, 0o644)
+            self.window_fds[name] = fd
+        return fd
+
+    def _read_window(self, rule: WindowRule) -> WindowState:
+        state, ok = window_records.decode(os.pread(self._window_fd(rule), window_records.SIZE, 0))
+        if not ok:
+            msg = "file store: the window record of %s is not one; treated as empty"
+            self.sm.warn("window", msg, rule.service)
+        return state
+
+    def _write_window(self, rule: WindowRule, state: WindowState) -> None:
+        fd = self._window_fd(rule)
+        data = window_records.encode(state)
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+
+    async def window_used(self, rule: WindowRule) -> int:
+        async with self._held():
+            return self.sm.window_used(self._read_window(rule), rule)
+
     async def exempt_claim(
         self,
         host: str,
@@ -330,12 +319,14 @@ class FileStore(Store):
         max_wait: float | None,
         hold: bool = True,
         ceiling: str | None = None,
+        window: WindowRule | None = None,
     ) -> Claim:
         key = other_ceiling(host, ceiling)
         async with self._held():
             st = self._read_host(host)
             other = None if key is None else self._read_host(key)
             c, new, new_other = self.sm.exempt_claim(st, rate, burst, max_wait, hold, other)
+            c, _ = self._windowed(c, window, max_wait)
             if c.granted and new != st:
                 self._write_host(host, new)
             if c.granted and key is not None and new_other is not None and new_other != other:
@@ -385,11 +376,12 @@ class FileStore(Store):
             return self._read_global()[1]
 
     async def close(self) -> None:
-        for fd in [self.fd, *self.host_fds.values()]:
+        for fd in [self.fd, *self.host_fds.values(), *self.window_fds.values()]:
             try:
                 os.close(fd)
             except OSError:
                 pass
         self.host_fds.clear()
+        self.window_fds.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

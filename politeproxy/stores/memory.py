@@ -6,9 +6,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from politeproxy.policy import backoff, slots
+from politeproxy.policy import backoff, slots, window
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_DURATION, Bounds, Claim, HostState, duration
+from politeproxy.policy.window import WindowRule, WindowState
 from politeproxy.stores.base import HostView, Store, WarnOnce, jitter_source, other_ceiling
 
 # Outside a claim the host's interval is unknown: bound next_allowed by the longest interval a config may
@@ -93,6 +94,25 @@ class StateMachine:
         ceiling = self.check_host(ceiling, now, loose)
         return slots.exempt_claim_split(now, host, ceiling, duration(rate), max(1, burst), deadline, hold)
 
+    def windowed(
+        self, c: Claim, state: WindowState, rule: WindowRule | None, max_wait: float | None
+    ) -> tuple[Claim, WindowState | None]:
+        """A claim passed through the service's request window (``policy.window.gate``): the claim, and
+        the window with its slot counted when granted (None: nothing to write)."""
+        if rule is None or not rule.on or not c.granted:
+            return c, None
+        now = self.clock()
+        st, ok = window.live(state, now, rule)
+        if not ok:
+            msg = "%s store: the request window of %s holds counts no legitimate use gives; bounded"
+            self.warn("window", msg, self.name, rule.service)
+        deadline = None if max_wait is None else now + duration(max_wait)
+        return window.gate(c, now, st, rule, deadline)
+
+    def window_used(self, state: WindowState, rule: WindowRule) -> int:
+        now = self.clock()
+        return window.used(window.live(state, now, rule)[0], now, rule)
+
     def throttled(
         self,
         host: HostState,
@@ -161,17 +181,40 @@ class MemoryStore(Store):
         self.global_next = 0.0
         self.count = 0
         self.hosts: dict[str, HostState] = {}
+        self.windows: dict[str, WindowState] = {}  # service -> its request window (a few named services)
 
     async def claim(
-        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+        self,
+        host: str,
+        gap: float,
+        interval: float,
+        max_wait: float | None,
+        not_before: float = 0.0,
+        window: WindowRule | None = None,
     ) -> Claim:
-        c, self.global_next, self.hosts[host] = self.sm.claim(
+        c, new_next, new_host = self.sm.claim(
             self.global_next, self.hosts.get(host, HostState()), gap, interval, max_wait, not_before
         )
+        c, counted = self._windowed(c, window, max_wait)
+        if c.window:  # the window has no room: nothing reserved
+            return c
+        self.global_next, self.hosts[host] = new_next, new_host  # a corrupt record's sane form too
         if c.granted:
+            if counted is not None and window is not None:
+                self.windows[window.service] = counted
             self.count += 1
             self.note_probe(host, c)
         return c
+
+    def _windowed(
+        self, c: Claim, rule: WindowRule | None, max_wait: float | None
+    ) -> tuple[Claim, WindowState | None]:
+        if rule is None:
+            return c, None
+        return self.sm.windowed(c, self.windows.get(rule.service, WindowState()), rule, max_wait)
+
+    async def window_used(self, rule: WindowRule) -> int:
+        return self.sm.window_used(self.windows.get(rule.service, WindowState()), rule)
 
     async def exempt_claim(
         self,
@@ -181,12 +224,16 @@ class MemoryStore(Store):
         max_wait: float | None,
         hold: bool = True,
         ceiling: str | None = None,
+        window: WindowRule | None = None,
     ) -> Claim:
         key = other_ceiling(host, ceiling)
         other = None if key is None else self.hosts.get(key, HostState())
         c, new, new_ceiling = self.sm.exempt_claim(
             self.hosts.get(host, HostState()), rate, burst, max_wait, hold, other
         )
+        c, counted = self._windowed(c, window, max_wait)
+        if counted is not None and window is not None:
+            self.windows[window.service] = counted
         if c.granted:
             self.hosts[host] = new
             if key is not None and new_ceiling is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from politeproxy.policy import slots
 from politeproxy.policy.backoff import FAIL_BLOCK
+from politeproxy.stores.redis_window_lua import WINDOW_FUNCTIONS
 
 US = 1_000_000
 
@@ -122,12 +123,14 @@ local function host_furthest(key)
   return math.max(num(h[1]), num(h[2]), num(h[3]), num(h[4]), num(h[5]), num(h[6]))
 end
 """
+    + WINDOW_FUNCTIONS
 )
 
-# KEYS: global, host. ARGV: gap_us, interval_us, max_wait_us ('' = none), key_ttl_ms, max_backoff_us,
-# not_before_us (the slot is no earlier than now + this), last_next_us (the next this proxy wrote last).
-# Returns {outcome (0 granted, 1 host not ready, 2 too late), wait_us, at_us, corrupt (1 global, 2 host)
-# [, probe (1: granted as the probe after a block)]}.
+# KEYS: global, host, window (the service's request window for this egress). ARGV: gap_us, interval_us,
+# max_wait_us ('' = none), key_ttl_ms, max_backoff_us, not_before_us (the slot is no earlier than now +
+# this), last_next_us (the next this proxy wrote last), window_us, window_limit (0 = no window).
+# Returns {outcome (0 granted, 1 host not ready, 2 too late), wait_us, at_us, corrupt (1 global, 2 host,
+# 4 window), probe (1: granted as the probe after a block), window (1: the window had no room)}.
 CLAIM = (
     PRELUDE
     + """
@@ -171,6 +174,9 @@ if h[6] > 0 and h[8] > now then  -- blocked, and the probe is out: look again so
   return {1, poll, now + poll, corrupt}
 end
 if deadline ~= nil and slot > deadline then return {2, slot - now, slot, corrupt} end
+local full, wok = win_gate(KEYS[3], slot, now, deadline, tonumber(ARGV[8]), tonumber(ARGV[9]))
+if not wok then corrupt = corrupt + 4 end
+if full ~= nil then return {full[1], full[2], full[3], corrupt, 0, 1} end
 
 local new_next = gnext
 if gap > 0 then new_next = slot + gap end
@@ -187,7 +193,7 @@ if h[6] > 0 then redis.call('HSET', KEYS[2], 'probe_until', fmt(slot + PROBE_LEA
 if step > 0 or h[6] > 0 then keep(KEYS[2], now, ttl_ms, host_furthest(KEYS[2])) end
 local probe = 0
 if h[6] > 0 then probe = 1 end
-return {0, slot - now, slot, corrupt, probe}
+return {0, slot - now, slot, corrupt, probe, 0}
 """
 )
 
@@ -248,12 +254,12 @@ return {delay_us, corrupt, b}
 """
 )
 
-# KEYS: host, ceiling (the record holding the GCRA state: the host's service, or the host itself).
-# ARGV: rate_us (0 = no ceiling), burst, max_wait_us ('' = none), key_ttl_ms, max_backoff_us,
-# hold ('1': the backoff, block and probe hold the read; '0': exempt.respect_backoff = false).
-# Returns {outcome, wait_us, corrupt (2 host)[, probe]}.
-# slots.exempt_claim: a GCRA slot, held by a backoff, a block or a probe out. Returns {outcome, wait_us,
-# corrupt (2 host)}.
+# KEYS: host, ceiling (the record holding the GCRA state: the host's service, or the host itself), window
+# (as CLAIM's). ARGV: rate_us (0 = no ceiling), burst, max_wait_us ('' = none), key_ttl_ms,
+# max_backoff_us, hold ('1': the backoff, block and probe hold the read; '0': exempt.respect_backoff =
+# false), window_us, window_limit (0 = no window).
+# slots.exempt_claim: a GCRA slot, held by a backoff, a block or a probe out, then the window.
+# Returns {outcome, wait_us, corrupt (2 host, 4 window), probe, window (1: the window had no room)}.
 EXEMPT = (
     PRELUDE
     + """
@@ -293,6 +299,9 @@ if rate > 0 then
   tat = tat + rate
 end
 if deadline ~= nil and slot > deadline then return {2, slot - now, corrupt} end
+local full, wok = win_gate(KEYS[3], slot, now, deadline, tonumber(ARGV[7]), tonumber(ARGV[8]))
+if not wok then corrupt = corrupt + 4 end
+if full ~= nil then return {full[1], full[2], corrupt, 0, 1} end
 if rate > 0 then
   redis.call('HSET', KEYS[2], 'tat', fmt(tat))
   keep(KEYS[2], now, ttl_ms, host_furthest(KEYS[2]))
@@ -302,8 +311,8 @@ if probe then
   redis.call('HSET', KEYS[1], 'probe_until', fmt(slot + PROBE_LEASE))
   keep(KEYS[1], now, ttl_ms, host_furthest(KEYS[1]))
 end
-if probe then return {0, slot - now, corrupt, 1} end
-return {0, slot - now, corrupt, 0}
+if probe then return {0, slot - now, corrupt, 1, 0} end
+return {0, slot - now, corrupt, 0, 0}
 """
 )
 
@@ -344,6 +353,20 @@ redis.call('HSET', KEYS[1], 'crawl_delay', fmt(tonumber(ARGV[1])),
   'robots_expires', fmt(now + tonumber(ARGV[2])))
 keep(KEYS[1], now, tonumber(ARGV[3]), host_furthest(KEYS[1]))
 return 1
+"""
+)
+
+# KEYS: window. ARGV: window_us. The requests the window holds now (reserved slots included).
+WINDOW_USED = (
+    PRELUDE
+    + """
+local now = now_us()
+local W = tonumber(ARGV[1])
+local b, ok, w = win_live(KEYS[1], now, W)
+local lo = math.floor((now - W) / w)
+local n = 0
+for _, e in ipairs(b) do if e[1] >= lo then n = n + e[2] end end
+return n
 """
 )
 

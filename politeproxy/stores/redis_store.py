@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_CRAWL_DELAY, MAX_ROBOTS_TTL, Claim, Outcome, duration
+from politeproxy.policy.window import WindowRule
 from politeproxy.stores import redis_lua
 from politeproxy.stores.base import HostView, Store, StoreError, WarnOnce, jitter_source
 
@@ -41,6 +42,20 @@ def _us(seconds: float) -> int:
     if seconds <= 0:
         return 0
     return max(1, round(seconds * US))
+
+
+def _window_args(rule: WindowRule | None) -> list[int]:
+    """The scripts' window_us and window_limit (0: no window)."""
+    if rule is None or not rule.on:
+        return [0, 0]
+    return [_us(duration(rule.seconds)), max(0, int(rule.limit))]
+
+
+def _claim(code: int, wait: float, rest: Sequence[Any]) -> Claim:
+    """A claim from a script's answer: its optional tail is the probe flag, then the window flag."""
+    probe = bool(rest and int(rest[0]))
+    full = bool(len(rest) > 1 and int(rest[1]))
+    return Claim(_OUTCOMES[code], wait, time.time() + wait, probe, full)
 
 
 class RedisStore(Store):
@@ -82,6 +97,7 @@ class RedisStore(Store):
         self._succeeded = self.client.register_script(redis_lua.SUCCEEDED)
         self._set_crawl_delay = self.client.register_script(redis_lua.SET_CRAWL_DELAY)
         self._host_view = self.client.register_script(redis_lua.HOST_VIEW)
+        self._window_used = self.client.register_script(redis_lua.WINDOW_USED)
 
     @property
     def global_key(self) -> str:
@@ -89,6 +105,12 @@ class RedisStore(Store):
 
     def host_key(self, host: str) -> str:
         return f"{self.prefix}host:{host}"
+
+    def window_key(self, rule: WindowRule | None) -> str:
+        """One window per egress and service: every proxy with the same ``[egress] name`` shares it."""
+        if rule is None:
+            return f"{self.prefix}window:-"
+        return f"{self.prefix}window:{rule.egress}:{rule.service}"
 
     async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         try:
@@ -113,31 +135,51 @@ class RedisStore(Store):
         if flags & 2:
             msg = "redis store: the record of %s holds times no legitimate wait gives; treated as now"
             self.warn("host", msg, host)
+        if flags & 4:
+            msg = "redis store: the request window of %s's service holds counts no use gives; bounded"
+            self.warn("window", msg, host)
 
     async def claim_with_server_time(
-        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+        self,
+        host: str,
+        gap: float,
+        interval: float,
+        max_wait: float | None,
+        not_before: float = 0.0,
+        window: WindowRule | None = None,
     ) -> tuple[Claim, float]:
         """Like :meth:`claim`, plus the slot in the server's clock (exact; for tests and diagnostics)."""
         wait_arg = "" if max_wait is None else round(duration(max_wait) * US)
         gap_us = _us(duration(gap))
         args = [gap_us, _us(duration(interval)), wait_arg, self.key_ttl_ms, _us(self.max_backoff)]
-        args += [_us(duration(not_before)), self._last_next_us]
-        code, wait_us, at_us, corrupt, *probe = await self._script(
-            "claim", self._claim, [self.global_key, self.host_key(host)], args
-        )
+        args += [_us(duration(not_before)), self._last_next_us, *_window_args(window)]
+        keys = [self.global_key, self.host_key(host), self.window_key(window)]
+        code, wait_us, at_us, corrupt, *rest = await self._script("claim", self._claim, keys, args)
         self._corrupt(int(corrupt), host)
         if int(code) == 0 and gap_us > 0:
             self._last_next_us = int(at_us) + gap_us
         wait = int(wait_us) / US
         # The slot is in the server's clock; ``at`` is re-based on the local one so local code can use it.
-        c = Claim(_OUTCOMES[int(code)], wait, time.time() + wait, bool(probe and int(probe[0])))
+        c = _claim(int(code), wait, rest)
         self.note_probe(host, c)
         return c, int(at_us) / US
 
     async def claim(
-        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+        self,
+        host: str,
+        gap: float,
+        interval: float,
+        max_wait: float | None,
+        not_before: float = 0.0,
+        window: WindowRule | None = None,
     ) -> Claim:
-        return (await self.claim_with_server_time(host, gap, interval, max_wait, not_before))[0]
+        return (await self.claim_with_server_time(host, gap, interval, max_wait, not_before, window))[0]
+
+    async def window_used(self, rule: WindowRule) -> int:
+        if not rule.on:
+            return 0
+        keys, args = [self.window_key(rule)], [_us(duration(rule.seconds))]
+        return int(await self._script("window_used", self._window_used, keys, args))
 
     async def exempt_claim(
         self,
@@ -147,15 +189,16 @@ class RedisStore(Store):
         max_wait: float | None,
         hold: bool = True,
         ceiling: str | None = None,
+        window: WindowRule | None = None,
     ) -> Claim:
         wait_arg = "" if max_wait is None else round(duration(max_wait) * US)
         args = [_us(duration(rate)), max(1, int(burst)), wait_arg, self.key_ttl_ms, _us(self.max_backoff)]
-        args.append("1" if hold else "0")
-        keys = [self.host_key(host), self.host_key(ceiling or host)]
-        code, wait_us, corrupt, *probe = await self._script("exempt_claim", self._exempt, keys, args)
+        args += ["1" if hold else "0", *_window_args(window)]
+        keys = [self.host_key(host), self.host_key(ceiling or host), self.window_key(window)]
+        code, wait_us, corrupt, *rest = await self._script("exempt_claim", self._exempt, keys, args)
         self._corrupt(int(corrupt), host)
         wait = int(wait_us) / US
-        c = Claim(_OUTCOMES[int(code)], wait, time.time() + wait, bool(probe and int(probe[0])))
+        c = _claim(int(code), wait, rest)
         self.note_probe(host, c)
         return c
 

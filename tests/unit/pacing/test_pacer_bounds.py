@@ -66,7 +66,7 @@ class BrokenStore(MemoryStore):
         self.claims = 0
         self.exc = exc
 
-    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None):  # type: ignore[no-untyped-def]
+    async def claim(self, host: str, gap: float, interval: float, max_wait: float | None, *a, **kw):  # type: ignore[no-untyped-def]
         self.claims += 1
         if self.broken:
             raise self.exc(f"ratelimit.lock: bad record {self.claims * 7919} at offset {self.claims}")

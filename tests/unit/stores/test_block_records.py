@@ -10,7 +10,8 @@ from pathlib import Path
 
 from politeproxy.policy.backoff import BackoffPolicy, Kind
 from politeproxy.policy.slots import Outcome
-from politeproxy.stores.file import HOST, FileStore
+from politeproxy.stores.file import FileStore
+from politeproxy.stores.file_records import HOST
 from politeproxy.stores.memory import MemoryStore
 
 NOW = 1_700_000_000.0

@@ -13,7 +13,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from politeproxy.policy.slots import HostState
-from politeproxy.stores.file import GLOBAL, FileStore, encode_host, host_file_name
+from politeproxy.stores.file import FileStore
+from politeproxy.stores.file_records import GLOBAL, encode_host, host_file_name
 from politeproxy.stores.memory import MemoryStore
 from politeproxy.stores.redis_store import RedisStore
 from tests.support.claim_rows_holds import HOLD_ROWS

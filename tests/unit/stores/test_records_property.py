@@ -38,7 +38,8 @@ from politeproxy.policy.slots import (
     sane_host,
 )
 from politeproxy.stores.base import Store
-from politeproxy.stores.file import GLOBAL, HOST_V1, FileStore, decode_global, decode_host, host_file_name
+from politeproxy.stores.file import FileStore
+from politeproxy.stores.file_records import GLOBAL, HOST_V1, decode_global, decode_host, host_file_name
 from politeproxy.stores.memory import MemoryStore
 
 NOW = 1_700_000_000.0

@@ -1,0 +1,154 @@
+"""The request window Common Crawl enforces, kept per egress and service (policy core, no I/O).
+
+Common Crawl's WAF blocks an IP that sends more than 6,000 requests in any 300 s, all kinds together
+(DESIGN.md, "Facts about the far side"). The proxy counts every request it lets go to a service in a
+trailing window of ``seconds`` and lets one more go at time ``t`` only when no window holding ``t`` would
+then hold more than ``limit``.
+
+The count is kept in ``BUCKETS`` buckets per window (each ``seconds / BUCKETS`` wide), so a record stays
+small whatever the rate: its buckets lie between one window before now and ``AHEAD`` buckets after it.
+The check is conservative: every bucket that reaches into ``(t - seconds, +inf)`` counts in full, slots
+reserved for later included, so no trailing window ever holds more than ``limit`` requests; the price is
+at most one bucket's share of the window.
+
+Use (every store does this inside the one critical section of a claim)::
+
+    state = live(state, now, rule)              # stale buckets dropped
+    c, new = gate(claim, now, state, rule, deadline)
+    if new is not None: write(new)              # granted: the request is counted at its slot
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from politeproxy.policy.slots import Claim, Outcome
+
+BUCKETS = 50  # per window: 6 s buckets for Common Crawl's 300 s
+AHEAD = 2 * BUCKETS  # a slot at most this many buckets past now is counted; a later one waits
+MAX_KEPT = BUCKETS + AHEAD + 2  # buckets a sane record holds at most
+MAX_COUNT = 10_000_000  # requests one bucket may claim to hold (a record holding more is corrupt)
+EPSILON = 1e-6  # past a bucket's edge, so the next look finds it out of the window (float rounding)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRule:
+    """One service's window: at most ``limit`` requests in any ``seconds`` (``limit`` 0: no window).
+
+    ``service`` names the record (``policy.services.service_key``); ``egress`` the IP's name that Common
+    Crawl counts (``[egress] name``): the shared store keeps one record per egress and service."""
+
+    service: str
+    egress: str
+    seconds: float
+    limit: int
+
+    @property
+    def on(self) -> bool:
+        return self.limit > 0 and self.seconds > 0
+
+    @property
+    def width(self) -> float:
+        return self.seconds / BUCKETS
+
+
+@dataclass(frozen=True, slots=True)
+class WindowState:
+    """The counts of one window: ``(bucket, count)`` pairs, bucket ``floor(t / width)``, ascending."""
+
+    width: float = 0.0
+    buckets: tuple[tuple[int, int], ...] = ()
+
+    def total(self) -> int:
+        return sum(c for _, c in self.buckets)
+
+
+def _index(t: float, width: float) -> int:
+    return math.floor(t / width)
+
+
+def live(state: WindowState, now: float, rule: WindowRule) -> tuple[WindowState, bool]:
+    """The state with buckets no later look can count dropped, and whether the record was sane.
+
+    A record kept at another width (the window was changed) has all its counts moved to the end of its
+    newest bucket: they then last at least as long as they should. A record that is not sane (a bucket
+    beyond AHEAD, a count beyond MAX_COUNT, not in order) is bounded the same way; it holds the service for
+    at most one window more, never longer."""
+    w = rule.width
+    lo = _index(now - rule.seconds, w)
+    hi = _index(now, w) + AHEAD
+    kept: list[tuple[int, int]] = []
+    sane = state.width == w or not state.buckets
+    prev: int | None = None
+    for i, c in state.buckets:
+        if not (0 < c <= MAX_COUNT) or i > hi or (prev is not None and i <= prev):
+            sane = False
+        prev = i
+    if sane:
+        kept = [(i, c) for i, c in state.buckets if i >= lo]
+        return WindowState(w, tuple(kept)), True
+    total = min(MAX_COUNT, sum(min(max(0, c), MAX_COUNT) for _, c in state.buckets))
+    old_w = state.width if state.width == state.width and state.width > 0 else w
+    newest = max(i for i, _ in state.buckets)
+    end = min((newest + 1) * old_w, (hi + 1) * w)  # the latest time any of them may stand for
+    if total <= 0 or end <= now - rule.seconds:
+        return WindowState(w, ()), state.width != w  # all of it stale: a changed width is no fault
+    at = max(lo, min(hi, _index(end, w)))
+    return WindowState(w, ((at, total),)), state.width != w and state.width == state.width
+
+
+def wait(state: WindowState, t: float, now: float, rule: WindowRule) -> float:
+    """0 when one more request may go at ``t``; else seconds from ``now`` until it is worth asking again
+    (the earliest time one could go). ``state`` is live."""
+    if not rule.on:
+        return 0.0
+    w = rule.width
+    if (ti := _index(t, w)) > _index(now, w) + AHEAD:  # too far ahead to count: wait until it is not
+        return max(EPSILON, (ti - AHEAD) * w - now + EPSILON)
+    lo = _index(t - rule.seconds, w)
+    counted = [(i, c) for i, c in state.buckets if i >= lo]
+    total = sum(c for _, c in counted)
+    if total < rule.limit:
+        return 0.0
+    for i, c in counted:  # ascending: the oldest bucket leaves the window first
+        total -= c
+        if total < rule.limit:
+            return max(EPSILON, (i + 1) * w + rule.seconds - now + EPSILON)
+    return max(EPSILON, t + rule.seconds - now)  # a limit of 0 never gets here (``on``)
+
+
+def record(state: WindowState, t: float, rule: WindowRule) -> WindowState:
+    """``state`` with one request counted at ``t``."""
+    i = _index(t, rule.width)
+    b = dict(state.buckets)
+    b[i] = b.get(i, 0) + 1
+    return WindowState(rule.width, tuple(sorted(b.items())))
+
+
+def gate(
+    c: Claim, now: float, state: WindowState, rule: WindowRule | None, deadline: float | None = None
+) -> tuple[Claim, WindowState | None]:
+    """A claim passed through the window: granted, the claim and the window with its slot counted;
+    else a claim that reserves nothing (``window=True``: the window is why) and None. ``state`` is live."""
+    if rule is None or not rule.on or not c.granted:
+        return c, None
+    if (later := wait(state, c.at, now, rule)) > 0:
+        at = max(c.at, now + later)
+        late = deadline is not None and at > deadline
+        outcome = Outcome.TOO_LATE if late else Outcome.HOST_NOT_READY
+        return Claim(outcome, at - now, at, window=True), None
+    return c, record(state, c.at, rule)
+
+
+def used(state: WindowState, now: float, rule: WindowRule) -> int:
+    """Requests the window holds now (slots reserved for later included): what status shows."""
+    lo = _index(now - rule.seconds, rule.width)
+    return sum(c for i, c in state.buckets if i >= lo)
+
+
+def divided(rule: WindowRule | None, n: float) -> WindowRule | None:
+    """The rule one of ``n`` proxies keeps alone while the shared store is down (at least 1 request)."""
+    if rule is None or not rule.on or n <= 1:
+        return rule
+    return WindowRule(rule.service, rule.egress, rule.seconds, max(1, int(rule.limit // n)))
