@@ -120,14 +120,9 @@ class FrontProtocol(asyncio.Protocol):
 
     def _speaks_tls(self) -> None:
         """A TLS ClientHello where a request head belongs: the client was given an https:// proxy URL.
-        No HTTP answer can reach it (it waits for a ServerHello), so the log says the fix; then close."""
-        self.done = True
-        if self.timer:
-            self.timer.cancel()
-        refusals.info(self.client, "%s: %s", self.client, TLS_TO_PLAIN_PORT)
-        self.proxy.events.rejected("other", "bad_request")
-        if self.transport:
-            self.transport.close()
+        The log line names the fix; the 400 is for a human with a raw socket (a TLS client reads no
+        HTTP), then the connection closes."""
+        self._fail(400, "Bad Request", TLS_TO_PLAIN_PORT, "bad_request")
 
     def refuse(self, r: Refusal) -> None:
         self._fail(r.status, r.reason, r.message, r.why)
