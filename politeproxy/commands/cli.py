@@ -1,4 +1,4 @@
-"""The command line: run, env, ca, check-config."""
+"""The command line: run, env, ca, status, cache, doctor, simulate, release, check-config."""
 
 from __future__ import annotations
 
@@ -174,6 +174,32 @@ def cmd_status(args: argparse.Namespace) -> int:
     return statusview.run(url, watch=args.watch, interval=args.interval, as_json=args.json)
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """A workload through the config's pacing policy on a virtual clock (issue 24 item 6)."""
+    from politeproxy.commands import simulate
+
+    try:
+        cfg = _config(args)
+    except ConfigError as e:
+        return _fail(str(e))
+    return simulate.main(args, cfg)
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """Lift a host's hold or backoff through the admin endpoint (issue 24 item 5)."""
+    from politeproxy.commands import release
+
+    url = args.admin
+    if url is None:
+        from politeproxy.observe import statusview
+
+        try:
+            url = statusview.admin_url(*_config(args).listen)
+        except ConfigError as e:
+            return _fail(str(e))
+    return release.main(url, args.host)
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     """The shared disk cache in <data_dir>/cache (issue 14): stats, or clear it."""
     from politeproxy.cache import report
@@ -243,6 +269,20 @@ def parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="check this shell's proxy settings; send one request through it")
     doc.add_argument("--url", default=DOCTOR_URL, help=f"a paced https URL to fetch (default {DOCTOR_URL})")
     doc.set_defaults(func=cmd_doctor)
+    sim = sub.add_parser("simulate", help="run a workload through this config's pacing on a virtual clock")
+    common(sim)
+    sim.add_argument(
+        "--workload", help='rates per class, e.g. "exempt=50/s,paced=5/s" (optionally per pipeline)'
+    )
+    sim.add_argument("--log", help="replay this proxy access log instead of --workload")
+    sim.add_argument("--duration", default="1h", help="simulated time (default 1h)")
+    sim.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    sim.set_defaults(func=cmd_simulate)
+    rel = sub.add_parser("release", help="lift a host's hold or backoff now (every proxy on the store)")
+    common(rel)
+    rel.add_argument("host", help="the host (or any name of its service) to release")
+    rel.add_argument("--admin", help="the proxy's admin URL (default: http://LISTEN from the config)")
+    rel.set_defaults(func=cmd_release)
     chk = sub.add_parser("check-config", help="validate a config file")
     chk.add_argument("file")
     chk.set_defaults(func=cmd_check_config)
