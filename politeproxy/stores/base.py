@@ -163,6 +163,11 @@ class Store(ABC):
     async def grants(self) -> int:
         """Grants counted by the global record (all processes sharing this store)."""
 
+    async def release(self, host: str) -> None:
+        """Lift the host's backoff, block and probe, and reset its counts and raised interval (``politeproxy
+        release``): every proxy sharing the store sends to it again at its configured pace."""
+        raise NotImplementedError(f"{self.name} cannot release a host")
+
     async def mirror_backoff(self, host: str, seconds: float) -> None:
         """Push the host's backoff out to at least ``seconds`` from now, leaving its throttle count alone:
         the failover store copies every backoff the shared store records here, so the fallback knows it."""

@@ -270,6 +270,11 @@ class FailoverStore(Store):
     async def mirror_backoff(self, host: str, seconds: float) -> None:
         await self._run(lambda s: s.mirror_backoff(host, seconds))
 
+    async def release(self, host: str) -> None:
+        """Both stores: the fallback holds a mirror of every backoff the shared store recorded."""
+        await self.fallback.release(host)
+        await self._run(lambda s: s.release(host))
+
     async def succeeded(self, host: str) -> None:
         await self._run(lambda s: s.succeeded(host))
 

@@ -363,6 +363,16 @@ class FileStore(Store):
             if new != st:
                 self._write_host(host, new)
 
+    async def release(self, host: str) -> None:
+        self.probe_answered(host)
+        async with self._held():
+            if self._host_fd(host, create=False) is None:
+                return
+            st = self._read_host(host)
+            new = self.sm.released(st)
+            if new != st:
+                self._write_host(host, new)
+
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
         async with self._held():
             self._write_host(host, self.sm.with_crawl_delay(self._read_host(host), delay, ttl))

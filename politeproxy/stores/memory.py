@@ -137,6 +137,12 @@ class StateMachine:
         until = now + duration(seconds, self.max_backoff)
         return host if host.backoff_until >= until else replace(host, backoff_until=until)
 
+    def released(self, host: HostState) -> HostState:
+        return replace(
+            self.checked(host), backoff_until=0.0, throttles=0, blocks=0, fails=0, probe_until=0.0,
+            adapt_interval=0.0, adapt_from=0.0, adapt_until=0.0,
+        )  # fmt: skip
+
     def checked(self, host: HostState) -> HostState:
         return self.check_host(host, self.clock(), replace(LOOSE, backoff=self.max_backoff))
 
@@ -261,6 +267,11 @@ class MemoryStore(Store):
         self.probe_answered(host)
         if host in self.hosts:
             self.hosts[host] = self.sm.succeeded(self.hosts[host])
+
+    async def release(self, host: str) -> None:
+        self.probe_answered(host)
+        if host in self.hosts:
+            self.hosts[host] = self.sm.released(self.hosts[host])
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
         self.hosts[host] = self.sm.with_crawl_delay(self.hosts.get(host, HostState()), delay, ttl)

@@ -344,6 +344,16 @@ return 1
 """
 )
 
+# KEYS: host. A release (politeproxy release): the hold, the counts and the raised interval cleared,
+# without creating a key (a key without a TTL would live forever).
+RELEASE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'backoff_until', 0, 'throttles', 0, 'blocks', 0, 'fails', 0, 'probe_until', 0,
+    'adapt_interval', 0, 'adapt_from', 0, 'adapt_until', 0)
+end
+return 1
+"""
+
 # KEYS: host. ARGV: crawl_delay_us, robots_ttl_us, key_ttl_ms.
 SET_CRAWL_DELAY = (
     PRELUDE

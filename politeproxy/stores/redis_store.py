@@ -98,6 +98,7 @@ class RedisStore(Store):
         self._set_crawl_delay = self.client.register_script(redis_lua.SET_CRAWL_DELAY)
         self._host_view = self.client.register_script(redis_lua.HOST_VIEW)
         self._window_used = self.client.register_script(redis_lua.WINDOW_USED)
+        self._release = self.client.register_script(redis_lua.RELEASE)
 
     @property
     def global_key(self) -> str:
@@ -246,6 +247,10 @@ class RedisStore(Store):
     async def succeeded(self, host: str) -> None:
         self.probe_answered(host)
         await self._script("succeeded", self._succeeded, [self.host_key(host)], [])
+
+    async def release(self, host: str) -> None:
+        self.probe_answered(host)
+        await self._script("release", self._release, [self.host_key(host)], [])
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
         args = [
