@@ -23,7 +23,7 @@ from aiohappyeyeballs import AddrInfoType
 from multidict import CIMultiDict
 from yarl import URL
 
-from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
+from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed, unread
 
 KEEPALIVE = 30.0  # seconds an idle connection is kept (aiohttp's keepalive_timeout in upstream.py)
 DNS_TTL = 60.0  # seconds a system resolver answer is kept (aiohttp's ttl_dns_cache)
@@ -88,7 +88,8 @@ class H1Client:
         while conns:
             conn = conns.pop()
             self.idle_count -= 1
-            if conn.usable() and now - conn.idle_since < KEEPALIVE:
+            # unread: bytes the upstream sent on the idle connection that the loop has not read yet
+            if conn.usable() and now - conn.idle_since < KEEPALIVE and not unread(conn.transport):
                 conn.reused = True
                 return conn
             conn.abort()

@@ -9,6 +9,7 @@ head, a head over its bound or a cut turns into an ``UpstreamFailed`` the reader
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import Callable
 
 import httptools
@@ -39,6 +40,24 @@ LOCAL_FIX = {
     "answer): check [upstream] resolve, the network and any firewall",
     "request": "the request cannot be sent as it is (not the upstream's answer)",
 }
+
+
+def unread(transport: asyncio.BaseTransport | None) -> bool:
+    """Whether bytes (or an end) wait unread in the kernel for an idle pooled connection. Nothing was asked
+    on it, so they are bytes nobody asked for: sent on it, the next request would take them as its answer
+    (the loop may not have read them yet when a request takes the connection). One poll(2), no read."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False  # a transport that shows no socket: its data_received still closes such a connection
+    try:
+        fd = sock.fileno()
+        if fd < 0:
+            return True
+        p = select.poll()
+        p.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(p.poll(0))
+    except (OSError, ValueError):
+        return True  # cannot look: do not trust it
 
 
 class UpstreamFailed(Exception):
@@ -95,6 +114,8 @@ class H1Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         a = self.answer
         if a is None or a.complete:  # bytes nobody asked for: this connection cannot be trusted again
+            if a is not None:
+                a.overrun()  # past the end of the answer being read: what it still buffers is not served
             self.abort()
             return
         try:
@@ -107,7 +128,10 @@ class H1Conn(asyncio.Protocol):
         except Exception as e:  # noqa: BLE001 - llhttp's errors and our bounds: the answer fails, one line
             inner = e.__context__ if isinstance(e.__context__, UpstreamFailed) else e
             reason = inner.message if isinstance(inner, UpstreamFailed) else (str(e) or type(e).__name__)
-            a.fail(UpstreamFailed(502, f"upstream {self.where} sent a malformed answer: {reason}"))
+            if a.complete:  # bytes after the answer's end in the same read: a body over its length
+                a.overrun()
+            else:
+                a.fail(UpstreamFailed(502, f"upstream {self.where} sent a malformed answer: {reason}"))
             self.abort()
 
     def eof_received(self) -> bool:
@@ -257,6 +281,19 @@ class H1Answer:
             self.fail(UpstreamFailed(502, f"upstream {self.conn.where} cut the answer: {self.cut_reason}"))
         else:
             self.complete = True
+            self.wake()
+
+    def overrun(self) -> None:
+        """More bytes came than the answer announced (a body over its Content-Length, or an answer nobody
+        asked for after it): the answer is no longer complete, what is still buffered is dropped, and the
+        reader meets a failure, so the client sees a cut and the cache keeps nothing."""
+        if self.complete and not self.closed:
+            self.complete = False
+            self._chunks.clear()
+            self._buffered = 0
+            self._error = UpstreamFailed(
+                502, f"upstream {self.conn.where} sent more bytes than its answer's length"
+            )
             self.wake()
 
     def fail(self, error: UpstreamFailed) -> None:

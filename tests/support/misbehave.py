@@ -52,6 +52,11 @@ class Misbehaving:
         with self.lock:
             return sum(1 for _c, m, t in self.arrivals if t == target and m == method)
 
+    def connection_of(self, target: str, method: str = "GET") -> int:
+        """The number of the connection the first request for ``target`` came on (0: none came)."""
+        with self.lock:
+            return next((c for c, m, t in self.arrivals if t == target and m == method), 0)
+
     def _accept(self) -> None:
         while True:
             try:
