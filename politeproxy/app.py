@@ -19,6 +19,7 @@ from politeproxy.config.startup import announce_pacing, format_gap, probe_store
 from politeproxy.observe import admin as admin_mod
 from politeproxy.observe.logs import AccessLog
 from politeproxy.observe.metrics import Metrics
+from politeproxy.observe.release_route import ReleasingAdmin
 from politeproxy.observe.status import StatusBoard, StatusEvents
 from politeproxy.pacing.base import RepeatLog
 from politeproxy.pacing.pacer import Pacer
@@ -36,6 +37,7 @@ from politeproxy.proxy.upstream import Upstream
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
+from politeproxy.stores.holdnotes import FileNotes, HoldNotes, MemoryNotes, RedisNotes
 from politeproxy.stores.memory import MemoryStore
 
 log = logging.getLogger("politeproxy")
@@ -83,6 +85,21 @@ def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
         sched["redis_url"], prefix=sched["redis_prefix"], key_ttl=sched["redis_key_ttl"], max_backoff=cap
     )
     return FailoverStore(primary, local, mult, on_change=on_change)
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def make_notes(cfg: Config, store: Store) -> HoldNotes:
+    """Hold notes where the schedule is shared: this process, the data dir, or Redis."""
+    backend = cfg["schedule"]["backend"]
+    if backend == "file":
+        return FileNotes(cfg.data_dir)
+    client = getattr(getattr(store, "primary", None), "client", None)
+    if backend == "redis" and client is not None:
+        return RedisNotes(client, cfg["schedule"]["redis_prefix"], time.time)
+    return MemoryNotes()
 
 
 def _check_writable(data_dir: Path) -> None:
@@ -173,7 +190,7 @@ class App:
         settings = cfg.pacing()
         self.metrics.prepare(hosts.concrete_hosts(), settings)  # their label sets at 0 from the start
         events = StatusEvents(self.metrics)  # metrics, plus the per-pipeline tallies of /status
-        self.pacer = Pacer(store, settings, events)
+        self.pacer = Pacer(store, settings, events, notes=make_notes(cfg, store))
         self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), cfg["schedule"]["backend"])
         self.proxy = self._make_proxy(ca, access, hosts)
         # The shared disk cache (issue 14); None when cache.enabled = false or its directory is unusable.
@@ -219,7 +236,9 @@ class App:
             cl["max_header_size"],
             cl["max_connections"],
         )
-        self.admin = admin_mod.Admin(self.metrics, self._health, ca.pem, self.status.document)
+        self.admin = ReleasingAdmin(
+            self.metrics, self._health, ca.pem, self.status.document, release=self._release
+        )
         return Proxy(
             ca=ca,
             classifier=self.classifier,
@@ -233,6 +252,13 @@ class App:
             tunnel_ports=frozenset(cfg["tunnel_ports"]),
             allow_private_destinations=cfg["allow_private_destinations"],
         )
+
+    async def _release(self, host: str, who: str) -> dict[str, Any]:
+        """``POST /release``: the pacer lifts the hold for every proxy on the store."""
+        assert self.pacer is not None
+        r = await self.pacer.holds.release(host, who)
+        was = [f"{n.host}: {n.reason or n.kind} since {_utc(n.since)}" for n in r.was]
+        return {"released": list(r.hosts), "by": r.by, "at": round(r.at, 3), "was": was}
 
     def _announce(self, gap: float, ca_path: Path) -> None:
         assert self.proxy is not None

@@ -20,11 +20,13 @@ from typing import Any
 
 from politeproxy import __version__
 from politeproxy.cache.base import CacheEvents
+from politeproxy.observe.hostrows import host_row, num
 from politeproxy.observe.metrics import Metrics, RateWindow
 from politeproxy.pacing.base import PacerEvents
 from politeproxy.pacing.pacer import Pacer, PacerSnapshot
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, OTHER_PIPELINE
+from politeproxy.policy.holds import HoldNote
 from politeproxy.proxy.events import NoProxyEvents, ProxyEvents
 from politeproxy.stores.base import HostView
 
@@ -48,13 +50,6 @@ def history_step(env: dict[str, str] | os._Environ[str] = os.environ) -> float:
     except ValueError:
         return HISTORY_STEP
     return v if math.isfinite(v) and 0.5 <= v <= 60.0 else HISTORY_STEP
-
-
-def num(x: float | None, digits: int = 3) -> float | None:
-    """A JSON-safe number: rounded, and None for anything not finite."""
-    if x is None or not math.isfinite(x):
-        return None
-    return round(float(x), digits)
 
 
 class Tally:
@@ -189,22 +184,6 @@ class History:
         self.points.append([round(wall, 3), num(achieved), num(configured), queued])
 
 
-def host_state(view: HostView | None, local_ready_in: float) -> tuple[str, float, str]:
-    """(state, seconds left, detail) of a host. ``view`` None: the store did not answer in time, and only
-    this process's hint is known."""
-    if view is None:
-        return "unknown", local_ready_in, "the store did not answer; local hint only"
-    if view.blocks > 0:
-        if view.backoff_in > 0:
-            return "blocked", view.backoff_in, f"block {view.blocks}: holding"
-        if view.probe_in > 0:
-            return "blocked", view.probe_in, "hold over: a probe is out"
-        return "blocked", 0.0, "hold over: the next request is the probe"
-    if view.backoff_in > 0:
-        return "backing off", view.backoff_in, f"{view.throttles} throttles in a row"
-    return "ok", 0.0, ""
-
-
 class StatusBoard:
     """Builds the status document; ``run`` samples the history. The composition root makes one."""
 
@@ -249,7 +228,8 @@ class StatusBoard:
         snap = self.pacer.snapshot()
         names = self._host_names(snap)
         views = await self._views(names)
-        hosts = [self._host_row(h, views.get(h), snap) for h in names]
+        notes = await self._notes(names)
+        hosts = [host_row(h, views.get(h), snap, notes.get(h)) for h in names]
         intervals = {row["host"]: row["effective_interval_s"] or 0.0 for row in hosts}
         pipelines = self._pipelines(snap, intervals)
         return {
@@ -260,6 +240,7 @@ class StatusBoard:
             "overall": self._overall(snap, self.pacer.snapshot()),
             "hosts": hosts,
             "hosts_omitted": max(0, len(self._candidates(snap)) - len(names)),
+            "windows": await self._windows(snap),
             "pipelines": pipelines[:MAX_PIPELINE_ROWS],
             "pipelines_omitted": max(0, len(pipelines) - MAX_PIPELINE_ROWS),
             "history": {
@@ -297,23 +278,32 @@ class StatusBoard:
                 out[tasks[t]] = t.result()
         return out
 
-    def _host_row(self, host: str, view: HostView | None, snap: PacerSnapshot) -> dict[str, Any]:
-        s = snap.settings
-        configured = s.interval_for(host)
-        base = max(s.gap, configured)
-        state, left, detail = host_state(view, snap.ready_in.get(host, 0.0))
-        return {
-            "host": host,
-            "state": state,
-            "seconds_left": num(left, 1),
-            "detail": detail,
-            "reason": snap.reasons.get(host, "") if state in ("blocked", "backing off") else "",
-            "effective_interval_s": num(view.interval(base) if view else base),
-            "configured_interval_s": num(configured),
-            "queued": snap.queued_by_host.get(host, 0),
-            "exempt_in_flight": snap.exempt_in_flight.get(host, 0),
-            "throttles": view.throttles if view else None,
-        }
+    async def _notes(self, hosts: list[str]) -> dict[str, HoldNote]:
+        try:
+            async with asyncio.timeout(STORE_READ_TIMEOUT):
+                return await self.pacer.holds.view(hosts)
+        except TimeoutError:
+            return {}
+
+    async def _windows(self, snap: PacerSnapshot) -> list[dict[str, Any]]:
+        """Each service's request window (issue 24): requests in it now, the limit, the share used."""
+        rules = {r.service: r for h in self.hosts if (r := snap.settings.window_for(h)) is not None}
+        try:
+            async with asyncio.timeout(STORE_READ_TIMEOUT):
+                used = await self.pacer.holds.windows(rules.values())
+        except TimeoutError:
+            return []
+        return [
+            {
+                "service": r.service,
+                "egress": r.egress,
+                "window_s": num(r.seconds),
+                "requests": n,
+                "limit": r.limit,
+                "share": num(n / r.limit if r.limit else 0.0),
+            }
+            for r, n in used
+        ]
 
     def _pipelines(self, snap: PacerSnapshot, intervals: dict[str, float]) -> list[dict[str, Any]]:
         now = snap.at

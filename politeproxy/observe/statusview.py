@@ -45,15 +45,29 @@ def admin_url(host: str, port: int) -> str:
 def fetch(url: str, timeout: float = FETCH_TIMEOUT) -> dict[str, Any]:
     """GET ``<url>/status``. A user name and password in ``url`` go as Proxy-Authorization (the proxy
     port asks for it from clients admitted by ``[auth] users`` alone)."""
+    return admin_call(url, "/status", timeout=timeout)
+
+
+def admin_call(
+    url: str,
+    path: str,
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    timeout: float = FETCH_TIMEOUT,
+) -> dict[str, Any]:
+    """One admin endpoint's JSON answer (``path`` with its query), asked directly, never through a proxy;
+    every failure is a one-line StatusError."""
     try:
         parts = urlsplit(url if "://" in url else "http://" + url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise StatusError(f"--admin {url!r}: want http://HOST:PORT")
         netloc = parts.netloc.rpartition("@")[2]
-        target = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + "/status", "", ""))
+        base, _, query = path.partition("?")
+        target = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/") + base, query, ""))
     except ValueError as e:
         raise StatusError(f"--admin {url!r}: {e}") from None
-    req = urllib.request.Request(target, headers={"Accept": "application/json"})
+    sent = {"Accept": "application/json", **(headers or {})}
+    req = urllib.request.Request(target, method=method, headers=sent)
     if parts.username is not None:
         cred = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
         req.add_header("Proxy-Authorization", "Basic " + base64.b64encode(cred).decode())
@@ -62,7 +76,9 @@ def fetch(url: str, timeout: float = FETCH_TIMEOUT) -> dict[str, Any]:
         with opener.open(req, timeout=timeout) as r:
             body = r.read(MAX_BODY + 1)
     except urllib.error.HTTPError as e:
-        raise StatusError(f"{target} answered {e.code} {e.reason}") from None
+        detail = _CONTROL.sub(" ", e.read(300).decode("utf-8", "replace")).strip()
+        detail = f": {detail}" if detail else ""
+        raise StatusError(f"{target} answered {e.code} {e.reason}{detail}") from None
     except (urllib.error.URLError, OSError) as e:
         why = getattr(e, "reason", None) or e
         raise StatusError(f"no answer from {target}: {why} (is `politeproxy run` up? --admin URL)") from None
@@ -73,7 +89,7 @@ def fetch(url: str, timeout: float = FETCH_TIMEOUT) -> dict[str, Any]:
     except ValueError:
         raise StatusError(f"{target} did not answer with JSON (an older politeproxy?)") from None
     if not isinstance(doc, dict):
-        raise StatusError(f"{target} did not answer with a status document")
+        raise StatusError(f"{target} did not answer with a JSON object")
     return doc
 
 

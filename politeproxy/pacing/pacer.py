@@ -24,6 +24,7 @@ from politeproxy.pacing.base import (
 )
 from politeproxy.pacing.dispatcher import Dispatcher
 from politeproxy.pacing.exempt import ExemptPlaces
+from politeproxy.pacing.holding import Holds
 from politeproxy.pacing.permit import Permit
 from politeproxy.pacing.rest import RestNotes, exempt_slot
 from politeproxy.pacing.snapshot import PacerSnapshot, take
@@ -34,6 +35,7 @@ from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineNames, Pipelin
 from politeproxy.policy.signals import Signal
 from politeproxy.policy.slots import HostState, Outcome
 from politeproxy.stores.base import HostView, Store, StoreError
+from politeproxy.stores.holdnotes import HoldNotes
 
 __all__ = [
     "DEFAULT_MAX_QUEUE",
@@ -65,7 +67,8 @@ class Pacer:
     to try a throttled request again; a refusal's ``note`` says why the host rests.
 
     The door: ``permit``, ``snapshot`` (every read for status, health and gauges), ``start``, ``close``,
-    ``reload``, and the read-only ``settings`` and ``monotonic``. Beside it, three small calls:
+    ``reload``, and the read-only ``settings`` and ``monotonic``; ``holds`` says why hosts are held and
+    lifts a hold (``politeproxy release``). Beside it, three small calls:
     ``pipeline_of`` (the bounded name a client counts as: the proxy labels an exchange with it before the
     cache answers, so before any permit) and ``host_view`` (a host's record: the status document, the
     backoff gauges, the robots.txt watcher) with ``set_crawl_delay`` (the watcher's robots.txt delay).
@@ -78,6 +81,7 @@ class Pacer:
         settings: PacingSettings | None = None,
         events: PacerEvents | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        notes: HoldNotes | None = None,
     ) -> None:
         self._store = store
         self._settings = settings or PacingSettings()
@@ -103,6 +107,8 @@ class Pacer:
         self._task: asyncio.Task[None] | None = None
         self._feedback_tasks: set[asyncio.Task[Delay | None]] = set()
         self._rest = RestNotes(HINT_CAP)  # what rests each host, for the body of our own refusals
+        self.holds = Holds(store, self._state, self._rest, monotonic, notes)  # why, for everyone; release
+        self._watch: asyncio.Task[None] | None = None
 
     @property
     def settings(self) -> PacingSettings:
@@ -114,6 +120,8 @@ class Pacer:
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._dispatcher.run())
+        if self._watch is None:
+            self._watch = asyncio.get_running_loop().create_task(self.holds.watch())
 
     async def close(self) -> None:
         """Wait (bounded) for feedback still being recorded, stop the dispatcher, refuse who is left."""
@@ -121,19 +129,17 @@ class Pacer:
         if pending:
             _done, late = await asyncio.wait(pending, timeout=FEEDBACK_CLOSE_TIMEOUT)
             if late:
-                log.warning(
-                    "%d answers not recorded within %.0fs at shutdown", len(late), FEEDBACK_CLOSE_TIMEOUT
-                )
+                msg = "%d answers not recorded within %.0fs at shutdown"
+                log.warning(msg, len(late), FEEDBACK_CLOSE_TIMEOUT)
                 for t in late:
                     t.cancel()
                 await asyncio.wait(late, timeout=1.0)
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        tasks = [t for t in (self._task, self._watch) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # each ends cancelled
+        self._task = self._watch = None
+        await self.holds.close()
         self._dispatcher.refuse_all("proxy shutting down")
 
     def reload(self, settings: PacingSettings) -> None:
@@ -355,6 +361,7 @@ class Pacer:
             delay = answer_delay(HostState(), kind, retry_after, s.backoff, 0.5)
         reason = why or (f"{status} from upstream" if status is not None else "no answer from upstream")
         self._rest.remember(host, Kind.BLOCK if delay.block else kind, delay.seconds, reason)
+        self.holds.held(host, delay.block, status, delay.seconds, reason)
         now = self.monotonic()
         self._state.hold(host, now + delay.seconds, now)
         self._checked.pop(host, None)  # the next success must reset the count in the store

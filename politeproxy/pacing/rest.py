@@ -32,6 +32,9 @@ class RestNotes:
         while len(self._hosts) > self.cap:
             del self._hosts[next(iter(self._hosts))]
 
+    def forget(self, host: str) -> None:
+        self._hosts.pop(host, None)
+
     def note(self, host: str) -> str:
         """ "; <host> is blocked until <UTC time>" (or "backing off until"), or "" when it does not rest."""
         kind, until, _ = self._hosts.get(host, (Kind.THROTTLE, 0.0, ""))

@@ -26,8 +26,9 @@ from rich.console import Console
 from politeproxy.observe import status as status_mod
 from politeproxy.observe import statuspage, statusview
 from politeproxy.observe.admin import Admin
+from politeproxy.observe.hostrows import host_state
 from politeproxy.observe.metrics import Metrics
-from politeproxy.observe.status import History, StatusBoard, StatusEvents, host_state
+from politeproxy.observe.status import History, StatusBoard, StatusEvents
 from politeproxy.pacing.pacer import Pacer, PacingSettings
 from politeproxy.pacing.state import Waiter
 from politeproxy.policy.backoff import BackoffPolicy, Kind

@@ -1,0 +1,57 @@
+"""``POST /release?host=HOST``: the admin endpoint behind ``politeproxy release`` (issue 24 item 5).
+
+The same door as every admin endpoint (loopback and allowed admin clients, a valid password where
+``[auth] users`` admit the client), plus a header a web page cannot send without a CORS preflight
+(``X-Politeproxy-Release: 1``), so a page in the operator's browser cannot lift a hold. The host is
+checked as a host name; the answer says what was released and what it was held for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from politeproxy.observe.admin import Admin
+from politeproxy.policy.access import basic_credentials
+from politeproxy.policy.hosts import normalize_host, valid_hostname
+from politeproxy.proxy.responses import error_response
+from politeproxy.stores.base import StoreError
+
+log = logging.getLogger("politeproxy.admin")
+HEADER = "X-Politeproxy-Release"
+Release = Callable[[str, str], Awaitable[dict[str, Any]]]
+
+
+def who(request: web.BaseRequest) -> str:
+    """Who asked: the client address, and the proxy user name when one was sent (never the password)."""
+    creds = basic_credentials(request.headers.get("Proxy-Authorization"))
+    user = "".join(ch for ch in creds[0][:64] if ch.isprintable()) if creds else ""
+    return f"{user}@{request.remote or '?'}" if user else (request.remote or "?")
+
+
+class ReleasingAdmin(Admin):
+    """The admin endpoints plus ``POST /release``."""
+
+    def __init__(self, *args: Any, release: Release, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.release = release
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.rel_url.path != "/release":
+            return await super().handle(request)
+        if request.method != "POST":
+            return error_response(405, "/release takes POST (politeproxy release HOST)")
+        if request.headers.get(HEADER) != "1":
+            return error_response(403, f"/release needs the header {HEADER}: 1 (politeproxy release)")
+        host = normalize_host(request.rel_url.query.get("host", ""))
+        if not valid_hostname(host):
+            return error_response(400, "/release?host=HOST: HOST must be a host name")
+        try:
+            answer = await self.release(host, who(request))
+        except StoreError as e:
+            log.warning("release of %s failed: %s", host, e)
+            return error_response(503, f"the schedule store could not be written: {e}")
+        return web.json_response(answer)

@@ -1,0 +1,137 @@
+"""Holds a person can see and lift (issue 24 item 5), for the pacer.
+
+``Holds`` writes a note (``policy.holds``) each time the pacer records a block, throttle or failure, so
+every proxy sharing the store can say why a host waits, since and until when. ``release`` lifts a hold in
+the store and writes the release into the host's note; ``watch`` runs in every proxy and, once a second,
+reads the notes of the hosts this proxy holds locally: a release made anywhere drops the local hold (the
+ready hint, the refusal note, the fallback store's mirror) within a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from politeproxy.pacing.rest import RestNotes
+from politeproxy.pacing.state import HINT_CAP, QueueState
+from politeproxy.policy.holds import HoldNote, kind_of, released
+from politeproxy.policy.services import service_key
+from politeproxy.policy.window import WindowRule
+from politeproxy.stores.base import Store
+from politeproxy.stores.holdnotes import HoldNotes, MemoryNotes
+
+log = logging.getLogger("politeproxy.pacing.holds")
+
+WATCH_EVERY = 0.5  # seconds between looks for a release made by another proxy (the promise is 1 s)
+
+
+def proxy_name() -> str:
+    """Who saw an answer or asked for a release: this machine and process."""
+    return f"{socket.gethostname()[:64]}:{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """What a release did: the hosts whose records were cleared, and who asked."""
+
+    hosts: tuple[str, ...]
+    by: str
+    at: float
+    was: tuple[HoldNote, ...]
+
+
+class Holds:
+    def __init__(
+        self,
+        store: Store,
+        state: QueueState[asyncio.Future[float]],
+        rest: RestNotes,
+        monotonic: Callable[[], float],
+        notes: HoldNotes | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.state = state
+        self.rest = rest
+        self.monotonic = monotonic
+        self.notes: HoldNotes = notes or MemoryNotes()
+        self.clock = clock
+        self.name = proxy_name()
+        self._since: dict[str, float] = {}  # host -> when this proxy last held it (wall clock), bounded
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def held(self, host: str, block: bool, status: int | None, seconds: float, reason: str) -> None:
+        """The pacer recorded a hold: note it for every proxy (in a task: a note is never in the way)."""
+        now = self.clock()
+        self._since.pop(host, None)
+        self._since[host] = now
+        while len(self._since) > HINT_CAP:
+            del self._since[next(iter(self._since))]
+        note = HoldNote(host, kind_of(block, status), reason, status or 0, now, now + seconds, self.name)
+        task = asyncio.get_running_loop().create_task(self.notes.put_quietly(note))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def release(self, host: str, who: str) -> Released:
+        """Lift ``host``'s hold (and its service's record, where the bucket's ceiling lives) for every
+        proxy on the store; raise StoreError when the store cannot be written."""
+        hosts = tuple(dict.fromkeys((host, service_key(host))))
+        before = await self.notes.get_quietly(hosts)
+        at = self.clock()
+        for h in hosts:
+            await self.store.release(h)
+        for h in hosts:
+            await self.notes.put_quietly(released(before.get(h), h, at, who))
+            self._drop_local(h)
+        log.warning("released %s by hand (asked by %s)", ", ".join(hosts), who)
+        return Released(hosts, who, at, tuple(before.values()))
+
+    async def view(self, hosts: Iterable[str]) -> dict[str, HoldNote]:
+        return await self.notes.get_quietly(hosts)
+
+    async def windows(self, rules: Iterable[WindowRule]) -> list[tuple[WindowRule, int]]:
+        """Each window's requests now (reserved slots included); a store fault leaves a window out."""
+        out: list[tuple[WindowRule, int]] = []
+        for rule in rules:
+            try:
+                out.append((rule, await self.store.window_used(rule)))
+            except Exception as e:  # noqa: BLE001 - a view never fails the page
+                log.debug("reading the window of %s failed: %r", rule.service, e)
+        return out
+
+    def _drop_local(self, host: str) -> None:
+        now = self.monotonic()
+        if host in self.state.ready:
+            self.state.set_ready(host, now, now)
+        self.rest.forget(host)
+        self._since.pop(host, None)
+
+    async def watch(self) -> None:
+        """Forever: drop local holds that were released elsewhere (bounded reads: held hosts only)."""
+        while True:
+            await asyncio.sleep(WATCH_EVERY)
+            try:
+                await self.look()
+            except Exception as e:  # noqa: BLE001 - the watch must outlive a store fault
+                log.debug("looking for releases failed: %r", e)
+
+    async def look(self) -> None:
+        now = self.monotonic()
+        held = [h for h in self._since if self.state.ready_at(h) > now or self.rest.note(h)]
+        if not held:
+            return
+        for host, note in (await self.notes.get_quietly(held)).items():
+            since = self._since.get(host, 0.0)
+            if note.released_at > since:
+                await self.store.release(host)  # this proxy's fallback mirror too; the shared record is clear
+                self._drop_local(host)
+                log.info("%s: released by %s; the local hold is dropped", host, note.released_by or "hand")
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=1.0)
