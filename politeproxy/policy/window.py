@@ -30,6 +30,7 @@ AHEAD = 2 * BUCKETS  # a slot at most this many buckets past now is counted; a l
 MAX_KEPT = BUCKETS + AHEAD + 2  # buckets a sane record holds at most
 MAX_COUNT = 10_000_000  # requests one bucket may claim to hold (a record holding more is corrupt)
 EPSILON = 1e-6  # past a bucket's edge, so the next look finds it out of the window (float rounding)
+SAME_WIDTH = 1e-9  # widths this close are one: a record keeps its width in whole nanoseconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,30 +73,35 @@ def live(state: WindowState, now: float, rule: WindowRule) -> tuple[WindowState,
     """The state with buckets no later look can count dropped, and whether the record was sane.
 
     A record kept at another width (the window was changed) has all its counts moved to the end of its
-    newest bucket: they then last at least as long as they should. A record that is not sane (a bucket
-    beyond AHEAD, a count beyond MAX_COUNT, not in order) is bounded the same way; it holds the service for
-    at most one window more, never longer."""
+    newest bucket: they then last at least as long as they should. (One limit: a narrower window keeps
+    buckets only AHEAD of its own width ahead of now, so slots reserved further ahead than twice the new
+    window stand at its furthest bucket instead, and leave the window that much early. Slots are reserved at
+    most ``pacing.max_wait`` ahead, 25 s by default.) A record that is not sane (a bucket beyond AHEAD, a
+    count beyond MAX_COUNT, not in order) is bounded the same way; it holds the service for at most one
+    window more, never longer. A width within SAME_WIDTH of the rule's is the rule's: the file record
+    keeps whole nanoseconds, and 7.3 s / 50 does not round-trip through them."""
     w = rule.width
     lo = _index(now - rule.seconds, w)
     hi = _index(now, w) + AHEAD
-    kept: list[tuple[int, int]] = []
-    sane = state.width == w or not state.buckets
+    same = abs(state.width - w) <= SAME_WIDTH  # False for NaN
+    bad = False  # a fault of the buckets themselves, whatever the width
     prev: int | None = None
     for i, c in state.buckets:
-        if not (0 < c <= MAX_COUNT) or i > hi or (prev is not None and i <= prev):
-            sane = False
+        if not (0 < c <= MAX_COUNT) or (prev is not None and i <= prev):
+            bad = True
         prev = i
-    if sane:
-        kept = [(i, c) for i, c in state.buckets if i >= lo]
-        return WindowState(w, tuple(kept)), True
+    if (same or not state.buckets) and not bad and all(i <= hi for i, _ in state.buckets):
+        return WindowState(w, tuple((i, c) for i, c in state.buckets if i >= lo)), True
+    # A width change is legitimate (a reload) when the old width is a width and the buckets are sound.
+    legit = not same and not bad and math.isfinite(state.width) and state.width > 0
     total = min(MAX_COUNT, sum(min(max(0, c), MAX_COUNT) for _, c in state.buckets))
-    old_w = state.width if state.width == state.width and state.width > 0 else w
+    old_w = state.width if math.isfinite(state.width) and state.width > 0 else w
     newest = max(i for i, _ in state.buckets)
     end = min((newest + 1) * old_w, (hi + 1) * w)  # the latest time any of them may stand for
     if total <= 0 or end <= now - rule.seconds:
-        return WindowState(w, ()), state.width != w  # all of it stale: a changed width is no fault
+        return WindowState(w, ()), legit  # all of it stale: a reload is no fault, a stray record is
     at = max(lo, min(hi, _index(end, w)))
-    return WindowState(w, ((at, total),)), state.width != w and state.width == state.width
+    return WindowState(w, ((at, total),)), legit
 
 
 def wait(state: WindowState, t: float, now: float, rule: WindowRule) -> float:
