@@ -148,6 +148,7 @@ class App:
         self.config_path = config_path
         self.overrides = overrides or {}  # env and flags, applied again on every reload
         self.metrics = Metrics()
+        self._paced: list[str] = []
         self.proxy: Proxy | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._mtime = self._stat()
@@ -178,6 +179,7 @@ class App:
                 "set allow_clients (CIDRs) or [auth] users"
             )
         hosts = HostSet(cfg.paced_hosts)
+        self._paced = hosts.concrete_hosts()  # the services whose request windows are shown
         self.metrics.pin_hosts(hosts.concrete_hosts())  # configured hosts always keep their labels
         ca = await asyncio.to_thread(open_data_dir, cfg.data_dir, hosts)
         try:
@@ -310,6 +312,10 @@ class App:
                     self.metrics.set_host_interval(host, view.interval(max(s.gap, s.interval_for(host))))
                 except Exception as e:  # noqa: BLE001 - a gauge must not kill the loop
                     errors.error("backoff gauge refresh failed", e)
+            rules = {r.service: r for h in self._paced if (r := s.window_for(h)) is not None}
+            for rule, n in await self.pacer.holds.windows(rules.values()):
+                self.metrics.window_requests.labels(rule.service).set(n)
+                self.metrics.window_limit.labels(rule.service).set(rule.limit)
 
     async def _watch_config(self) -> None:
         """Reload when the file changes, once it has stopped changing; nothing in a reload ends the watch."""

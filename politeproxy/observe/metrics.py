@@ -241,6 +241,19 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
             "politeproxy_config_reloads", "Config reloads by result", ["result"], registry=r
         )
         self.tunnels_open = Gauge("politeproxy_tunnels_open", "CONNECT tunnels open now", registry=r)
+        # issue 24: each service's request window, as every proxy sharing the store (and egress) counts it
+        self.window_requests = Gauge(
+            "politeproxy_window_requests",
+            "Requests in the service's trailing request window now (egress.window), every class and proxy",
+            ["service"],
+            registry=r,
+        )
+        self.window_limit = Gauge(
+            "politeproxy_window_limit",
+            "The service's request window limit (egress.limit)",
+            ["service"],
+            registry=r,
+        )
         # The two directions' children, looked up once: bytes_relayed runs for every chunk.
         self._bytes = {d: self.bytes.labels(d) for d in ("client_to_upstream", "upstream_to_client")}
         for result in ("ok", "error"):
