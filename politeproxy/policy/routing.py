@@ -3,9 +3,10 @@
 Pure decisions, tested as tables without sockets. The listener does the I/O in this order:
 
     target = parse_connect_target(raw)          # Target or Refusal (400): before anything else
-    decision = route(target, paced, ports)      # INTERCEPT, TUNNEL or Refusal (403: port)
+    decision = route(target, paced, ports)      # INTERCEPT, TUNNEL or Refusal (403: port, bucket name)
     for each address the tunnel would connect to (resolved once, connected to as checked):
         check_destination(addr, port, where)    # None or Refusal (403: the proxy, private places)
+    ip_refusal(target, allow_ip_connect)        # None or Refusal (403: an IP literal, by default)
 
 A Refusal carries the status, a one-line message and the metrics reason.
 """
@@ -153,14 +154,61 @@ def parse_absolute_target(raw: str) -> tuple[str, Target] | Refusal:
     return target if isinstance(target, Refusal) else (scheme, target)
 
 
+ALLOW_IP_CONNECT = False  # the default of the allow_ip_connect key (policy/table.py)
+
+# The paced names a client should use instead of a name that reaches Common Crawl's data unpaced.
+PACED_EXAMPLES = "data.commoncrawl.org, commoncrawl.s3.amazonaws.com"
+
+
+def unpaced_bucket_name(host: str) -> bool:
+    """A name of the commoncrawl bucket that the paced set does not cover (``commoncrawl.s3-accelerate``
+    and its dualstack form, or any other ``commoncrawl.s3*`` endpoint under amazonaws.com): the same
+    objects, unpaced. Asked only for names that are not paced."""
+    labels = host.split(".")
+    return (
+        len(labels) >= 4
+        and labels[0] == "commoncrawl"
+        and labels[1].startswith("s3")
+        and labels[-2:] == ["amazonaws", "com"]
+    )
+
+
+def bucket_refusal(host: str, *, paced: bool) -> Refusal | None:
+    """The 403 for an unpaced name of the commoncrawl bucket (CONNECT and plain http:// alike)."""
+    if paced or not unpaced_bucket_name(host):
+        return None
+    return Refusal(
+        403,
+        f"{host} reaches the commoncrawl bucket unpaced: use a paced name ({PACED_EXAMPLES})",
+        "destination",
+    )
+
+
 def route(target: Target, *, paced: bool, tunnel_ports: frozenset[int]) -> Route | Refusal:
-    """Intercept a paced host, tunnel the rest; only to ports in ``tunnel_ports`` (Squid's SSL_ports)."""
+    """Intercept a paced host, tunnel the rest; only to ports in ``tunnel_ports`` (Squid's SSL_ports).
+    An unpaced name of the commoncrawl bucket is refused."""
     if target.port not in tunnel_ports:
         ports = ", ".join(str(p) for p in sorted(tunnel_ports)) or "none"
         return Refusal(
             403, f"CONNECT to port {target.port} is not allowed (tunnel_ports: {ports})", "destination"
         )
+    if (bucket := bucket_refusal(target.host, paced=paced)) is not None:
+        return bucket
     return Route.INTERCEPT if paced else Route.TUNNEL
+
+
+def ip_refusal(target: Target, *, allow_ip_connect: bool) -> Refusal | None:
+    """A CONNECT to an IP literal has no name to pace or sign for: refused unless ``allow_ip_connect``
+    (then the listener checks that no paced name resolves to the address). Asked after the destination
+    check, so the proxy itself and private places keep their own refusals."""
+    if target.ip is None or allow_ip_connect:
+        return None
+    why = (
+        f"CONNECT to an IP address ({target.netloc}) is refused: there is no host name to pace or sign "
+        "for. CONNECT to the host name, or set allow_ip_connect = true to tunnel addresses that no "
+        "paced name resolves to"
+    )
+    return Refusal(403, why, "destination")
 
 
 _THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")

@@ -29,6 +29,7 @@ from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.exchange import Tunnel
 from politeproxy.proxy.forward import Forwarder, Handler
 from politeproxy.proxy.front import FrontProtocol, http_log, refusals
+from politeproxy.proxy.pacedaddrs import PacedAddresses
 from politeproxy.proxy.peek import PeekingTunnel
 from politeproxy.proxy.responses import BoundedServer, error_response
 from politeproxy.proxy.robots_fetch import RobotsWatcher
@@ -82,8 +83,10 @@ class Proxy:
         robots: RobotsWatcher | None = None,
         tunnel_ports: frozenset[int] = frozenset({443}),
         allow_private_destinations: bool = False,
+        allow_ip_connect: bool = routing.ALLOW_IP_CONNECT,
     ) -> None:
         self.tunnel_ports = tunnel_ports
+        self.allow_ip_connect = allow_ip_connect  # CONNECT to an IP literal (refused unless set)
         self.allow_private_destinations = allow_private_destinations
         self.ca = ca
         self.classifier = classifier
@@ -103,6 +106,12 @@ class Proxy:
         self.pairs: set[tunnel.RelayPair] = set()
         t = (upstream.connect_timeout, timeouts.handshake, timeouts.idle)  # the peek: handshake_timeout
         self.peeker = PeekingTunnel(*t, self.hosts_paced, self._tunnel_change, self._bytes_seen, self.pairs)
+        self.peeker.on_refused = lambda: events.rejected("other", "destination")
+        # With allow_ip_connect: the paced name an IP literal's address belongs to (read per refresh:
+        # a reload may swap the classifier).
+        self.paced_addresses = PacedAddresses(
+            lambda: self.classifier.hosts.concrete_hosts(), upstream.resolver.lookup, upstream.connect_timeout
+        )
         self.forwarder = Forwarder(
             classifier=classifier,
             pacer=pacer,
@@ -205,7 +214,13 @@ class Proxy:
             return await self.forwarder.handle(request)  # admin endpoints, or its 407
         parsed = routing.parse_absolute_target(raw)
         client = request.remote or "?"
-        r = parsed if isinstance(parsed, Refusal) else await self.destinations.for_request(client, parsed[1])
+        r = (
+            parsed
+            if isinstance(parsed, Refusal)
+            else routing.bucket_refusal(parsed[1].host, paced=self.hosts_paced(parsed[1].host))
+        )
+        if r is None and not isinstance(parsed, Refusal):
+            r = await self.destinations.for_request(client, parsed[1])
         return self._refused(client, r) if r is not None else await self.forwarder.handle(request)
 
     # -- CONNECT ------------------------------------------------------------------------------------
@@ -250,10 +265,20 @@ class Proxy:
         if isinstance(dests, Refusal):
             front.refuse(dests)
             return
+        if (ip := routing.ip_refusal(target, allow_ip_connect=self.allow_ip_connect)) is not None:
+            front.refuse(ip)
+            return
+        # An IP literal (allow_ip_connect) that a paced name resolves to: only a hello naming a paced
+        # host opens it (intercepted, paced); anything else would reach Common Crawl unpaced.
+        owner = await self.paced_addresses.owner(target.ip, target.port) if target.ip is not None else None
+        blind = None
+        if owner is not None:
+            blind = f"{target.ip} is an address of {owner}, and the TLS hello names no paced host: closed"
+            blind += " (CONNECT to the name)"
 
         async def by_name(transport: asyncio.Transport, name: str, initial: bytes) -> None:
             tunnel = Tunnel(front.client, name, target.port, who)
             await self.intercept(transport, tunnel, initial, answered=True)
 
         where = (target.host, target.port)
-        await self.peeker.open(front.transport, front.client, where, leftover, dests, by_name)
+        await self.peeker.open(front.transport, front.client, where, leftover, dests, by_name, blind)

@@ -24,6 +24,7 @@ from politeproxy.proxy.tunnel import RelayPair
 
 log = logging.getLogger("politeproxy")
 seen = BurstLimitedLog(log)  # "intercepted on its SNI" lines at the default level, per client
+closed = BurstLimitedLog(log)  # "closed after the peek" lines: their own budget, never hidden by ``seen``
 
 Intercept = Callable[[asyncio.Transport, str, bytes], Awaitable[None]]  # (transport, name, bytes read)
 
@@ -108,6 +109,7 @@ class PeekingTunnel:
     on_open: Callable[[int], None]
     on_bytes: Callable[[bool, int], None]
     pairs: set[RelayPair]
+    on_refused: Callable[[], None] = lambda: None  # a tunnel closed after the peek (``refuse_blind``)
 
     async def open(
         self,
@@ -117,8 +119,10 @@ class PeekingTunnel:
         leftover: bytes,
         dests: list[tuple[str, int]],
         intercept: Intercept,
+        refuse_blind: str | None = None,
     ) -> None:
-        """Connect to the first of ``dests`` that answers, answer 200, peek, then relay or intercept."""
+        """Connect to the first of ``dests`` that answers, answer 200, peek, then relay or intercept.
+        ``refuse_blind``: the reason to close, logged, rather than relay (the 200 is sent already)."""
         peek = _Peek(leftover)
         held = _Held(peek.finish)
         up = await self._connect(transport, client, where, dests, held)
@@ -148,6 +152,12 @@ class PeekingTunnel:
             line = "%s: CONNECT %s:%d names %s in its TLS hello: intercepted"
             seen.info(client, line, client, *where, name)
             await intercept(transport, name, bytes(peek.buf))
+            return
+        if refuse_blind is not None:
+            up.abort()
+            transport.close()
+            closed.info(client, "%s: CONNECT %s:%d: %s", client, *where, refuse_blind)
+            self.on_refused()
             return
         self._relay(transport, client, where, up, held, peek)
 

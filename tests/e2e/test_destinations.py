@@ -252,9 +252,10 @@ def test_private_destinations_are_refused_to_non_loopback_clients(
     # A public name (mapped by the operator's upstream.resolve, which is trusted) still tunnels.
     head, _ = connect(p.port, "other.example:443", source=outside_ip, dest=outside_ip)
     assert head.startswith(b"HTTP/1.1 200"), head
-    # A loopback client of the same proxy may reach loopback services on tunnel_ports.
+    # A loopback client of the same proxy may reach loopback services on tunnel_ports (by name: an IP
+    # literal is refused without allow_ip_connect).
     with socket.create_connection(("127.0.0.1", p.port), timeout=30) as s:
-        s.sendall(f"CONNECT 127.0.0.1:{sp} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        s.sendall(f"CONNECT localhost:{sp} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         assert read_head(s).startswith(b"HTTP/1.1 200")
         s.sendall(b"ping")
         assert s.recv(4) == b"ping"
@@ -269,7 +270,7 @@ def test_allow_private_destinations_opens_them(
         proxy_factory, upstream, certs, outside_ip, service, top="allow_private_destinations = true\n"
     )
     with socket.create_connection((outside_ip, p.port), timeout=30, source_address=(outside_ip, 0)) as s:
-        s.sendall(f"CONNECT 127.0.0.1:{service.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        s.sendall(f"CONNECT localhost:{service.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         assert read_head(s).startswith(b"HTTP/1.1 200")
         s.sendall(b"ping")
         assert s.recv(4) == b"ping"
