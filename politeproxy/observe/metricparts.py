@@ -107,3 +107,8 @@ class RateWindow:
     def count(self, now: float) -> int:
         self.trim(now)
         return sum(n for _i, n in self.slices)
+
+    def count_since(self, now: float, seconds: float) -> int:
+        """Events in the last ``seconds`` (whole slices: at most one slice more)."""
+        oldest = math.floor((now - seconds) / self.width)
+        return sum(n for i, n in self.slices if i > oldest)

@@ -116,6 +116,17 @@ function chart(doc) {
     t.textContent = "collecting: one point every " + text(hist.step_s) + " s";
   }
 }
+function clock(t) {
+  return typeof t === "number" && t > 0 ? new Date(t * 1000).toISOString().slice(11, 19) + "Z" : "-";
+}
+function holdText(h) {
+  const d = h.hold;
+  if (!d || typeof d !== "object") return text(h.detail);
+  let s = text(d.reason || d.kind) + "; since " + clock(d.since) + " until " + clock(d.until);
+  if (typeof d.next_probe_in_s === "number") s += "; probe in " + fmt(d.next_probe_in_s, " s", 1);
+  if (d.released_by) s += "; released by " + text(d.released_by) + " at " + clock(d.released_at);
+  return s;
+}
 function render(doc) {
   const o = doc.overall || {}, st = o.store || {};
   $("version").textContent = "v" + text(doc.version);
@@ -135,7 +146,13 @@ function render(doc) {
     cell(tr, h.state, false, "state-" + text(h.state).replace(/[^a-z]+/g, "-"));
     cell(tr, h.state === "ok" ? "" : fmt(h.seconds_left, " s", 1), true);
     cell(tr, fmt(h.effective_interval_s, " s", 3), true);
-    cell(tr, h.queued, true); cell(tr, h.exempt_in_flight, true); cell(tr, h.detail);
+    cell(tr, h.queued, true); cell(tr, h.exempt_in_flight, true);
+    cell(tr, h.state === "ok" ? h.detail : holdText(h));
+  });
+  fillRows("windows", doc.windows || [], (tr, w) => {
+    cell(tr, w.service); cell(tr, w.egress); cell(tr, fmt(w.window_s, " s", 0), true);
+    cell(tr, w.requests, true); cell(tr, w.limit, true);
+    cell(tr, pct(w.share), true, typeof w.share === "number" && w.share >= 0.9 ? "state-blocked" : "");
   });
   fillRows("pipelines", doc.pipelines || [], (tr, p) => {
     cell(tr, p.pipeline); cell(tr, p.queued, true); cell(tr, p.grants_last_minute, true);
@@ -183,6 +200,10 @@ BODY = """<!doctype html>
 <table><thead><tr><th>host</th><th>state</th><th class="n">left</th><th class="n">interval</th>
 <th class="n">queued</th><th class="n">exempt in flight</th><th>detail</th></tr></thead>
 <tbody id="hosts"></tbody></table>
+<h2>Request windows (Common Crawl blocks an IP above 6,000 requests in 300 s)</h2>
+<table><thead><tr><th>service</th><th>egress</th><th class="n">window</th><th class="n">requests</th>
+<th class="n">limit</th><th class="n">used</th></tr></thead>
+<tbody id="windows"></tbody></table>
 <h2>Pipelines</h2>
 <table><thead><tr><th>pipeline</th><th class="n">queued</th><th class="n">grants/min</th>
 <th class="n">share</th><th class="n">weight</th><th class="n">wait p50</th><th class="n">next wait</th>

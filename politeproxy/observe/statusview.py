@@ -138,7 +138,51 @@ def sparkline(points: Any, width: int = 60) -> str:
     return "".join(SPARK[min(len(SPARK) - 1, int(a / top * (len(SPARK) - 1) + 0.5))] for a, _c in vals)
 
 
-STATE_STYLE = {"ok": "green", "backing off": "yellow", "blocked": "bold red", "unknown": "dim"}
+STATE_STYLE = {
+    "ok": "green",
+    "slowed": "yellow",
+    "backing off": "yellow",
+    "blocked": "bold red",
+    "unknown": "dim",
+}
+
+
+def _clock(t: Any) -> str:
+    v = _num(t)
+    return "-" if v is None or v <= 0 else time.strftime("%H:%M:%SZ", time.gmtime(v))
+
+
+def hold_text(h: Any) -> str:
+    """Why a host is held, from its row's ``hold``: the cause, since and until when, the next probe."""
+    hold = _get(h, "hold")
+    if not isinstance(hold, dict):
+        return str(_get(h, "detail") or "")
+    why = _get(hold, "reason") or _get(hold, "kind") or "held"
+    text = f"{why}; since {_clock(_get(hold, 'since'))} until {_clock(_get(hold, 'until'))}"
+    if _num(_get(hold, "next_probe_in_s")) is not None:
+        text += f"; probe in {fmt(_get(hold, 'next_probe_in_s'), ' s', 1)}"
+    if _get(hold, "released_by"):
+        text += f"; released by {_get(hold, 'released_by')} at {_clock(_get(hold, 'released_at'))}"
+    return text
+
+
+def _windows(doc: Any) -> Table:
+    t = Table(title="request windows (Common Crawl blocks above 6,000 in 300 s)", title_justify="left")
+    for name in ("service", "egress", "window", "requests", "limit", "used"):
+        t.add_column(name, justify="left" if name in ("service", "egress") else "right", no_wrap=True)
+    rows = _get(doc, "windows")
+    for w in rows if isinstance(rows, list) else []:
+        share = _num(_get(w, "share"))
+        style = "bold red" if share is not None and share >= 0.9 else ""
+        t.add_row(
+            plain(_get(w, "service")),
+            plain(_get(w, "egress"), 40),
+            fmt(_get(w, "window_s"), " s", 0),
+            fmt(_get(w, "requests"), "", 0),
+            fmt(_get(w, "limit"), "", 0),
+            Text("-" if share is None else f"{100 * share:.0f}%", style=style),
+        )
+    return t
 
 
 def _hosts(doc: Any) -> Table:
@@ -163,7 +207,7 @@ def _hosts(doc: Any) -> Table:
             fmt(_get(h, "effective_interval_s"), " s", 3),
             fmt(_get(h, "queued"), "", 0),
             fmt(_get(h, "exempt_in_flight"), "", 0),
-            plain(_get(h, "detail"), 60),
+            plain(hold_text(h) if state != "ok" else _get(h, "detail"), 120),
         )
     return t
 
@@ -218,7 +262,7 @@ def render(doc: Any, footer: str = "") -> Group:
     spark = sparkline(_get(hist, "points"))
     head.append(f"\nachieved rate, last 15 min (one mark per {fmt(_get(hist, 'step_s'), ' s', 0)}): ")
     head.append(spark or "(collecting)", style="cyan")
-    parts: list[Any] = [head, _hosts(doc), _pipelines(doc)]
+    parts: list[Any] = [head, _hosts(doc), _windows(doc), _pipelines(doc)]
     if footer:
         parts.append(Text(footer, style="dim"))
     return Group(*parts)
