@@ -54,6 +54,7 @@ class Holds:
         monotonic: Callable[[], float],
         notes: HoldNotes | None = None,
         clock: Callable[[], float] = time.time,
+        wake: Callable[[], None] = lambda: None,
     ) -> None:
         self.store = store
         self.state = state
@@ -63,6 +64,8 @@ class Holds:
         self.clock = clock
         self.name = proxy_name()
         self._since: dict[str, float] = {}  # host -> when this proxy last held it (wall clock), bounded
+        self._seen: dict[str, float] = {}  # host -> the release this proxy last acted on, bounded
+        self.wake = wake  # the dispatcher sleeps until the soonest hint: a dropped hint must wake it
         self._tasks: set[asyncio.Task[None]] = set()
 
     def held(self, host: str, block: bool, status: int | None, seconds: float, reason: str) -> None:
@@ -110,6 +113,7 @@ class Holds:
             self.state.set_ready(host, now, now)
         self.rest.forget(host)
         self._since.pop(host, None)
+        self.wake()
 
     async def watch(self) -> None:
         """Forever: drop local holds that were released elsewhere (bounded reads: held hosts only)."""
@@ -121,13 +125,20 @@ class Holds:
                 log.debug("looking for releases failed: %r", e)
 
     async def look(self) -> None:
+        """Hosts held here (a hold this proxy recorded, or a ready hint from the store's answer) whose note
+        holds a release this proxy has not acted on: dropped."""
         now = self.monotonic()
-        held = [h for h in self._since if self.state.ready_at(h) > now or self.rest.note(h)]
+        held = {h for h in self._since if self.rest.note(h)}
+        held |= {h for h, t in self.state.ready.items() if t > now + WATCH_EVERY}
         if not held:
             return
-        for host, note in (await self.notes.get_quietly(held)).items():
-            since = self._since.get(host, 0.0)
-            if note.released_at > since:
+        for host, note in (await self.notes.get_quietly(sorted(held))).items():
+            last = max(self._since.get(host, 0.0), self._seen.get(host, 0.0))
+            if note.released_at > last:
+                self._seen.pop(host, None)
+                self._seen[host] = note.released_at
+                while len(self._seen) > HINT_CAP:
+                    del self._seen[next(iter(self._seen))]
                 await self.store.release(host)  # this proxy's fallback mirror too; the shared record is clear
                 self._drop_local(host)
                 log.info("%s: released by %s; the local hold is dropped", host, note.released_by or "hand")

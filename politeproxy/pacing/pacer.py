@@ -107,7 +107,7 @@ class Pacer:
         self._task: asyncio.Task[None] | None = None
         self._feedback_tasks: set[asyncio.Task[Delay | None]] = set()
         self._rest = RestNotes(HINT_CAP)  # what rests each host, for the body of our own refusals
-        self.holds = Holds(store, self._state, self._rest, monotonic, notes)  # why, for everyone; release
+        self.holds = Holds(store, self._state, self._rest, monotonic, notes, wake=self._dispatcher.wake.set)
         self._watch: asyncio.Task[None] | None = None
 
     @property

@@ -1,0 +1,123 @@
+"""Holds a person can see and lift (issue 24 item 5), end to end: a CloudFront 403 holds the data
+distribution, /status says why (the answer, the server, since, until, the next probe) on every proxy of
+the store, ``politeproxy release`` lifts it at once, and a second proxy on the same data dir drops its own
+hold within a second. The release door refuses a request without its header and a name that is no host.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.support.pacing_clients import tunnel_get
+from tests.support.processes import POLITEPROXY
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
+from tests.support.throttling import arrivals, throttle
+from tests.support.upstream_proc import Upstream
+
+DATA = "data.commoncrawl.org"
+HOLD = 30.0  # block_hold: far longer than the test, so only a release can end it
+CONFIG = (
+    NO_ROBOTS
+    + '[schedule]\nglobal_rate = "50ms"\n'
+    + f'[pacing]\nbackoff_jitter = 0.0\nblock_hold = "{HOLD}s"\nmax_wait = "2s"\nretries = 0\n'
+    + "adaptive = false\n"
+    + "[cache]\nenabled = false\n"
+)
+WAF = {"Server": "CloudFront", "Content-Type": "text/html"}
+WAF_PAGE = "<HTML><BODY><H1>403 ERROR</H1>Request blocked.</BODY></HTML>"
+
+
+def status(p: ProxyProc) -> dict[str, Any]:
+    with urllib.request.urlopen(p.url + "/status", timeout=10) as r:
+        doc: dict[str, Any] = json.loads(r.read())
+    return doc
+
+
+def row(p: ProxyProc, host: str = DATA) -> dict[str, Any]:
+    return next(h for h in status(p)["hosts"] if h["host"] == host)
+
+
+def release(p: ProxyProc, host: str = DATA) -> subprocess.CompletedProcess[str]:
+    cmd = [*POLITEPROXY, "release", host, "--admin", p.url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+
+
+def block(p: ProxyProc, upstream: Upstream) -> None:
+    throttle(upstream, DATA, 1, None, 403, WAF, WAF_PAGE)
+    assert tunnel_get(p.env, DATA, "/size/5?blocked")[0] == 403
+
+
+def test_a_cloudfront_block_shows_why_and_release_lifts_it_at_once(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    p = proxy_factory(upstream, CONFIG)
+    t0 = time.time()
+    block(p, upstream)
+    code, _, body = tunnel_get(p.env, DATA, "/size/5?held")
+    assert code == 503 and "blocked until" in body.decode(), body
+    r = row(p)
+    hold = r["hold"]
+    assert r["state"] == "blocked" and hold["kind"] == "block" and hold["status"] == 403, r
+    assert "CloudFront" in hold["reason"] and "probe" in hold["rule"], hold
+    assert t0 - 1 <= hold["since"] <= time.time() and abs(hold["until"] - hold["since"] - HOLD) < 1.5, hold
+    assert hold["next_probe_in_s"] > HOLD - 10, hold  # the probe goes when the hold ends
+    windows = {w["service"]: w for w in status(p)["windows"]}
+    assert windows[DATA]["requests"] >= 1 and windows[DATA]["limit"] == 4800, windows
+
+    done = release(p)
+    assert done.returncode == 0 and f"released {DATA}" in done.stdout, (done.stdout, done.stderr)
+    t1 = time.monotonic()
+    assert tunnel_get(p.env, DATA, "/size/5?after")[0] == 200
+    assert time.monotonic() - t1 < 1.0  # at once: no hold, no probe wait
+    assert any(a["path"] == "/size/5?after" for a in arrivals(upstream, DATA))
+    r = row(p)
+    assert r["state"] == "ok" and r["hold"]["released_by"], r
+    assert "released data.commoncrawl.org by hand" in p.log()
+
+
+def test_a_release_reaches_every_proxy_on_the_data_dir_within_a_second(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared-data"
+    a = proxy_factory(upstream, CONFIG, data_dir=shared)
+    b = proxy_factory(upstream, CONFIG, data_dir=shared)
+    block(a, upstream)
+    # b learns of the block from the store (its claim is refused), holds it locally, and says why.
+    code, _, _ = tunnel_get(b.env, DATA, "/size/5?b-held")
+    assert code == 503
+    hold = row(b)["hold"]
+    assert hold is not None and "CloudFront" in hold["reason"] and hold["seen_by"], hold
+    assert release(a).returncode == 0
+    time.sleep(1.0)  # the promise: every proxy drops its local hold within a second
+    t1 = time.monotonic()
+    assert tunnel_get(b.env, DATA, "/size/5?b-after")[0] == 200
+    assert time.monotonic() - t1 < 1.0
+
+
+def test_the_release_door_wants_its_header_and_a_host_name(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    p = proxy_factory(upstream, CONFIG)
+    cases = [
+        ("POST", f"/release?host={DATA}", {}, 403),  # no X-Politeproxy-Release: a page cannot send it
+        ("GET", f"/release?host={DATA}", {"X-Politeproxy-Release": "1"}, 405),
+        ("POST", "/release?host=..%2Fetc", {"X-Politeproxy-Release": "1"}, 400),
+        ("POST", "/release", {"X-Politeproxy-Release": "1"}, 400),
+    ]
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    for method, path, headers, want in cases:
+        req = urllib.request.Request(p.url + path, method=method, headers=headers)
+        try:
+            with opener.open(req, timeout=10) as r:
+                got = r.status
+        except urllib.error.HTTPError as e:
+            got = e.code
+        assert got == want, (method, path, got)
+    assert "by hand" not in p.log()
