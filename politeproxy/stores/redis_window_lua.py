@@ -33,10 +33,15 @@ local function win_live(key, now, W)
   table.sort(b, function(x, y) return x[1] < y[1] end)
   local lo = math.floor((now - W) / w)
   local hi = math.floor(now / w) + WAHEAD
-  local sane = ok and oldw == w
+  local bad, far, prev = not ok, false, nil  -- bad: the buckets themselves are faulty, whatever the width
   for _, e in ipairs(b) do
-    if e[2] <= 0 or e[2] > WMAXC or e[1] > hi or e[1] ~= math.floor(e[1]) then sane = false end
+    if e[2] <= 0 or e[2] > WMAXC or e[1] ~= math.floor(e[1]) then bad = true end
+    if e[1] > hi then far = true end
+    -- one bucket spelled twice ('16', '16.0'): written back, the second field would overwrite the first
+    if prev ~= nil and e[1] == prev then bad = true end
+    prev = e[1]
   end
+  local sane = oldw == w and not bad and not far
   if sane then
     local kept = {}
     for _, e in ipairs(b) do if e[1] >= lo then kept[#kept + 1] = e end end
@@ -50,7 +55,7 @@ local function win_live(key, now, W)
   local ow = oldw
   if not (ow > 0) then ow = w end
   local fin = math.min((b[#b][1] + 1) * ow, (hi + 1) * w)
-  local legit = ok and oldw ~= w and oldw > 0
+  local legit = oldw ~= w and oldw > 0 and not bad  -- a reload, not a stray record
   if total <= 0 or fin <= now - W then return {}, legit, w end
   return {{math.max(lo, math.min(hi, math.floor(fin / w))), total}}, legit, w
 end
