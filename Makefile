@@ -25,7 +25,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 # not need, so --listen and --data-dir print the lines of the proxy that starts.
 run: $(VENV)/.installed-run
 	@$(BIN)/politeproxy env $(ARGS)
-	@echo '# paste the lines above into your shell (or: eval "$$($(BIN)/politeproxy env $(ARGS))"); Ctrl-C stops the proxy'
+	@echo '# paste the lines above into your shell (or: eval "$$($(abspath $(BIN))/politeproxy env $(ARGS))"); Ctrl-C stops the proxy'
 	@echo '# the politeproxy command is $(abspath $(BIN))/politeproxy; to put it on PATH: source $(abspath $(BIN))/activate'
 	exec $(BIN)/politeproxy run $(ARGS)
 
