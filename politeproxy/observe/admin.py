@@ -5,13 +5,22 @@ Who may read them: loopback and ``allow_clients`` by address, on the proxy port 
 ``--metrics-listen`` alike. On the proxy port a client let in only because ``[auth] users`` are set must
 send a valid ``Proxy-Authorization`` (407 otherwise); ``--metrics-listen`` takes no password (403).
 Only GET and HEAD are answered.
+
+Which Host they answer (a DNS-rebinding guard: a page in the operator's browser whose name is made to
+resolve to this machine sends its own name as Host): an IP literal, ``localhost`` and ``*.localhost``, this
+machine's name, the listen address, and the names in ``admin_hosts`` (by default the deploy files' service
+names: ``politeproxy``, which deploy/prometheus.yml scrapes, and the Kubernetes Service's). Any other Host
+gets a 421 naming the key. A request without Host (HTTP/1.0) comes from no browser and is answered.
+``/ca.pem`` answers any Host: the CA certificate is public, and pipelines fetch it by whatever name they
+reach the proxy by.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from aiohttp import web
@@ -19,6 +28,8 @@ from aiohttp import web
 from politeproxy.observe import statuspage
 from politeproxy.observe.metrics import Metrics
 from politeproxy.policy.access import Access
+from politeproxy.policy.hosts import normalize_host
+from politeproxy.policy.routing import Target, split_host_port
 from politeproxy.proxy.responses import error_response
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -26,6 +37,41 @@ PATHS = ("/", "/status", "/metrics", "/healthz", "/ca.pem")
 log = logging.getLogger("politeproxy.admin")
 
 StatusSource = Callable[[], Awaitable[dict[str, Any]]]
+
+# The default of admin_hosts (policy/table.py): the deploy files' service names (docker-compose's service,
+# which deploy/prometheus.yml scrapes as politeproxy:3128; deploy/k8s.yaml's Service in its namespace).
+ADMIN_HOSTS: tuple[str, ...] = (
+    "politeproxy",
+    "politeproxy.politeproxy.svc",
+    "politeproxy.politeproxy.svc.cluster.local",
+)
+ANY_HOST = frozenset({"/ca.pem"})  # public data: answered whatever the Host
+
+
+class HostCheck:
+    """Which Host values the admin paths answer (see the module's docstring). Names are compared
+    normalised (lower case, no trailing dot); ports are not compared (rebinding keeps the port)."""
+
+    def __init__(self, names: Iterable[str] = ADMIN_HOSTS, listen: str = "") -> None:
+        own = {"localhost", socket.gethostname(), listen}
+        self.names = frozenset(n for n in (normalize_host(x) for x in (*own, *names)) if n)
+
+    def allows(self, header: str | None) -> bool:
+        if header is None:
+            return True
+        target = split_host_port(header.strip(), default_port=80)
+        if not isinstance(target, Target):
+            return False
+        name = target.host
+        return target.ip is not None or name in self.names or name.endswith(".localhost")
+
+    def refusal(self, header: str) -> web.Response:
+        shown = repr(header[:100])
+        return error_response(
+            421,
+            f"Host {shown} is not a name of this proxy: the admin paths answer an IP address, localhost, "
+            "this machine's name, the listen address or a name in admin_hosts (a DNS-rebinding guard)",
+        )
 
 
 class Admin:
@@ -38,7 +84,10 @@ class Admin:
         health: Callable[[], dict[str, Any]],
         ca_pem: Callable[[], bytes],
         status: StatusSource | None = None,
+        hosts: Iterable[str] = ADMIN_HOSTS,
+        listen: str = "",
     ) -> None:
+        self.host_check = HostCheck(hosts, listen)  # admin_hosts and the listen address (app.py)
         self.metrics = metrics
         self.health = health
         self.ca_pem = ca_pem
@@ -62,9 +111,13 @@ class Admin:
         return await self.handle(request)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.rel_url.path
+        host = request.headers.get("Host")
+        if path not in ANY_HOST and not self.host_check.allows(host):
+            assert host is not None
+            return self.host_check.refusal(host)
         if request.method not in ("GET", "HEAD"):
             return error_response(405, "admin endpoints answer GET only")
-        path = request.rel_url.path
         if path == "/metrics":
             return web.Response(body=self.metrics.render(), headers={"Content-Type": PROMETHEUS_TEXT})
         if path == "/healthz":

@@ -4,13 +4,15 @@ answers as the proxy port, and the access line is one record, plain or JSON."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import time
 from collections.abc import Callable
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.processes import free_port, wait_for
+from tests.support.processes import free_port, need_tool, wait_for
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
 from tests.support.proxyio import bundle, proxies
 from tests.support.upstream_proc import Upstream
@@ -87,3 +89,56 @@ def test_json_access_line_is_one_flat_object(
     assert isinstance(a["wait"], float | int) and isinstance(a["duration"], float | int)
     assert a["level"] == "info" and isinstance(a["ts"], float)
     assert "note" not in a
+
+
+def test_admin_paths_answer_only_names_of_this_proxy(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    """Issue 25 item 8 (a DNS-rebinding guard): /status, the status page, /metrics and /healthz answer an
+    IP literal, localhost, this machine's name and the deploy files' service name (politeproxy:3128,
+    which deploy/prometheus.yml scrapes) as Host, on the proxy port and on --metrics-listen; any other
+    name gets a 421 that names the key. curl --resolve plays the rebinding page's browser. /ca.pem is
+    public and answers any Host."""
+    side_port = free_port()
+    p = proxy_factory(upstream, NO_ROBOTS, args=("--metrics-listen", f"127.0.0.1:{side_port}"))
+    wait_for(lambda: "metrics on" in p.log(), 10, "the metrics start line")
+    curl = need_tool("curl")
+    for port in (p.port, side_port):
+        for path in ("/status", "/", "/metrics", "/healthz"):
+            for host in ("evil.example", "rebind.attacker.test:80", "politeproxy.evil.example"):
+                r = requests.get(f"http://127.0.0.1:{port}{path}", headers={"Host": host}, timeout=10)
+                assert r.status_code == 421, (port, path, host, r.status_code)
+                assert "admin_hosts" in r.text and r.text.count("\n") == 1, r.text
+            for host in (
+                "127.0.0.1",
+                f"127.0.0.1:{port}",
+                f"[::1]:{port}",
+                f"localhost:{port}",
+                "politeproxy:3128",
+                socket.gethostname(),
+                "app.localhost",
+            ):
+                r = requests.get(f"http://127.0.0.1:{port}{path}", headers={"Host": host}, timeout=10)
+                assert r.status_code == 200, (port, path, host, r.status_code, r.text[:200])
+        rebound = subprocess.run(
+            [
+                curl,
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--resolve",
+                f"evil.example:{port}:127.0.0.1",
+                f"http://evil.example:{port}/status",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert rebound.stdout == "421", rebound
+        ca = requests.get(f"http://127.0.0.1:{port}/ca.pem", headers={"Host": "evil.example"}, timeout=10)
+        assert ca.status_code == 200 and ca.content == (p.data_dir / "ca.pem").read_bytes()
+    # Proxying is not an admin path: a foreign Host on a proxied request is the upstream's business.
+    r = requests.get("http://data.commoncrawl.org/echo", proxies={"http": p.url}, timeout=30)
+    assert r.status_code == 200
