@@ -215,12 +215,15 @@ class Config:
         return list(self.raw["paced_hosts"]) + path_style
 
     def exempt_rules(self) -> tuple[ExemptRule, ...]:
+        """[[exempt.rules]] added to the defaults (Common Crawl's parquet datasets), or in their place with
+        ``exempt.keep_defaults = false``."""
         rules = self.raw["exempt"]["rules"]
         if rules is None:
             return DEFAULT_EXEMPT_RULES
-        return tuple(
+        listed = tuple(
             ExemptRule(r["host"], r["path"], r["range_required"], tuple(r["methods"])) for r in rules
         )
+        return listed + DEFAULT_EXEMPT_RULES if self.raw["exempt"]["keep_defaults"] else listed
 
     def host_intervals(self) -> tuple[tuple[str, float], ...]:
         hosts = self.raw["hosts"]

@@ -12,7 +12,7 @@ import pytest
 from politeproxy.app import App
 from politeproxy.config.loading import load
 from politeproxy.pacing.base import PacingSettings
-from politeproxy.policy.classify import Classifier, ExemptRule
+from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, Classifier, ExemptRule
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.settings import RobotsSettings
 from politeproxy.proxy.robots_fetch import RobotsWatcher
@@ -56,7 +56,8 @@ def test_app_reload_hands_out_settings(tmp_path: Path, caplog: pytest.LogCapture
         assert app.reload("test")
     assert pacer.got and pacer.got[-1].gap == pytest.approx(0.1)
     assert app.robots.ttl == 120.0
-    assert [r.host for r in app.classifier.rules] == ["x.example.org"]
+    assert app.classifier.rules[0].host == "x.example.org"  # added before the defaults, which stay
+    assert app.classifier.rules[1:] == DEFAULT_EXEMPT_RULES
     warned = {r.getMessage() for r in caplog.records if "applies only after a restart" in r.getMessage()}
     assert warned == {
         "config reload: schedule.backend changed but applies only after a restart",
