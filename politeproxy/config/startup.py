@@ -37,12 +37,30 @@ def pacing_lines(s: PacingSettings) -> list[str]:
         )
     else:
         lines.append("pacing: exempt range reads: no rate ceiling (exempt.rate = 0)")
+    if s.window_limit > 0:
+        lines.append(
+            f"pacing: request window: at most {s.window_limit} requests per {format_duration(s.window)} per "
+            f"service, every class together, counted for egress {s.egress!r} (egress.limit; Common Crawl "
+            "blocks an IP above 6,000 in 300s)"
+        )
     return lines
+
+
+def window_warning(s: PacingSettings) -> str | None:
+    """The warning for a request window turned off (egress.limit = 0), else None."""
+    if s.window_limit > 0:
+        return None
+    return (
+        "egress.limit = 0: the request window is off; nothing but the pace keeps this machine under Common "
+        "Crawl's block rule (6,000 requests in 300 s per IP)"
+    )
 
 
 def announce_pacing(s: PacingSettings) -> None:
     for line in pacing_lines(s):
         start_log.info("%s", line)
+    if (warning := window_warning(s)) is not None:
+        log.warning("%s", warning)
 
 
 def _scrub(text: str, url: str) -> str:
