@@ -1,0 +1,418 @@
+"""``politeproxy simulate``: a workload through this config's pacing on a virtual clock (issue 24 item 6).
+
+A discrete-event simulation of one proxy, with the proxy's own decisions: the store's claim (a
+``MemoryStore`` whose clock is the simulation's, so slots, the exempt ceiling and the request window are
+``policy.slots`` and ``policy.window`` as the proxy runs them), the dispatcher's fair queue
+(``pacing.state.QueueState``) and the settings ``Config.pacing()`` gives the proxy. What it does not model:
+upstream answers (no throttles, blocks or retries beyond those a replayed log shows), answer times (so the
+exempt places of ``exempt.max_in_flight`` never fill) and other proxies sharing the store.
+
+Each request follows the proxy's path: a paced one is refused at once when the pacer's estimate is past
+``max_wait``, else it joins its pipeline's line and the dispatcher claims for the head of the fairest line,
+sends it at its slot and claims again; an exempt one claims its GCRA slot (and the window) itself and asks
+again after the wait a refused claim names, as ``pacing.rest.exempt_slot`` does. A request whose slot would
+come after ``max_wait`` is refused and counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import sys
+import time
+from collections.abc import Coroutine, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from politeproxy.config.loading import Config
+from politeproxy.pacing.base import PacingSettings
+from politeproxy.pacing.state import QueueState, Waiter
+from politeproxy.policy.hosts import HostSet, host_matches
+from politeproxy.policy.services import service_key
+from politeproxy.policy.settings import ConfigError, format_duration, parse_duration
+from politeproxy.policy.simulation import (
+    CC_LIMIT,
+    CC_WINDOW,
+    EXEMPT,
+    MAX_ARRIVALS,
+    PACED,
+    Arrival,
+    Stream,
+    WorkloadError,
+    arrivals,
+    count,
+    log_arrivals,
+    parse_workload,
+    peak,
+)
+from politeproxy.policy.slots import Claim, Outcome
+from politeproxy.stores.memory import MemoryStore
+
+T0 = 1_000_000.0  # the virtual clock's start: far from 0, which the store's records read as "never"
+TIMEOUT_SLACK = 0.05  # the pacer's own timeout on a paced wait: max_wait plus this (pacer._wait_paced)
+HOLD_TOO_LATE = 0.05  # the dispatcher holds a host this long after a refusal (Dispatcher._too_late)
+MIN_STEP = 1e-3  # an exempt read asks again no sooner than this (a claim naming no wait must not spin)
+
+R = TypeVar("R")
+
+
+def run_now(coro: Coroutine[Any, Any, R]) -> R:
+    """The value of a store coroutine that never suspends (MemoryStore awaits nothing): stepped once."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a store call suspended: the simulation runs only the in-memory store")
+
+
+@dataclass(slots=True)
+class Ticket:
+    """A paced request's ticket in the queue state (anything with ``done()``)."""
+
+    arrival: Arrival
+    finished: bool = False
+
+    def done(self) -> bool:
+        return self.finished
+
+
+@dataclass
+class Tally:
+    """One service's (or pipeline's) counts."""
+
+    offered: int = 0
+    refused: int = 0
+    waits: float = 0.0
+    max_wait: float = 0.0
+    sends: list[float] = field(default_factory=list)  # virtual send times, ascending per service
+
+
+class Simulation:
+    """One proxy, one memory store, one virtual clock: ``run(arrivals)`` then read the tallies."""
+
+    def __init__(self, settings: PacingSettings, shortcut: bool = True) -> None:
+        self.s = settings
+        # A refused exempt claim writes nothing, and the earliest time it names (Claim.at) can only move
+        # later while nothing is written: until the service's records change, a read whose deadline falls
+        # before that time is refused without asking again. Most reads of an overloaded workload are such
+        # (a 50/s scan against a 10/s ceiling); ``shortcut=False`` asks the store every time (the tests
+        # check both give the same report).
+        self.shortcut = shortcut
+        self.written: dict[str, int] = {}  # service -> grants made in it (each writes its records)
+        self.refused_at: dict[str, tuple[int, float]] = {}  # host -> (written, at) of its last refusal
+        self.now = T0
+        self.store = MemoryStore(clock=lambda: self.now, rand=lambda: 0.5)
+        self.state: QueueState[Ticket] = QueueState()
+        self.state.tags.weights = {r.name: r.weight for r in settings.pipelines}
+        self.max_queued = {r.name: r.max_queued for r in settings.pipelines if r.max_queued}
+        self.events: list[tuple[float, int, str, Any]] = []
+        self.seq = 0
+        self.dispatch_gen = 0  # a dispatcher event of an older generation is stale
+        self.dispatch_busy = False  # asleep until a granted slot: a new waiter does not wake it
+        self.services: dict[str, Tally] = {}
+        self.pipelines: dict[str, Tally] = {}
+        self.end = T0
+        self.pruned = T0
+        self.calls = 0  # store calls made (with Redis, each is a round trip)
+
+    # -- the event loop ---------------------------------------------------------------------------
+
+    def _ask(self, coro: Coroutine[Any, Any, Claim]) -> Claim:
+        self.calls += 1
+        return run_now(coro)
+
+    def _at(self, t: float, kind: str, what: Any = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, what))
+
+    def run(self, requests: Iterable[Arrival]) -> None:
+        feed = iter(requests)
+        nxt = next(feed, None)
+        while nxt is not None or self.events:
+            if nxt is not None and (not self.events or T0 + nxt.t <= self.events[0][0]):
+                self.now = max(self.now, T0 + nxt.t)
+                self._arrive(nxt)
+                nxt = next(feed, None)
+                continue
+            t, _seq, kind, what = heapq.heappop(self.events)
+            self.now = max(self.now, t)
+            if kind == "dispatch":
+                if what == self.dispatch_gen:
+                    self._dispatch()
+            elif kind == "exempt":
+                self._exempt(*what)
+            elif kind == "timeout":
+                self._timeout(what)
+
+    def _arrive(self, a: Arrival) -> None:
+        self._tally(a).offered += 1
+        self.pipelines.setdefault(a.pipeline, Tally()).offered += 1
+        if a.klass == EXEMPT:
+            self._exempt(a, self.now + self.s.max_wait)
+        else:
+            self._paced(a)
+
+    def _tally(self, a: Arrival) -> Tally:
+        return self.services.setdefault(service_key(a.host), Tally())
+
+    def _sent(self, a: Arrival, at: float) -> None:
+        service = service_key(a.host)
+        self.written[service] = self.written.get(service, 0) + 1  # its records changed (see _exempt)
+        wait = at - (T0 + a.t)
+        for t in (self._tally(a), self.pipelines[a.pipeline]):
+            t.waits += wait
+            t.max_wait = max(t.max_wait, wait)
+        self._tally(a).sends.append(at)
+        self.end = max(self.end, at)
+
+    def _refused(self, a: Arrival) -> None:
+        self._tally(a).refused += 1
+        self.pipelines[a.pipeline].refused += 1
+        self.end = max(self.end, self.now)
+
+    # -- exempt reads (pacing.rest.exempt_slot) ---------------------------------------------------
+
+    def _exempt(self, a: Arrival, deadline: float) -> None:
+        s, host = self.s, a.host
+        window = s.window_for(host)
+        hold = s.exempt_respect_backoff
+        if not hold and s.exempt_rate <= 0 and window is None:
+            self._sent(a, self.now)
+            return
+        service = service_key(host)
+        written = self.written.get(service, 0)
+        if self.shortcut and (memo := self.refused_at.get(host)) is not None:
+            if memo[0] == written and deadline < memo[1]:
+                self._refused(a)  # nothing of the service written since a claim found `at` the earliest
+                return
+        left = max(0.0, deadline - self.now)
+        c = self._ask(
+            self.store.exempt_claim(host, s.exempt_rate, s.exempt_burst, left, hold, service, window)
+        )
+        if c.outcome is Outcome.TOO_LATE or self.now + c.wait > deadline:
+            self.refused_at[host] = (written, c.at)
+            self._refused(a)
+        elif c.granted:
+            self._sent(a, self.now + max(0.0, c.wait))
+        else:
+            self._at(self.now + max(c.wait, MIN_STEP), "exempt", (a, deadline))
+
+    # -- paced requests (pacer._wait_paced and the dispatcher) ------------------------------------
+
+    def _paced(self, a: Arrival) -> None:
+        s, host, now = self.s, a.host, self.now
+        deadline = now + s.max_wait
+        interval = s.interval_for(host)
+        if now + self.state.estimate(host, now, s.gap, interval, a.pipeline) > deadline:
+            self._refused(a)
+            return
+        if s.gap <= 0 and not self.state.depth(host) and self.state.ready_at(host) <= now:
+            c = self._ask(self.store.claim(host, 0.0, interval, deadline - now, window=s.window_for(host)))
+            if c.granted and c.wait <= 0:
+                self.state.charge(a.pipeline)
+                self._sent(a, now)
+                return
+            if c.outcome is Outcome.HOST_NOT_READY:
+                self.state.set_ready(host, now + c.wait, now)
+        cap = self.max_queued.get(a.pipeline)
+        if self.state.total >= s.max_queue or (
+            cap is not None and self.state.pipeline_depth(a.pipeline) >= cap
+        ):
+            self._refused(a)
+            return
+        w = Waiter(host, now, deadline, Ticket(a), a.pipeline)
+        self.state.add(w)
+        self._at(deadline + TIMEOUT_SLACK, "timeout", w)
+        if not self.dispatch_busy:  # the pacer sets the dispatcher's wake event
+            self._wake(now)
+
+    def _timeout(self, w: Waiter[Ticket]) -> None:
+        if not w.ticket.finished:
+            w.ticket.finished = True
+            self.state.remove(w)
+            self._refused(w.ticket.arrival)
+
+    def _wake(self, at: float) -> None:
+        self.dispatch_gen += 1
+        self._at(at, "dispatch", self.dispatch_gen)
+
+    def _dispatch(self) -> None:
+        """One turn of ``Dispatcher.once``; the next turn is scheduled as its sleeps would end."""
+        self.dispatch_busy = False
+        now, s = self.now, self.s
+        if now - self.pruned >= 1.0:
+            self.pruned = now
+            self.state.prune(now)
+        head, soonest = self.state.next_line(now)
+        if head is None:
+            if soonest is not None:  # asleep on the wake event, with a timeout at the soonest ready line
+                self._wake(soonest)
+            return
+        host = head.host
+        left = max(0.0, head.deadline - now)
+        c = self._ask(self.store.claim(host, s.gap, s.interval_for(host), left, window=s.window_for(host)))
+        if c.outcome is Outcome.GRANTED:
+            self._grant(head, c)
+            return
+        if c.outcome is Outcome.HOST_NOT_READY:
+            self.state.set_ready(host, now + c.wait, now)
+        else:
+            self._too_late(head, c)
+        self._wake(now)
+
+    def _grant(self, head: Waiter[Ticket], c: Claim) -> None:
+        self.state.remove(head)
+        slot = self.now + max(0.0, c.wait)
+        self.state.charge(head.pipeline)
+        head.ticket.finished = True
+        self._sent(head.ticket.arrival, slot)
+        self.dispatch_busy = slot > self.now
+        self._wake(slot)
+
+    def _too_late(self, head: Waiter[Ticket], c: Claim) -> None:
+        self.state.remove(head)
+        if not head.ticket.finished:
+            head.ticket.finished = True
+            self._refused(head.ticket.arrival)
+        if c.wait > 0:
+            self.state.hold(head.host, self.now + min(c.wait, HOLD_TOO_LATE), self.now)
+
+
+# -- the command ------------------------------------------------------------------------------------------
+
+
+def _streams(text: str, cfg: Config, notes: list[str]) -> list[Stream]:
+    """The workload's streams as this config's proxy would see them: a host it does not pace is an error;
+    an exempt stream to a host no exempt rule names is paced (as the proxy would classify it)."""
+    paced = HostSet(cfg.paced_hosts)
+    rules = cfg.exempt_rules()
+    out = []
+    for s in parse_workload(text):
+        if not paced.matches(s.host):
+            raise WorkloadError(f"{s.host} is not a paced host in this config: the proxy would not count it")
+        if s.klass == EXEMPT and not any(host_matches(s.host, r.host) for r in rules):
+            notes.append(f"no exempt rule names {s.host}: its exempt stream is simulated as paced")
+            s = Stream(s.pipeline, PACED, s.host, s.rate)
+        out.append(s)
+    return out
+
+
+def _requests(args: argparse.Namespace, cfg: Config, seconds: float, notes: list[str]) -> Iterable[Arrival]:
+    if args.log:
+        with open(args.log, encoding="utf-8", errors="replace") as f:
+            return log_arrivals(f, seconds)
+    if not args.workload:
+        raise WorkloadError('give --workload "exempt=50/s,paced=5/s" or --log FILE')
+    streams = _streams(args.workload, cfg, notes)
+    if (n := count(streams, seconds)) > MAX_ARRIVALS:
+        raise WorkloadError(
+            f"the workload makes {n:,} requests; at most {MAX_ARRIVALS:,} (a shorter --duration)"
+        )
+    return arrivals(streams, seconds)
+
+
+def simulate(
+    settings: PacingSettings, requests: Iterable[Arrival], seconds: float, shortcut: bool = True
+) -> dict[str, Any]:
+    """Run ``requests`` through ``settings``' pacing; the report (``--json`` prints it)."""
+    sim = Simulation(settings, shortcut)
+    sim.run(requests)
+    services: dict[str, Any] = {}
+    for name, t in sorted(sim.services.items()):
+        sends = sorted(t.sends)
+        rule = settings.window_for(name)
+        services[name] = {
+            "requests": len(sends),
+            "offered": t.offered,
+            "refused": t.refused,
+            "window_peak": peak(sends, settings.window),
+            "window_limit": rule.limit if rule is not None else 0,
+            "cc_peak": peak(sends, CC_WINDOW),
+            "cc_limit": CC_LIMIT,
+            "mean_wait_s": round(t.waits / len(sends), 3) if sends else 0.0,
+            "max_wait_s": round(t.max_wait, 3),
+        }
+    pipelines = {
+        name: {
+            "requests": t.offered - t.refused,
+            "refused": t.refused,
+            "mean_wait_s": round(t.waits / (t.offered - t.refused), 3) if t.offered > t.refused else 0.0,
+        }
+        for name, t in sorted(sim.pipelines.items())
+    }
+    return {
+        "duration_s": round(sim.end - T0, 3),
+        "simulated_s": seconds,
+        "window_s": settings.window,
+        "cc_window_s": CC_WINDOW,
+        "store_calls": sim.calls,
+        "services": services,
+        "pipelines": pipelines,
+        "over_limit": [
+            n for n, v in services.items() if v["window_limit"] and v["window_peak"] > v["window_limit"]
+        ],
+        "over_cc": [n for n, v in services.items() if v["cc_peak"] > CC_LIMIT],
+    }
+
+
+def _n(v: int) -> str:
+    return f"{v:,}"
+
+
+def plain(r: dict[str, Any], what: str, notes: list[str]) -> str:
+    """The report as a short table: one row per service, the span, and whether any peak is over."""
+    win = format_duration(r["window_s"])
+    lines = [*(f"note: {n}" for n in notes), f"{what}: the last request went at {r['duration_s']:,.1f}s"]
+    head = ("service", "sent", "refused", "mean wait", f"peak/{win}", "limit", "peak/300s", "CC limit")
+    rows = [head]
+    for name, v in r["services"].items():
+        limit = _n(v["window_limit"]) if v["window_limit"] else "off"
+        rows.append(
+            (name, _n(v["requests"]), _n(v["refused"]), f"{v['mean_wait_s']:.2f}s", _n(v["window_peak"]),
+             limit, _n(v["cc_peak"]), _n(v["cc_limit"]))
+        )  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    over = [f"{n} (window peak {_n(r['services'][n]['window_peak'])})" for n in r["over_limit"]]
+    over += [f"{n} (Common Crawl blocks above {CC_LIMIT:,} per 300 s)" for n in r["over_cc"]]
+    if over:
+        lines.append("OVER: " + "; ".join(over))
+    else:
+        lines.append(
+            f"every peak is within its window limit and Common Crawl's {CC_LIMIT:,} requests per 300 s"
+        )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace, cfg: Config) -> int:
+    """Run the simulation the arguments describe; 0, or 2 with one line on stderr for input it cannot use."""
+    notes: list[str] = []
+    try:
+        seconds = parse_duration(args.duration, "--duration")
+        if seconds <= 0:
+            raise WorkloadError("--duration: a span above 0, e.g. 1h")
+        requests = _requests(args, cfg, seconds, notes)
+        started = time.perf_counter()
+        r = simulate(cfg.pacing(), requests, seconds)
+    except (WorkloadError, ConfigError) as e:
+        print(f"politeproxy: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"politeproxy: error: --log {args.log}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    elapsed = time.perf_counter() - started
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    source = f"--log {args.log}" if args.log else repr(args.workload)
+    what = f"{format_duration(seconds)} of {source} through {cfg.source}"
+    print(plain(r, what, notes))
+    print(f"(simulated in {elapsed:.1f}s)")
+    return 0
