@@ -1,21 +1,25 @@
-"""The disk store: entry files named by a hash of their key, an SQLite index, per-key lock stripes.
+"""The disk store: entry files named by a hash of their key, an SQLite index, per-key leases.
 
 Layout under ``<data_dir>/cache``: ``objects/ab/<sha256 of the key>`` (complete entries only, renamed
-into place), ``tmp/`` (bodies being written; never read), ``locks/<3 hex>`` (4096 flock stripes for the
-single flight between processes), ``index.sqlite``. No client string ever reaches a path: names are
-hex digests. Every method blocks: the proxy calls them from a bounded thread pool.
+into place), ``tmp/`` (bodies being written; read only by this process's followers of that download),
+``locks/<sha256 of the key>.lease`` (one per key being fetched: the single flight between processes),
+``index.sqlite``. No client string ever reaches a path: names are hex digests. Every method blocks: the
+proxy calls them from a bounded thread pool, never on its event loop.
+
+A lease is a file created with O_EXCL (atomic on a local disk, and on NFSv3+ too, unlike flock). Its
+holder refreshes its mtime every LEASE_REFRESH seconds while it fetches; one not refreshed for
+LEASE_STALE seconds belongs to a dead or stuck proxy and is taken over. Nothing waits on a lease in a
+thread: a proxy that finds one held polls it from its event loop with a sleep between tries.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import logging
 import os
 import shutil
+import socket
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +32,9 @@ from politeproxy.cache.index import Index
 from politeproxy.policy.cacherules import CacheLimits
 
 log = logging.getLogger("politeproxy")
-LOCK_POLL = 0.02  # seconds between tries of a contended stripe
+LEASE_REFRESH = 2.0  # seconds between refreshes of a held lease's mtime (wall clock, persisted)
+LEASE_STALE = 10.0  # seconds without a refresh after which a lease is a dead proxy's, taken over
+_HOST = socket.gethostname()  # a lease names its holder: pid and host
 TMP_MAX_AGE = 3600.0  # a temporary body older than this belongs to a dead writer
 TOUCH_EVERY = 10.0  # seconds: a hit moves its entry up the LRU at most this often (a write in the index)
 TOUCHED_MAX = 4096  # names remembered for that; the table is emptied when full
@@ -133,8 +139,8 @@ class DiskStore:
         return len(names)
 
     def sweep(self) -> int:
-        """Delete temporary bodies of dead writers and entry files the index lost (a crash between
-        eviction and unlink); how many files went. Run at start, in a thread."""
+        """Delete temporary bodies of dead writers, stale leases and entry files the index lost (a crash
+        between eviction and unlink); how many files went. Run at start, in a thread."""
         gone = 0
         now = time.time()
         for p in self.tmp.glob("*.part"):
@@ -142,6 +148,14 @@ class DiskStore:
             try:
                 old = now - p.stat().st_mtime > TMP_MAX_AGE
                 if old or (pid.isdigit() and not _alive(int(pid))):
+                    p.unlink(missing_ok=True)
+                    gone += 1
+            except OSError:
+                continue
+        for p in self.locks.iterdir():  # dead proxies' leases, and the flock stripes of earlier versions
+            try:
+                stale = p.name.endswith(".lease") and self._abandoned(p)
+                if stale or len(p.name) == 3:
                     p.unlink(missing_ok=True)
                     gone += 1
             except OSError:
@@ -156,30 +170,57 @@ class DiskStore:
                 continue
         return gone
 
-    def lock(self, key: str, deadline: float, abandoned: threading.Event) -> tuple[int, bool] | None:
-        """Take ``key``'s stripe lock (flock) by ``deadline`` (monotonic): (fd, whether it was contended),
-        or None on time-out or when ``abandoned`` is set (the waiter left: this thread must not outlive it).
-        Release with ``unlock(fd)``."""
-        path = self.locks / key_name(key)[:3]
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        contended = False
-        while True:
+    def lease_path(self, key: str) -> Path:
+        return self.locks / f"{key_name(key)}.lease"
+
+    def take_lease(self, key: str) -> bool:
+        """Take ``key``'s lease: True when this process now holds it, False when another holds it (a
+        stale one, or one whose holder on this host is dead, is taken over). OSError when the directory
+        cannot hold leases."""
+        path = self.lease_path(key)
+        for _ in range(3):
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd, contended
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    os.close(fd)
-                    return None  # flock unsupported here (some NFS): no single flight between processes
-            contended = True
-            if abandoned.is_set() or time.monotonic() >= deadline:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            except FileExistsError:
+                try:
+                    if not self._abandoned(path):
+                        return False
+                except FileNotFoundError:
+                    continue  # its holder just let it go: try again
+                log.info("cache lease %s abandoned by its holder: taken over", path.name[:16])
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                os.write(fd, f"{os.getpid()} {_HOST}\n".encode())
+            finally:
                 os.close(fd)
-                return None
-            time.sleep(LOCK_POLL)
+            return True
+        return False
 
     @staticmethod
-    def unlock(fd: int) -> None:
-        os.close(fd)  # closing the descriptor releases its flock
+    def _abandoned(path: Path) -> bool:
+        """Not refreshed for LEASE_STALE seconds (or dated far ahead: a clock stepped back), or held by a
+        process of this host that is gone (kill -9 leaves its lease behind)."""
+        age = time.time() - path.stat().st_mtime
+        if not -LEASE_STALE <= age <= LEASE_STALE:
+            return True
+        with open(path, "rb") as f:
+            pid, _, host = f.read(300).decode("utf-8", "replace").strip().partition(" ")
+        return host == _HOST and pid.isdigit() and not _alive(int(pid))
+
+    def lease_held(self, key: str) -> bool:
+        """Whether a fresh lease on ``key`` exists (its holder is fetching it)."""
+        try:
+            age = time.time() - self.lease_path(key).stat().st_mtime
+        except FileNotFoundError:
+            return False
+        return -LEASE_STALE <= age <= LEASE_STALE
+
+    def refresh_lease(self, key: str) -> None:
+        os.utime(self.lease_path(key))
+
+    def drop_lease(self, key: str) -> None:
+        self.lease_path(key).unlink(missing_ok=True)
 
     def close(self) -> None:
         self.index.close()

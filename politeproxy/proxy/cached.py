@@ -3,16 +3,22 @@
 The forwarder hands every request here with the exchange it would make (``go``). A hit is answered from
 disk before the pacer is asked: no slot, no exempt place. A miss goes upstream through ``go`` with a tee
 that relay() feeds while the answer streams to the client; the tee's file is renamed into place only
-when every expected byte came through. Concurrent identical misses make one upstream request: in this
-process they wait on the leader's future, across processes on a flock'd stripe (taken in a thread with
-a bounded wait). A waiter the leader cannot serve goes upstream itself.
+when every expected byte came through.
+
+Concurrent identical misses make one upstream request (issue 25: per key, never a lock shared by keys).
+In this process the first is the leader of the key's flight (proxy/flight.py); up to MAX_FOLLOWERS others
+follow it, streaming its body from disk as it arrives; more, or one whose leader has no head within
+max_wait, go upstream themselves. Between processes the leader holds the key's lease file (O_EXCL,
+cache/store.py); a proxy that finds it held polls it from the loop (LEASE_POLL) for at most max_wait,
+then looks again (a hit) or goes itself. Nothing waits in a thread and nothing is held across another
+key's queue wait or download.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +31,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from politeproxy.cache.base import CacheError, CacheEvents
-from politeproxy.cache.store import DiskStore, Found, key_name
+from politeproxy.cache.store import LEASE_REFRESH, DiskStore, Found, key_name
 from politeproxy.policy.cacherules import (
     Bypass,
     Cacheable,
@@ -38,12 +44,14 @@ from politeproxy.policy.cacherules import (
 from politeproxy.policy.classify import Klass
 from politeproxy.proxy.cachetee import Tee
 from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.flight import Flight, follow
 from politeproxy.proxy.passage import stamp
 
 log = logging.getLogger("politeproxy")
 T = TypeVar("T")
 IO_WORKERS = 8  # disk reads and writes; bounded, so a slow disk queues work instead of growing threads
-LOCK_WORKERS = 16  # threads waiting on another process's stripe lock (each bounded by max_wait)
+MAX_FOLLOWERS = 256  # requests that follow one key's leader; more go upstream themselves (bounded memory)
+LEASE_POLL = 0.05  # seconds between looks at a lease another process holds (on the loop, a sleep between)
 HIT_CHUNK = 1 << 20  # a hit reads 1 MiB per thread hop (measured: fewer hops, same RSS order)
 SIZE_EVERY = 15.0  # seconds between reads of the whole cache's size for the gauge
 IO_TIMEOUT = 30.0  # a disk call that takes longer is given up (the answer goes upstream or is cut)
@@ -59,8 +67,7 @@ class CacheFront:
         self.events = events
         self.max_wait = max_wait
         self.io = ThreadPoolExecutor(IO_WORKERS, thread_name_prefix="cache-io")
-        self.lockers = ThreadPoolExecutor(LOCK_WORKERS, thread_name_prefix="cache-lock")
-        self.flights: dict[str, asyncio.Future[None]] = {}  # key name -> done; bounded by requests in flight
+        self.flights: dict[str, Flight] = {}  # key name -> its fetch; bounded by requests in flight
         self._disk_warned = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._sizer: asyncio.Task[None] | None = None
@@ -98,8 +105,9 @@ class CacheFront:
             await asyncio.gather(self._sizer, return_exceptions=True)
         if self._tasks:  # commits in flight: bounded by IO_TIMEOUT each
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        for flight in list(self.flights.values()):
+            self._land(flight, False)
         self.io.shutdown(wait=False, cancel_futures=True)
-        self.lockers.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.store.close)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -176,49 +184,90 @@ class CacheFront:
     ) -> web.StreamResponse:
         """One upstream request for concurrent identical misses; ``miss`` is how the first look counted."""
         name = key_name(d.key)
-        leader = self.flights.get(name)
-        if leader is not None:  # the same miss is on its way upstream in this process: wait for it
+        flight = self.flights.get(name)
+        if flight is not None:
+            return await self._follow(request, klass, d, ex, go, miss, flight)
+        flight = self.flights[name] = Flight(d.key, name)
+        handed = False
+        try:
+            await self._lease(flight)
+            # Look again, lease held or not: another proxy (or a flight here that ended while we looked
+            # the first time) may have stored it since.
+            found = await self._lookup(d, request.headers)
+            if isinstance(found, Found):
+                self._land(flight, True)
+                return await self._hit(request, klass, found, ex)
+            self._result(ex, miss)
+            handed = True  # _fetch lands the flight once its copy is stored or dropped
+            return await self._fetch(request, d, ex, go, flight)
+        finally:
+            if not handed:
+                self._land(flight, False)
+
+    async def _follow(
+        self,
+        request: web.BaseRequest,
+        klass: Klass,
+        d: Cacheable,
+        ex: Exchange,
+        go: Go,
+        miss: str,
+        flight: Flight,
+    ) -> web.StreamResponse:
+        """Stream the leader's answer; when it cannot be followed, a hit if it was stored, else upstream."""
+        if flight.followers < MAX_FOLLOWERS:
+            flight.followers += 1
             try:
-                await asyncio.wait_for(asyncio.shield(leader), self.max_wait)
-            except TimeoutError:
-                pass
+                served = functools.partial(self._served, ex)
+                resp = await follow(self, request, flight, ex, self.max_wait, served)
+            finally:
+                flight.followers -= 1
+            if resp is not None:
+                return resp
             found = await self._lookup(d, request.headers)
             if isinstance(found, Found):
                 return await self._hit(request, klass, found, ex)
-            self._result(ex, miss)
-            return await self._fetch(request, d, ex, go)  # the leader failed: go ourselves
-        flight = _Flight(self, name)
-        try:
-            flight.lock = await self._lock(d.key)
-            # Look again with the lock held, contended or not: another proxy (or a flight here that ended
-            # while we looked the first time) may have stored it since.
-            if flight.lock is not None:
-                found = await self._lookup(d, request.headers)
-                if isinstance(found, Found):
-                    flight.release()
-                    return await self._hit(request, klass, found, ex)
-            self._result(ex, miss)
-            return await self._fetch(request, d, ex, go, flight)
-        finally:
-            if not flight.deferred:
-                flight.release()
+        self._result(ex, miss)
+        return await self._fetch(request, d, ex, go)  # on its own: a copy it stores replaces the entry
 
-    async def _lock(self, key: str) -> tuple[int, bool] | None:
-        """The key's stripe lock across processes, waited for at most max_wait; None: go without it."""
-        abandoned = threading.Event()
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(
-            self.lockers, self.store.lock, key, time.monotonic() + self.max_wait, abandoned
-        )
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            abandoned.set()  # the thread gives up at its next poll; a lock it got anyway is released
-            fut.add_done_callback(lambda f: _release_late(self.store, f))
-            raise
-        except Exception as e:  # noqa: BLE001 - no lock file: single flight in this process only
-            self.disk_problem(e)
-            return None
+    async def _lease(self, flight: Flight) -> None:
+        """Take the key's lease between processes, polling one that another proxy holds for at most
+        max_wait (from the loop: a sleep between looks, each look one short call in a thread). Without it
+        (the wait ran out, or the directory holds no leases) the leader goes anyway."""
+        deadline = time.monotonic() + self.max_wait
+        while True:
+            try:
+                if await self.run(self.store.take_lease, flight.key):
+                    flight.leased = True
+                    flight.refresher = asyncio.get_running_loop().create_task(self._refresh(flight.key))
+                    return
+            except Exception as e:  # noqa: BLE001 - no lease: single flight in this process only
+                self.disk_problem(e)
+                return
+            if time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(LEASE_POLL)
+
+    async def _refresh(self, key: str) -> None:
+        """Keep a held lease fresh while its download runs, so no other proxy takes it over."""
+        while True:
+            await asyncio.sleep(LEASE_REFRESH)
+            try:
+                await self.run(self.store.refresh_lease, key)
+            except Exception as e:  # noqa: BLE001 - a lost refresh at worst lets another proxy fetch too
+                log.debug("cache lease refresh: %s", e)
+
+    def _land(self, flight: Flight, stored: bool) -> None:
+        """The flight is over: its followers learn the outcome, and its lease goes. Idempotent."""
+        flight.end(stored)
+        if self.flights.get(flight.name) is flight:
+            del self.flights[flight.name]
+        if flight.refresher is not None:
+            flight.refresher.cancel()
+            flight.refresher = None
+        if flight.leased:
+            flight.leased = False
+            self.bg(functools.partial(self.store.drop_lease, flight.key))
 
     async def _fetch(
         self,
@@ -226,9 +275,9 @@ class CacheFront:
         d: Cacheable,
         ex: Exchange,
         go: Go,
-        flight: _Flight | None = None,
+        flight: Flight | None = None,
     ) -> web.StreamResponse:
-        tee = Tee(self, d)
+        tee = Tee(self, d, flight)
         ex.tee = tee
         try:
             resp = await go()
@@ -239,23 +288,34 @@ class CacheFront:
             raise
         except BaseException:
             tee.discard()
+            if flight is not None:
+                self._land(flight, False)
             raise
         finally:
             ex.tee = None
         ok = ex.note is None and ex.status == tee.status
-        await asyncio.shield(self._commit(tee, ok, flight))  # waiters look as soon as it is in place
+        await asyncio.shield(self._commit(tee, ok, flight))  # followers end with the copy in place
         return resp
 
-    def _commit(self, tee: Tee, ok: bool, flight: _Flight | None) -> asyncio.Task[None]:
-        """The commit as a task that outlives its request (referenced here until done); the flight's
-        waiters and lock are let go only when it is done, so they find the entry in place."""
-        task = asyncio.get_running_loop().create_task(tee.finish(ok))
+    def _commit(self, tee: Tee, ok: bool, flight: Flight | None) -> asyncio.Task[None]:
+        """The commit as a task that outlives its request (referenced here until done); the flight lands
+        when it is done, so late followers find the entry in place."""
+        task = asyncio.get_running_loop().create_task(self._finish(tee, ok, flight))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        if flight is not None:
-            flight.deferred = True
-            task.add_done_callback(flight.release)
         return task
+
+    async def _finish(self, tee: Tee, ok: bool, flight: Flight | None) -> None:
+        stored = False
+        try:
+            stored = await tee.finish(ok)
+        finally:
+            if flight is not None:
+                self._land(flight, stored)
+
+    def _served(self, ex: Exchange) -> None:
+        self._result(ex, "hit")
+        self.events.cache_slot_saved(ex.pipeline)  # a request never sent
 
     async def _hit(
         self, request: web.BaseRequest, klass: Klass, found: Found, ex: Exchange
@@ -314,31 +374,3 @@ class CacheFront:
         if now - self._disk_warned > 60.0:  # one line a minute: a full disk repeats on every request
             self._disk_warned = now
             log.warning("cache: %s: %s (answering from upstream)", type(e).__name__, e)
-
-
-class _Flight:
-    """A leader's hold on a key: the future its in-process waiters wait on and the stripe lock other
-    processes wait on. Released once: when the answer is in place or failed."""
-
-    def __init__(self, front: CacheFront, name: str) -> None:
-        self.front, self.name = front, name
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        front.flights[name] = self.done
-        self.lock: tuple[int, bool] | None = None
-        self.deferred = False  # the commit task releases it
-
-    def release(self, *_task: object) -> None:
-        if self.lock is not None:
-            self.front.store.unlock(self.lock[0])
-            self.lock = None
-        if self.front.flights.get(self.name) is self.done:
-            del self.front.flights[self.name]
-        if not self.done.done():
-            self.done.set_result(None)
-
-
-def _release_late(store: DiskStore, f: asyncio.Future[tuple[int, bool] | None]) -> None:
-    if not f.cancelled() and f.exception() is None:
-        got = f.result()
-        if got is not None:
-            store.unlock(got[0])

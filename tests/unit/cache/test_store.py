@@ -4,7 +4,6 @@ temporary directory; no proxy process."""
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from politeproxy.cache.entry import MAGIC, TRAILER, Corrupt, open_entry
-from politeproxy.cache.store import DiskStore, Found, key_name
+from politeproxy.cache.store import LEASE_STALE, DiskStore, Found, key_name
 from politeproxy.policy.cacherules import STORED_HEADERS, CacheLimits
 
 HEADERS = [("Content-Type", "application/octet-stream"), ("Content-Length", "1000")]
@@ -134,19 +133,27 @@ def test_sweep_removes_dead_writers_temp_files_and_orphans(store: DiskStore) -> 
     assert read(store.lookup("k")) == b"k" * 100
 
 
-def test_stripe_lock_is_exclusive_and_bounded(store: DiskStore) -> None:
-    got = store.lock("k", time.monotonic() + 1, threading.Event())
-    assert got is not None and got[1] is False
-    t0 = time.monotonic()
-    assert store.lock("k", time.monotonic() + 0.2, threading.Event()) is None  # times out
-    assert time.monotonic() - t0 < 2
-    gone = threading.Event()
-    gone.set()
-    assert store.lock("k", time.monotonic() + 10, gone) is None  # an abandoned wait ends at once
-    store.unlock(got[0])
-    again = store.lock("k", time.monotonic() + 1, threading.Event())
-    assert again is not None
-    store.unlock(again[0])
+def test_a_lease_is_exclusive_per_key_and_a_stale_one_is_taken_over(store: DiskStore) -> None:
+    assert store.take_lease("k") is True
+    assert store.take_lease("k") is False and store.lease_held("k")  # held: another fetch of k waits
+    assert store.take_lease("other") is True  # another key never waits on it
+    old = time.time() - LEASE_STALE - 5
+    os.utime(store.lease_path("k"), (old, old))  # its holder died without refreshing it
+    assert not store.lease_held("k")
+    assert store.take_lease("k") is True
+    store.refresh_lease("k")
+    assert store.lease_held("k")
+    store.drop_lease("k")
+    store.drop_lease("other")
+    assert not store.lease_held("k") and list(store.locks.iterdir()) == []
+
+
+def test_a_lease_left_by_a_dead_process_of_this_host_is_taken_over_at_once(store: DiskStore) -> None:
+    assert store.take_lease("k") is True
+    text = store.lease_path("k").read_text()
+    store.lease_path("k").write_text(text.replace(str(os.getpid()), "999999999", 1))  # kill -9'd holder
+    assert store.take_lease("k") is True
+    store.drop_lease("k")
 
 
 def test_clear(store: DiskStore) -> None:

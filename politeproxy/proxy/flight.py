@@ -1,0 +1,159 @@
+"""Per-key single flight for cache misses (issue 25): one upstream fetch per key in this process, and its
+followers streaming the leader's body from its temporary file as it arrives.
+
+The leader's tee (``cachetee.Tee``) reports to its ``Flight``: the head it stores, each body byte written,
+and the end (stored, or not). A follower waits, without any lock or thread, for the head; then answers its
+client with the stored headers and the bytes on disk so far, and more as they come. It ends its answer only
+when the leader's copy was stored whole (a leader that failed, cut or ran long cuts its followers too,
+never a short or wrong body). A follower that cannot follow (no head within its wait, the answer not
+storable, the file gone) returns None: the caller looks the key up again or fetches on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol, TypeVar
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.passage import stamp
+
+T = TypeVar("T")
+FOLLOW_CHUNK = 1 << 20  # bytes a follower reads per thread hop (as a hit)
+FOLLOW_STALL = 120.0  # seconds without progress after which a follower gives up (the leader's own read
+# timeout ends a stalled download long before: this only bounds a follower whatever happens)
+
+
+class Disk(Protocol):
+    async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
+    def bg(self, fn: Callable[[], object]) -> None: ...
+
+
+class Flight:
+    """One key's fetch in this process. ``outcome``: None while it runs, True once stored, False when it
+    will not be (failed, cut, not storable)."""
+
+    def __init__(self, key: str, name: str) -> None:
+        self.key, self.name = key, name
+        self.followers = 0
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.expected = 0
+        self.part: Path | None = None  # the temporary file the body goes to, once the head is stored
+        self.written = 0
+        self.outcome: bool | None = None
+        self.leased = False  # holds the key's lease between processes (cached.CacheFront drops it)
+        self.refresher: asyncio.Task[None] | None = None
+        self.change: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def started(self, status: int, headers: list[tuple[str, str]], expected: int, part: Path) -> None:
+        self.status, self.headers, self.expected, self.part = status, headers, expected, part
+        self._wake()
+
+    def wrote(self, count: int) -> None:
+        self.written = count
+        self._wake()
+
+    def end(self, stored: bool) -> None:
+        if self.outcome is None:
+            self.outcome = stored
+            self._wake()
+
+    def _wake(self) -> None:
+        done, self.change = self.change, asyncio.get_running_loop().create_future()
+        done.set_result(None)
+
+
+async def _changed(fut: asyncio.Future[None], timeout: float) -> bool:
+    """Whether ``fut`` (a flight's ``change`` read before looking at its state) came within ``timeout``."""
+    if timeout <= 0:
+        return fut.done()
+    try:
+        await asyncio.wait_for(asyncio.shield(fut), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def _head(flight: Flight, wait: float) -> bool:
+    """Wait up to ``wait`` seconds for the leader's head or its end; whether there is a body to follow."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while flight.part is None and flight.outcome is None:
+        if not await _changed(flight.change, deadline - loop.time()):
+            return False
+    return flight.part is not None and flight.outcome is not False
+
+
+async def follow(
+    disk: Disk,
+    request: web.BaseRequest,
+    flight: Flight,
+    ex: Exchange,
+    wait: float,
+    served: Callable[[], None],
+) -> web.StreamResponse | None:
+    """Answer ``request`` with the leader's answer as it streams to disk; None when it cannot be followed
+    (``served`` is called just before an answer starts: the caller counts it as a hit)."""
+    if not await _head(flight, wait):
+        return None
+    assert flight.part is not None
+    try:
+        f: BinaryIO = await disk.run(_open, flight.part)
+    except OSError:  # renamed into place (stored: a hit now) or discarded since
+        return None
+    served()
+    headers: CIMultiDict[str] = CIMultiDict(flight.headers)
+    headers["Age"] = "0"
+    stamp(headers)
+    ex.status = flight.status
+    out = web.StreamResponse(status=flight.status, headers=headers)
+    try:
+        await out.prepare(request)
+        await _pump(disk, f, flight, ex, out.write)
+        await out.write_eof()
+    except (ConnectionError, aiohttp.ClientError):
+        ex.note = "client_gone"
+    except (_Broken, OSError, TimeoutError):
+        ex.note = "upstream_broke"  # the leader's answer failed: the client sees a cut, as the leader's did
+        if request.transport is not None:
+            request.transport.abort()
+    finally:
+        disk.bg(f.close)
+    return out
+
+
+class _Broken(Exception):
+    """The leader's copy will not be stored, or stopped moving."""
+
+
+async def _pump(
+    disk: Disk, f: BinaryIO, flight: Flight, ex: Exchange, write: Callable[[bytes], Awaitable[None]]
+) -> None:
+    """Send the leader's body from ``f`` as it is written, until it is stored whole; _Broken otherwise."""
+    sent = 0
+    while True:
+        change = flight.change  # read before the state: a wake in between is not lost
+        if sent < flight.written:
+            chunk = await disk.run(f.read, min(FOLLOW_CHUNK, flight.written - sent))
+            if not chunk:
+                raise OSError("the leader's file ended early")
+            sent += len(chunk)
+            await write(chunk)
+            ex.bytes += len(chunk)
+            continue
+        if flight.outcome is True and sent == flight.expected:
+            return
+        if flight.outcome is not None:
+            raise _Broken("the leader's answer was not stored")
+        if not await _changed(change, FOLLOW_STALL):
+            raise _Broken(f"no progress for {FOLLOW_STALL:g}s")
+
+
+def _open(path: Path) -> BinaryIO:
+    return open(path, "rb", buffering=0)  # noqa: SIM115 - the follower closes it
