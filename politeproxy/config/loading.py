@@ -128,9 +128,21 @@ def _hosts(v: Any, key: str) -> dict[str, dict[str, Any]]:
     return {_pattern(h, f"{key}.{h}"): _section(t, _ITEMS["hosts"], f"{key}.{h}") for h, t in v.items()}
 
 
+def _users(v: Any, key: str) -> dict[str, str]:
+    """``[auth] users``: ``name = "password"``. An error names the key and the type, never the value:
+    it is a password, and the error line goes to a terminal and a log."""
+    if not isinstance(v, dict):
+        raise ConfigError(f'{key}: expected a table of name = "password", got {type(v).__name__} (not shown)')
+    for name, password in v.items():
+        if not isinstance(password, str):
+            kind = type(password).__name__
+            raise ConfigError(f"{key}.{name}: expected a password string, got {kind} (not shown)")
+    return {str(k): p for k, p in v.items()}
+
+
 # The kinds of nested tables, checked with the schema machinery below; every other kind's converter is
-# policy/values.py's.
-_NESTED: dict[str, Conv] = {"exempt rules": _rules, "cache rules": _cache_rules}
+# policy/values.py's ([auth] users is here for its errors, which never show a value).
+_NESTED: dict[str, Conv] = {"exempt rules": _rules, "cache rules": _cache_rules, "users": _users}
 # Tables keyed by a name ("hosts.*.interval"): the table's converter and its value when absent.
 _BY_NAME: dict[str, tuple[Conv, Any]] = {"hosts": (_hosts, None), "pipelines": (_pipelines, {})}
 

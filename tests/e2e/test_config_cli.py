@@ -92,6 +92,28 @@ def test_invalid_config_refuses_to_start(tmp_path: Path, text: str, key: str, wh
     assert e.returncode == 2 and e.stderr.strip() == lines[0]
 
 
+@pytest.mark.parametrize(
+    ("users", "key"),
+    [
+        ("{ alice = 81726354 }", "auth.users.alice"),
+        ("{ alice = ['s3cret-81726354'] }", "auth.users.alice"),
+        ("{ alice = { pw = 's3cret-81726354' } }", "auth.users.alice"),
+        ("'alice:s3cret-81726354'", "auth.users"),
+        ("['alice:s3cret-81726354']", "auth.users"),
+    ],
+)
+def test_a_password_that_is_no_string_is_never_echoed(tmp_path: Path, users: str, key: str) -> None:
+    """Issue 25 item 11: a password of the wrong type (a number, a list, the env form in the file) is
+    refused with the key and the type, and its value appears nowhere in the error line."""
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(f"[auth]\nusers = {users}\n")
+    for args in (("check-config", str(cfg)), ("run", "--config", str(cfg), "--listen", "127.0.0.1:0")):
+        r = cli(tmp_path, *args)
+        assert r.returncode == 2, r.stderr
+        assert key in r.stderr and "(not shown)" in r.stderr, r.stderr
+        assert "81726354" not in r.stderr, r.stderr
+
+
 def test_missing_config_file(tmp_path: Path) -> None:
     r = cli(tmp_path, "run", "--config", str(tmp_path / "nope.toml"))
     assert r.returncode == 2
