@@ -193,11 +193,14 @@ def _read(path: Path) -> str:
 
 def understood_by(src: Path, extra_toml: str) -> str:
     """``extra_toml`` without the tables a source tree from before them would refuse: no [cache] before
-    issue 14, no exempt ceiling before issue 12 (measuring an old tree with ``--candidate``/``TREE``)."""
+    issue 14, no exempt ceiling before issue 12, no request window before issue 24 (measuring an old tree
+    with ``--candidate``/``TREE``)."""
     if not (src / "politeproxy" / "cache").is_dir():
         extra_toml = extra_toml.replace(CACHE_OFF, "")
     if "exempt_rate" not in _read(src / "politeproxy" / "pacing" / "base.py"):
         extra_toml = extra_toml.replace(EXEMPT_CEILING_OFF, "")
+    if not (src / "politeproxy" / "policy" / "window.py").is_file():
+        extra_toml = extra_toml.replace(WINDOW_OFF, "")
     return extra_toml
 
 
@@ -306,7 +309,9 @@ CACHE_OFF = "[cache]\nenabled = false\n"
 # The exempt class's GCRA ceiling (issue 12, default 50 reads/s per host) off too: issue 15 measures the
 # cost of the proxy itself, not the ceiling it keeps.
 EXEMPT_CEILING_OFF = '[exempt]\nrate = "0"\n'
-PACING_OFF = '[schedule]\nglobal_rate = "0"\n' + CACHE_OFF + EXEMPT_CEILING_OFF
+# And the request window (issue 24): a benchmark of the proxy itself sends more than 4,800 requests.
+WINDOW_OFF = "[egress]\nlimit = 0\n"
+PACING_OFF = '[schedule]\nglobal_rate = "0"\n' + CACHE_OFF + EXEMPT_CEILING_OFF + WINDOW_OFF
 
 
 def add_compare_args(p: argparse.ArgumentParser) -> None:
