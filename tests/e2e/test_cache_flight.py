@@ -143,3 +143,38 @@ def test_two_proxies_on_one_cache_dir_make_one_request(env: Env) -> None:
         results = [first.result(), *(f.result() for f in second)]
     assert all(s == 200 and b == b"s" * SLOW_SIZE for s, b, _t in results)
     assert env.up.count(slow) == 1
+
+
+def get_or_cut(p: ProxyProc, path: str) -> tuple[str, int]:
+    """("whole", bytes) for a complete answer, ("cut", bytes so far) for one that ended early."""
+    try:
+        status, body, _t = get(p, path)
+    except http.client.IncompleteRead as e:
+        return "cut", len(e.partial)
+    except OSError:
+        return "cut", 0
+    return ("whole" if status == 200 else f"status {status}"), len(body)
+
+
+def test_a_leader_cut_mid_body_cuts_its_followers_and_stores_nothing(env: Env) -> None:
+    path = "/crawl-data/slowcut-1.warc.gz"
+    with ThreadPoolExecutor(6) as pool:
+        leader = pool.submit(get_or_cut, env.a, path)
+        wait_for(lambda: env.up.count(path) == 1, 10, "the download upstream")
+        followers = [pool.submit(get_or_cut, env.a, path) for _ in range(5)]
+        results = [leader.result(), *(f.result() for f in followers)]
+    assert all(kind == "cut" and n < SLOW_SIZE for kind, n in results), results  # never a short "whole"
+    assert env.up.count(path) == 1
+    assert get_or_cut(env.a, path)[0] == "cut" and env.up.count(path) == 2  # nothing was stored
+
+
+def test_followers_of_an_answer_that_cannot_be_stored_go_upstream_at_once(env: Env) -> None:
+    """No Content-Length: the leader's copy is never kept, so its followers do not wait for its end."""
+    path = "/crawl-data/slownolen-1.warc.gz"
+    with ThreadPoolExecutor(4) as pool:
+        leader = pool.submit(get_or_cut, env.a, path)
+        wait_for(lambda: env.up.count(path) == 1, 10, "the download upstream")
+        for _ in range(3):
+            pool.submit(get_or_cut, env.a, path)
+        wait_for(lambda: env.up.count(path) == 4, 3, "the followers upstream on their own")
+        assert not leader.done()  # the leader's download (about 5 s) was still running

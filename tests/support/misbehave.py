@@ -8,6 +8,8 @@ request line, unchanged), so a test sees which server and which object an answer
                            length); the connection stays open
     /crawl-data/trailing*  a good answer and, in the same write, a second answer nobody asked for ("EVIL")
     /crawl-data/idlejunk*  a good answer; 0.3 s later, on the idle connection, an answer nobody asked for
+    /crawl-data/slowcut*   as slow, but reset after 5 pieces (the body never completes)
+    /crawl-data/slownolen* as slow, without Content-Length (close-delimited: never storable)
     /crawl-data/slow*      Content-Length SLOW_SIZE, sent SLOW_PIECE bytes every SLOW_GAP seconds
     anything else          200 with the label and the target (a HEAD: the head only)
 """
@@ -103,12 +105,23 @@ class Misbehaving:
             time.sleep(0.3)
             s.sendall(EVIL)
         elif target.startswith("/crawl-data/slow"):
-            s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % SLOW_SIZE)
-            for _ in range(SLOW_SIZE // SLOW_PIECE):
-                time.sleep(SLOW_GAP)
-                s.sendall(b"s" * SLOW_PIECE)
+            self._slow(s, target)
         else:
             s.sendall(good)
+
+    @staticmethod
+    def _slow(s: socket.socket, target: str) -> None:
+        nolen = target.startswith("/crawl-data/slownolen")
+        length = b"Connection: close\r\n" if nolen else b"Content-Length: %d\r\n" % SLOW_SIZE
+        s.sendall(b"HTTP/1.1 200 OK\r\n" + length + b"\r\n")
+        for i in range(SLOW_SIZE // SLOW_PIECE):
+            if i == 5 and target.startswith("/crawl-data/slowcut"):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                raise OSError("reset on purpose")  # closing the socket with linger 0 sends the RST
+            time.sleep(SLOW_GAP)
+            s.sendall(b"s" * SLOW_PIECE)
+        if nolen:
+            raise OSError("close on purpose")  # the end of a close-delimited body
 
     def close(self) -> None:
         self.sock.close()
