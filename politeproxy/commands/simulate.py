@@ -21,30 +21,34 @@ import heapq
 import json
 import sys
 import time
-from collections.abc import Coroutine, Iterable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar
 
 from politeproxy.config.loading import Config
 from politeproxy.pacing.base import PacingSettings
 from politeproxy.pacing.state import QueueState, Waiter
 from politeproxy.policy.hosts import HostSet, host_matches
 from politeproxy.policy.services import service_key
-from politeproxy.policy.settings import ConfigError, format_duration, parse_duration
+from politeproxy.policy.settings import ConfigError, parse_duration
 from politeproxy.policy.simulation import (
     CC_LIMIT,
     CC_WINDOW,
     EXEMPT,
     MAX_ARRIVALS,
+    MAX_LINE,
     PACED,
     Arrival,
     Stream,
+    Tally,
     WorkloadError,
     arrivals,
     count,
     log_arrivals,
     parse_workload,
-    peak,
+    pipeline_row,
+    render,
+    service_row,
 )
 from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.memory import MemoryStore
@@ -76,17 +80,6 @@ class Ticket:
 
     def done(self) -> bool:
         return self.finished
-
-
-@dataclass
-class Tally:
-    """One service's (or pipeline's) counts."""
-
-    offered: int = 0
-    refused: int = 0
-    waits: float = 0.0
-    max_wait: float = 0.0
-    sends: list[float] = field(default_factory=list)  # virtual send times, ascending per service
 
 
 class Simulation:
@@ -299,10 +292,23 @@ def _streams(text: str, cfg: Config, notes: list[str]) -> list[Stream]:
     return out
 
 
+def bounded_lines(f: IO[str], limit: int = MAX_LINE) -> Iterator[str]:
+    """The lines of ``f``, each read at most ``limit`` characters at a time: a longer one is skipped
+    whole, so a log without newlines never fills the memory."""
+    while line := f.readline(limit + 1):
+        if len(line) > limit and not line.endswith("\n"):
+            while (rest := f.readline(limit + 1)) and not rest.endswith("\n"):
+                pass
+            continue
+        yield line
+
+
 def _requests(args: argparse.Namespace, cfg: Config, seconds: float, notes: list[str]) -> Iterable[Arrival]:
+    if args.log and args.workload:
+        raise WorkloadError("give --workload or --log, not both")
     if args.log:
         with open(args.log, encoding="utf-8", errors="replace") as f:
-            return log_arrivals(f, seconds)
+            return log_arrivals(bounded_lines(f), seconds)
     if not args.workload:
         raise WorkloadError('give --workload "exempt=50/s,paced=5/s" or --log FILE')
     streams = _streams(args.workload, cfg, notes)
@@ -319,28 +325,9 @@ def simulate(
     """Run ``requests`` through ``settings``' pacing; the report (``--json`` prints it)."""
     sim = Simulation(settings, shortcut)
     sim.run(requests)
-    services: dict[str, Any] = {}
-    for name, t in sorted(sim.services.items()):
-        sends = sorted(t.sends)
-        rule = settings.window_for(name)
-        services[name] = {
-            "requests": len(sends),
-            "offered": t.offered,
-            "refused": t.refused,
-            "window_peak": peak(sends, settings.window),
-            "window_limit": rule.limit if rule is not None else 0,
-            "cc_peak": peak(sends, CC_WINDOW),
-            "cc_limit": CC_LIMIT,
-            "mean_wait_s": round(t.waits / len(sends), 3) if sends else 0.0,
-            "max_wait_s": round(t.max_wait, 3),
-        }
-    pipelines = {
-        name: {
-            "requests": t.offered - t.refused,
-            "refused": t.refused,
-            "mean_wait_s": round(t.waits / (t.offered - t.refused), 3) if t.offered > t.refused else 0.0,
-        }
-        for name, t in sorted(sim.pipelines.items())
+    services = {
+        name: service_row(t, settings.window, rule.limit if (rule := settings.window_for(name)) else 0)
+        for name, t in sorted(sim.services.items())
     }
     return {
         "duration_s": round(sim.end - T0, 3),
@@ -349,46 +336,10 @@ def simulate(
         "cc_window_s": CC_WINDOW,
         "store_calls": sim.calls,
         "services": services,
-        "pipelines": pipelines,
-        "over_limit": [
-            n for n, v in services.items() if v["window_limit"] and v["window_peak"] > v["window_limit"]
-        ],
+        "pipelines": {name: pipeline_row(t) for name, t in sorted(sim.pipelines.items())},
+        "over_limit": [n for n, v in services.items() if 0 < v["window_limit"] < v["window_peak"]],
         "over_cc": [n for n, v in services.items() if v["cc_peak"] > CC_LIMIT],
     }
-
-
-def _n(v: int) -> str:
-    return f"{v:,}"
-
-
-def plain(r: dict[str, Any], what: str, notes: list[str]) -> str:
-    """The report as a short table: one row per service, the span, and whether any peak is over."""
-    win = format_duration(r["window_s"])
-    lines = [*(f"note: {n}" for n in notes), f"{what}: the last request went at {r['duration_s']:,.1f}s"]
-    head = ("service", "sent", "refused", "mean wait", f"peak/{win}", "limit", "peak/300s", "CC limit")
-    rows = [head]
-    for name, v in r["services"].items():
-        limit = _n(v["window_limit"]) if v["window_limit"] else "off"
-        rows.append(
-            (name, _n(v["requests"]), _n(v["refused"]), f"{v['mean_wait_s']:.2f}s", _n(v["window_peak"]),
-             limit, _n(v["cc_peak"]), _n(v["cc_limit"]))
-        )  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    for row in rows:
-        lines.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
-            )
-        )
-    over = [f"{n} (window peak {_n(r['services'][n]['window_peak'])})" for n in r["over_limit"]]
-    over += [f"{n} (Common Crawl blocks above {CC_LIMIT:,} per 300 s)" for n in r["over_cc"]]
-    if over:
-        lines.append("OVER: " + "; ".join(over))
-    else:
-        lines.append(
-            f"every peak is within its window limit and Common Crawl's {CC_LIMIT:,} requests per 300 s"
-        )
-    return "\n".join(lines)
 
 
 def main(args: argparse.Namespace, cfg: Config) -> int:
@@ -412,7 +363,7 @@ def main(args: argparse.Namespace, cfg: Config) -> int:
         print(json.dumps(r))
         return 0
     source = f"--log {args.log}" if args.log else repr(args.workload)
-    what = f"{format_duration(seconds)} of {source} through {cfg.source}"
-    print(plain(r, what, notes))
+    what = f"{args.duration.strip()} of {source} through {cfg.source}"
+    print(render(r, what, notes))
     print(f"(simulated in {elapsed:.1f}s)")
     return 0

@@ -4,7 +4,8 @@
   (``"a:paced=5/s,b:exempt@commoncrawl.s3.amazonaws.com=20/s"``), into ``Stream`` values;
 - ``arrivals``: the requests a set of streams makes in a span, evenly spaced, in time order;
 - ``access_arrival``: one line of the proxy's own access log (plain or JSON) as the request it was;
-- ``peak``: the most send times any trailing window of a given length holds.
+- ``peak``: the most send times any trailing window of a given length holds;
+- ``Tally`` and the report's rows, and ``render``, the report as the plain table.
 
 Every parser here reads text a user typed or a file anyone may have written: it returns a value or raises
 ``WorkloadError`` (a ValueError with a message fit for one line), never anything else.
@@ -17,8 +18,9 @@ import json
 import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, clean_name
 from politeproxy.policy.hosts import normalize_host, valid_hostname
@@ -267,3 +269,67 @@ def log_arrivals(lines: Iterable[str], seconds: float) -> list[Arrival]:
             f"{len(out):,} requests in the span; at most {MAX_ARRIVALS:,} (a shorter --duration)"
         )
     return out
+
+
+# -- the report ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """One service's (or pipeline's) counts; ``sends`` holds the times its requests went."""
+
+    offered: int = 0
+    refused: int = 0
+    waits: float = 0.0
+    max_wait: float = 0.0
+    sends: list[float] = field(default_factory=list)
+
+
+def service_row(t: Tally, window: float, limit: int) -> dict[str, Any]:
+    """A service's line of the report: its peak in the request window (``window`` s, ``limit``; 0 when
+    the window is off) and in Common Crawl's own 300 s, against 6,000."""
+    sends = sorted(t.sends)
+    return {
+        "requests": len(sends),
+        "offered": t.offered,
+        "refused": t.refused,
+        "window_peak": peak(sends, window),
+        "window_limit": limit,
+        "cc_peak": peak(sends, CC_WINDOW),
+        "cc_limit": CC_LIMIT,
+        "mean_wait_s": round(t.waits / len(sends), 3) if sends else 0.0,
+        "max_wait_s": round(t.max_wait, 3),
+    }
+
+
+def pipeline_row(t: Tally) -> dict[str, Any]:
+    sent = t.offered - t.refused
+    return {"requests": sent, "refused": t.refused, "mean_wait_s": round(t.waits / sent, 3) if sent else 0.0}
+
+
+def _count(v: int) -> str:
+    return f"{v:,}"
+
+
+def render(r: dict[str, Any], what: str, notes: Iterable[str] = ()) -> str:
+    """The report as a short table: one row per service, the span, and whether any peak is over."""
+    lines = [*(f"note: {n}" for n in notes), f"{what}: the last request went at {r['duration_s']:,.1f}s"]
+    win = f"{r['window_s']:g}s"
+    head = ("service", "sent", "refused", "mean wait", f"peak/{win}", "limit", "peak/300s", "CC limit")
+    rows = [head]
+    for name, v in r["services"].items():
+        limit = _count(v["window_limit"]) if v["window_limit"] else "off"
+        wait = f"{v['mean_wait_s']:.2f}s"
+        counts = [_count(v[k]) for k in ("requests", "refused", "window_peak", "cc_peak", "cc_limit")]
+        rows.append((name, *counts[:2], wait, counts[2], limit, *counts[3:]))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        cells = zip(row, widths, strict=True)
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(cells)))
+    over = [f"{n} (window peak {_count(r['services'][n]['window_peak'])})" for n in r["over_limit"]]
+    over += [f"{n} (Common Crawl blocks above {CC_LIMIT:,} per 300 s)" for n in r["over_cc"]]
+    if over:
+        lines.append("OVER: " + "; ".join(over))
+    else:
+        lines.append(f"every peak is within its window limit and Common Crawl's {CC_LIMIT:,} per 300 s")
+    return "\n".join(lines)

@@ -22,6 +22,7 @@ from politeproxy.policy.classify import Klass
 from politeproxy.policy.simulation import (
     DEFAULT_HOST,
     EXEMPT,
+    MAX_LINE,
     MAX_STREAMS,
     PACED,
     Arrival,
@@ -316,6 +317,7 @@ def test_an_exempt_stream_no_rule_names_is_paced(capsys: pytest.CaptureFixture[s
         ({"workload": "paced@example.com=5/s"}, "not a paced host"),
         ({"workload": "paced=10000/s", "duration": "1h"}, "at most 2,000,000"),
         ({}, "give --workload"),
+        ({"workload": "paced=5/s", "log": "x.log"}, "not both"),
         ({"log": "/nonexistent/access.log"}, "--log /nonexistent/access.log"),
     ],
 )
@@ -334,3 +336,15 @@ def test_a_log_replays_through_the_command(tmp_path: Path, capsys: pytest.Captur
     r = json.loads(capsys.readouterr().out)
     assert r["services"][INDEX]["requests"] == 3 and r["services"][DEFAULT_HOST]["requests"] == 3
     assert r["pipelines"]["scan"]["requests"] == 1
+
+
+def test_an_overlong_log_line_is_skipped_whole(tmp_path: Path) -> None:
+    """A line longer than MAX_LINE (a file without newlines) is never held whole: its pieces are skipped,
+    and the lines around it still count."""
+    path = tmp_path / "access.log"
+    write_log(path, JsonFormatter(), LOGGED[:2])
+    first, second = path.read_text().splitlines()
+    path.write_text(first + "\n" + "x" * (3 * MAX_LINE + 7) + "\n" + second + "\n" + "y" * (MAX_LINE + 1))
+    with open(path) as f:
+        lines = list(sim.bounded_lines(f))
+    assert [line.strip() for line in lines] == [first, second]
