@@ -52,6 +52,7 @@ T = TypeVar("T")
 IO_WORKERS = 8  # disk reads and writes; bounded, so a slow disk queues work instead of growing threads
 MAX_FOLLOWERS = 256  # requests that follow one key's leader; more go upstream themselves (bounded memory)
 LEASE_POLL = 0.05  # seconds between looks at a lease another process holds (on the loop, a sleep between)
+HEAD_MARGIN = 5.0  # seconds a follower waits for the head beyond max_wait (the leader's connect, first byte)
 HIT_CHUNK = 1 << 20  # a hit reads 1 MiB per thread hop (measured: fewer hops, same RSS order)
 SIZE_EVERY = 15.0  # seconds between reads of the whole cache's size for the gauge
 IO_TIMEOUT = 30.0  # a disk call that takes longer is given up (the answer goes upstream or is cut)
@@ -187,7 +188,7 @@ class CacheFront:
         flight = self.flights.get(name)
         if flight is not None:
             return await self._follow(request, klass, d, ex, go, miss, flight)
-        flight = self.flights[name] = Flight(d.key, name)
+        flight = self.flights[name] = Flight(d.key, name, self.max_wait + HEAD_MARGIN)
         handed = False
         try:
             await self._lease(flight)
@@ -198,6 +199,7 @@ class CacheFront:
                 self._land(flight, True)
                 return await self._hit(request, klass, found, ex)
             self._result(ex, miss)
+            flight.fetching(self.max_wait + HEAD_MARGIN)  # the pacer's wait is bounded by max_wait too
             handed = True  # _fetch lands the flight once its copy is stored or dropped
             return await self._fetch(request, d, ex, go, flight)
         finally:
@@ -219,7 +221,7 @@ class CacheFront:
             flight.followers += 1
             try:
                 served = functools.partial(self._served, ex)
-                resp = await follow(self, request, flight, ex, self.max_wait, served)
+                resp = await follow(self, request, flight, ex, served)
             finally:
                 flight.followers -= 1
             if resp is not None:

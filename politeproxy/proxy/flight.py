@@ -38,8 +38,10 @@ class Flight:
     """One key's fetch in this process. ``outcome``: None while it runs, True once stored, False when it
     will not be (failed, cut, not storable)."""
 
-    def __init__(self, key: str, name: str) -> None:
+    def __init__(self, key: str, name: str, head_within: float) -> None:
         self.key, self.name = key, name
+        loop = asyncio.get_running_loop()
+        self.head_by = loop.time() + head_within  # followers without a head by then go on their own
         self.followers = 0
         self.status = 0
         self.headers: list[tuple[str, str]] = []
@@ -49,7 +51,13 @@ class Flight:
         self.outcome: bool | None = None
         self.leased = False  # holds the key's lease between processes (cached.CacheFront drops it)
         self.refresher: asyncio.Task[None] | None = None
-        self.change: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.change: asyncio.Future[None] = loop.create_future()
+
+    def fetching(self, head_within: float) -> None:
+        """The leader goes upstream now (after its wait for another proxy's lease): its followers' wait
+        for the head starts again, so they do not all go upstream the moment that first wait ends."""
+        self.head_by = asyncio.get_running_loop().time() + head_within
+        self._wake()
 
     def started(self, status: int, headers: list[tuple[str, str]], expected: int, part: Path) -> None:
         self.status, self.headers, self.expected, self.part = status, headers, expected, part
@@ -80,12 +88,12 @@ async def _changed(fut: asyncio.Future[None], timeout: float) -> bool:
     return True
 
 
-async def _head(flight: Flight, wait: float) -> bool:
-    """Wait up to ``wait`` seconds for the leader's head or its end; whether there is a body to follow."""
+async def _head(flight: Flight) -> bool:
+    """Wait until the flight's ``head_by`` for the leader's head or its end; whether there is a body to
+    follow."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
     while flight.part is None and flight.outcome is None:
-        if not await _changed(flight.change, deadline - loop.time()):
+        if not await _changed(flight.change, flight.head_by - loop.time()):
             return False
     return flight.part is not None and flight.outcome is not False
 
@@ -95,12 +103,11 @@ async def follow(
     request: web.BaseRequest,
     flight: Flight,
     ex: Exchange,
-    wait: float,
     served: Callable[[], None],
 ) -> web.StreamResponse | None:
     """Answer ``request`` with the leader's answer as it streams to disk; None when it cannot be followed
     (``served`` is called just before an answer starts: the caller counts it as a hit)."""
-    if not await _head(flight, wait):
+    if not await _head(flight):
         return None
     assert flight.part is not None
     try:
