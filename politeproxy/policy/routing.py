@@ -197,17 +197,25 @@ def route(target: Target, *, paced: bool, tunnel_ports: frozenset[int]) -> Route
     return Route.INTERCEPT if paced else Route.TUNNEL
 
 
-def ip_refusal(target: Target, *, allow_ip_connect: bool) -> Refusal | None:
-    """A CONNECT to an IP literal has no name to pace or sign for: refused unless ``allow_ip_connect``
-    (then the listener checks that no paced name resolves to the address). Asked after the destination
-    check, so the proxy itself and private places keep their own refusals."""
+def ip_refusal(target: Target, *, allow_ip_connect: bool, connect: bool = True) -> Refusal | None:
+    """A CONNECT (or a plain ``http://`` request, ``connect=False``) to an IP literal has no name to pace
+    or sign for: refused unless ``allow_ip_connect`` (then the listener checks that no paced name resolves
+    to the address). Asked after the destination check, so the proxy itself and private places keep their
+    own refusals."""
     if target.ip is None or allow_ip_connect:
         return None
+    what, verb = ("CONNECT", "CONNECT") if connect else ("a request", "send it")
     why = (
-        f"CONNECT to an IP address ({target.netloc}) is refused: there is no host name to pace or sign "
-        "for. CONNECT to the host name, or set allow_ip_connect = true to tunnel addresses that no "
+        f"{what} to an IP address ({target.netloc}) is refused: there is no host name to pace or sign "
+        f"for. {verb} to the host name, or set allow_ip_connect = true to allow addresses that no "
         "paced name resolves to"
     )
+    return Refusal(403, why, "destination")
+
+
+def owned_refusal(target: Target, owner: str) -> Refusal:
+    """A plain ``http://`` request to an address that the paced name ``owner`` resolves to."""
+    why = f"{target.host} is an address of {owner}: a request to it by address is not paced; use the name"
     return Refusal(403, why, "destination")
 
 

@@ -220,8 +220,20 @@ class Proxy:
             else routing.bucket_refusal(parsed[1].host, paced=self.hosts_paced(parsed[1].host))
         )
         if r is None and not isinstance(parsed, Refusal):
-            r = await self.destinations.for_request(client, parsed[1])
+            r = await self.destinations.for_request(client, parsed[1]) or await self._by_address(parsed[1])
         return self._refused(client, r) if r is not None else await self.forwarder.handle(request)
+
+    async def _by_address(self, target: Target) -> Refusal | None:
+        """A plain request to an IP literal: refused unless allow_ip_connect, and then still when a paced
+        name resolves to it (no SNI here: the URL's address is all there is)."""
+        if target.ip is None:
+            return None
+        if (
+            r := routing.ip_refusal(target, allow_ip_connect=self.allow_ip_connect, connect=False)
+        ) is not None:
+            return r
+        owner = await self.paced_addresses.owner(target.ip, target.port)
+        return routing.owned_refusal(target, owner) if owner is not None else None
 
     # -- CONNECT ------------------------------------------------------------------------------------
 

@@ -100,6 +100,10 @@ def test_ip_connect_is_refused_by_default(shared_fast_proxy: ProxyProc, shared_u
     with pytest.raises(requests.exceptions.ProxyError):
         requests.get("https://[::1]/x", proxies={"https": p.url}, timeout=20, verify=False)
     assert p.metric("politeproxy_rejected_total", 'reason="destination"') == before + 3
+    # A plain http:// request by address: the same rule (here the address data.commoncrawl.org:80 is
+    # mapped to, which the old tree forwarded unpaced).
+    r = requests.get(f"http://127.0.0.1:{up.plain_port}/x", proxies={"http": p.url}, timeout=20)
+    assert r.status_code == 403 and "allow_ip_connect" in r.text, r.text
     assert up.log() == []  # nothing reached the upstream
 
 
@@ -169,4 +173,7 @@ def test_allow_ip_connect_tunnels_only_addresses_no_paced_name_resolves_to(
     wait_for(lambda: "is an address of " in p.log(), 10, "the refusal line")
     line = next(x for x in p.log().splitlines() if "is an address of " in x)
     assert "commoncrawl.org" in line and "names no paced host" in line, line
+    # A plain http:// request to the address data.commoncrawl.org:80 is mapped to: 403, naming the owner.
+    r = requests.get(f"http://127.0.0.1:{module_upstream.plain_port}/x", proxies={"http": p.url}, timeout=20)
+    assert r.status_code == 403 and "is an address of" in r.text and "use the name" in r.text, r.text
     assert module_upstream.log() == []
