@@ -92,7 +92,8 @@ def test_bytes_on_an_idle_pooled_connection_are_never_an_answer(env: Env, method
     junk, nxt = f"/crawl-data/idlejunk-{method}.warc.gz", BASE + f"after-idle-{method}.warc.gz"
     r = get(env.p, junk, method)
     assert r.status_code == 200 and r.headers["ETag"] == '"e1"'
-    time.sleep(0.8)  # the junk arrives 0.3 s after the answer, on the idle connection
+    env.up.wait_junk(junk)  # sent 0.3 s after the answer, on the idle connection
+    time.sleep(0.2)  # the proxy's loop reads it meanwhile
     for _ in range(2):
         r = get(env.p, nxt, method)
         want = answer_body("tls", method, nxt)

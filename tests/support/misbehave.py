@@ -48,7 +48,16 @@ class Misbehaving:
         self.lock = threading.Lock()
         self.arrivals: list[tuple[int, str, str]] = []  # (connection number, method, target)
         self.connections = 0
+        self.junk_sent: set[str] = set()  # targets whose unasked answer went out (idlejunk)
+        self.junk = threading.Condition(self.lock)
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def wait_junk(self, target: str, timeout: float = 10.0) -> None:
+        """Block until the unasked answer after ``target``'s was sent (a blocking call on purpose: a test
+        may hold its event loop with it, so the bytes wait unread in the kernel)."""
+        with self.junk:
+            if not self.junk.wait_for(lambda: target in self.junk_sent, timeout):
+                raise TimeoutError(f"no unasked answer after {target}")
 
     def count(self, target: str, method: str = "GET") -> int:
         with self.lock:
@@ -104,6 +113,9 @@ class Misbehaving:
             s.sendall(good)
             time.sleep(0.3)
             s.sendall(EVIL)
+            with self.junk:
+                self.junk_sent.add(target)
+                self.junk.notify_all()
         elif target.startswith("/crawl-data/slow"):
             self._slow(s, target)
         else:

@@ -62,10 +62,11 @@ async def test_an_idle_connection_that_spoke_is_never_reused(
     junk, nxt = f"/crawl-data/idlejunk-{method}-{loop_blocked}", f"/crawl-data/next-{method}-{loop_blocked}"
     assert (await fetch(up, method, junk))[0] == 200
     if loop_blocked:
-        # the unasked answer (sent 0.3 s after the first) waits in the kernel, unread: blocking on purpose
-        time.sleep(0.8)  # noqa: ASYNC251
+        server.wait_junk(junk)  # blocks the loop on purpose: the unasked answer waits in the kernel, unread
+        time.sleep(0.05)  # noqa: ASYNC251 - loopback delivers at once; a margin all the same
     else:
-        await asyncio.sleep(0.8)  # the loop reads it while the connection is idle
+        await asyncio.to_thread(server.wait_junk, junk)
+        await asyncio.sleep(0.2)  # the loop reads it while the connection is idle
     want = answer_body("tls", method, nxt)
     got = await fetch(up, method, nxt)
     assert got == (200, str(len(want)), want if method == "GET" else b""), got  # never EVIL's
