@@ -104,6 +104,7 @@ class Simulation:
         self.seq = 0
         self.dispatch_gen = 0  # a dispatcher event of an older generation is stale
         self.dispatch_busy = False  # asleep until a granted slot: a new waiter does not wake it
+        self.reserved: Waiter[Ticket] | None = None  # the head whose slot the dispatcher holds
         self.services: dict[str, Tally] = {}
         self.pipelines: dict[str, Tally] = {}
         self.end = T0
@@ -150,9 +151,12 @@ class Simulation:
     def _tally(self, a: Arrival) -> Tally:
         return self.services.setdefault(service_key(a.host), Tally())
 
+    def _wrote(self, host: str) -> None:
+        """A granted claim: the records of ``host``'s service changed (see ``_exempt``)."""
+        service = service_key(host)
+        self.written[service] = self.written.get(service, 0) + 1
+
     def _sent(self, a: Arrival, at: float) -> None:
-        service = service_key(a.host)
-        self.written[service] = self.written.get(service, 0) + 1  # its records changed (see _exempt)
         wait = at - (T0 + a.t)
         for t in (self._tally(a), self.pipelines[a.pipeline]):
             t.waits += wait
@@ -188,6 +192,7 @@ class Simulation:
             self.refused_at[host] = (written, c.at)
             self._refused(a)
         elif c.granted:
+            self._wrote(host)
             self._sent(a, self.now + max(0.0, c.wait))
         else:
             self._at(self.now + max(c.wait, MIN_STEP), "exempt", (a, deadline))
@@ -203,6 +208,8 @@ class Simulation:
             return
         if s.gap <= 0 and not self.state.depth(host) and self.state.ready_at(host) <= now:
             c = self._ask(self.store.claim(host, 0.0, interval, deadline - now, window=s.window_for(host)))
+            if c.granted:
+                self._wrote(host)
             if c.granted and c.wait <= 0:
                 self.state.charge(a.pipeline)
                 self._sent(a, now)
@@ -234,6 +241,8 @@ class Simulation:
     def _dispatch(self) -> None:
         """One turn of ``Dispatcher.once``; the next turn is scheduled as its sleeps would end."""
         self.dispatch_busy = False
+        if self.reserved is not None:  # the slot has come: the request goes (Dispatcher._grant's end)
+            self._granted(self.reserved)
         now, s = self.now, self.s
         if now - self.pruned >= 1.0:
             self.pruned = now
@@ -256,13 +265,23 @@ class Simulation:
         self._wake(now)
 
     def _grant(self, head: Waiter[Ticket], c: Claim) -> None:
+        """The head's slot is reserved: out of its line now, charged to its pipeline and sent at the slot
+        (the dispatcher sleeps until then, holding it)."""
         self.state.remove(head)
-        slot = self.now + max(0.0, c.wait)
+        self._wrote(head.host)
+        self.reserved = head
+        if c.wait > 0:
+            self.dispatch_busy = True
+            self._wake(self.now + c.wait)
+        else:
+            self._granted(head)
+            self._wake(self.now)
+
+    def _granted(self, head: Waiter[Ticket]) -> None:
+        self.reserved = None
         self.state.charge(head.pipeline)
         head.ticket.finished = True
-        self._sent(head.ticket.arrival, slot)
-        self.dispatch_busy = slot > self.now
-        self._wake(slot)
+        self._sent(head.ticket.arrival, self.now)
 
     def _too_late(self, head: Waiter[Ticket], c: Claim) -> None:
         self.state.remove(head)
