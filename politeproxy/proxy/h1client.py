@@ -23,7 +23,8 @@ from aiohappyeyeballs import AddrInfoType
 from multidict import CIMultiDict
 from yarl import URL
 
-from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed, unread
+from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
+from politeproxy.proxy.unasked import unread
 
 KEEPALIVE = 30.0  # seconds an idle connection is kept (aiohttp's keepalive_timeout in upstream.py)
 DNS_TTL = 60.0  # seconds a system resolver answer is kept (aiohttp's ttl_dns_cache)

@@ -16,7 +16,6 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import aiohttp
 import certifi
@@ -24,15 +23,12 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-if TYPE_CHECKING:
-    from aiohttp.client_reqrep import ConnectionKey
-    from aiohttp.tracing import Trace
-
 from politeproxy.policy import settings as defaults
 from politeproxy.proxy.aiohttp_seams import connection_parts
 from politeproxy.proxy.fastnet import NO_CLOSE_NOTIFY, close_notify_missing, tls_object
 from politeproxy.proxy.h1client import H1Client
-from politeproxy.proxy.h1conn import LOCAL_FIX, H1Answer, UpstreamFailed, length_unknown, unread
+from politeproxy.proxy.h1conn import LOCAL_FIX, H1Answer, UpstreamFailed, length_unknown
+from politeproxy.proxy.unasked import CheckedConnector
 
 # RFC 9110 7.6.1 and the proxy-only fields: never forwarded in either direction.
 HOP_BY_HOP = frozenset(
@@ -231,23 +227,6 @@ class MappedResolver(AbstractResolver):
 
     async def close(self) -> None:
         await self.system.close()
-
-
-class CheckedConnector(aiohttp.TCPConnector):
-    """aiohttp's connector, except that an idle connection the upstream spoke on is closed, never reused.
-
-    aiohttp keeps what arrives on an idle connection (parsed into its queue, or left in the kernel until
-    the loop reads it) and hands it to the next request sent on it as that request's answer. Overrides
-    ``_get``, the pool's reuse step (an aiohttp internal, 3.14; tests/unit/proxy/test_pool_unsolicited.py
-    fails if it stops being called)."""
-
-    async def _get(self, key: ConnectionKey, traces: list[Trace]) -> aiohttp.connector.Connection | None:
-        while (conn := await super()._get(key, traces)) is not None:
-            proto = conn.protocol
-            if proto is not None and not proto.should_close and not unread(proto.transport):
-                return conn
-            conn.close()  # released with should_close: the transport is closed
-        return None
 
 
 def client_ssl_context(ca_file: str = "") -> ssl.SSLContext:
