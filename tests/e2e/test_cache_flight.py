@@ -118,8 +118,9 @@ def test_a_victim_beside_a_slow_download_and_its_followers_is_answered_at_once(e
         body, seconds = curl_seconds(env.a, victim)
         print(f"victim answered in {seconds:.3f}s beside a slow download and {FOLLOWERS} followers")
         assert body == answer_body("tls", "GET", victim).decode()
-        # Measured 0.02-0.1 s on a 2-core box under load; the old tree held it behind the download (~5 s).
-        # Loose: the bound says "not behind the download", not how fast.
+        # Measured 0.16-0.6 s (a miss alone: 0.15-0.47 s, curl's start and TLS included) on a loaded 2-core
+        # box; the old tree held it behind the download: 4.8 s. Loose: the bound says "not behind the
+        # download", not how fast.
         assert seconds < 3.0
         assert not leader.done()  # the download was still running when the victim got its answer
         results = [leader.result(), *(f.result() for f in followers)]
