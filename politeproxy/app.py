@@ -239,7 +239,13 @@ class App:
             cl["max_connections"],
         )
         self.admin = ReleasingAdmin(
-            self.metrics, self._health, ca.pem, self.status.document, release=self._release
+            self.metrics,
+            self._health,
+            ca.pem,
+            self.status.document,
+            hosts=cfg["admin_hosts"],
+            listen=cfg.listen[0],
+            release=self._release,
         )
         return Proxy(
             ca=ca,
@@ -253,6 +259,7 @@ class App:
             robots=self.robots,
             tunnel_ports=frozenset(cfg["tunnel_ports"]),
             allow_private_destinations=cfg["allow_private_destinations"],
+            allow_ip_connect=cfg["allow_ip_connect"],
         )
 
     async def _release(self, host: str, who: str) -> dict[str, Any]:

@@ -42,6 +42,10 @@ class ReleasingAdmin(Admin):
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.rel_url.path != "/release":
             return await super().handle(request)
+        host_header = request.headers.get("Host")
+        if not self.host_check.allows(host_header):  # the DNS-rebinding guard of every admin path
+            assert host_header is not None
+            return self.host_check.refusal(host_header)
         if request.method != "POST":
             return error_response(405, "/release takes POST (politeproxy release HOST)")
         if request.headers.get(HEADER) != "1":

@@ -62,6 +62,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("paced_hosts", "host patterns", DEFAULT_PACED_HOSTS, "host patterns intercepted and paced (*.x: any subdomain of x)"),
     S("tunnel_ports", "ports", (443,), "ports a CONNECT may reach; others get 403", bounds=(1, 65535)),
     S("allow_private_destinations", "bool", False, "let non-loopback clients reach loopback, link-local and this host's addresses"),
+    S("allow_ip_connect", "bool", False, "tunnel a CONNECT (or send a plain http:// request) to an IP literal when no paced name resolves to the address; off: refused, no name to pace or sign for"),
+    S("admin_hosts", "names", ("politeproxy", "politeproxy.politeproxy.svc", "politeproxy.politeproxy.svc.cluster.local"), "Host names the admin paths answer besides IP addresses, localhost, this machine's name and the listen address (a DNS-rebinding guard)"),
     S("intercept_s3_path_style", "bool", False, "also intercept s3[.<region>].amazonaws.com and pace only /commoncrawl/ there"),
     S("auth.users", "users", {}, '{ name = "password" }: require Proxy-Authorization: Basic (else 407)', env="POLITEPROXY_AUTH_USERS"),
     S("client.handshake_timeout", "duration", 10.0, "TLS handshake with a client", bounds=(0.0, HOUR), unit=_D),

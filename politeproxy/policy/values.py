@@ -166,6 +166,7 @@ CONVERTERS: dict[str, Callable[[Setting], Conv]] = {
     "redis url": lambda s: check_redis_url,
     "cidr list": lambda s: _list(_cidr),
     "host patterns": lambda s: _list(_pattern),
+    "names": lambda s: _list(_str),
     "ports": lambda s: _list(_bounded(_int)(s)),
     "status codes": lambda s: _list(_status),
     "users": lambda s: _table_of(_str),

@@ -131,9 +131,15 @@ class FileStore(Store):
         self.path = self.dir / "ratelimit.lock"
         self.host_dir = self.dir / "hosts"
         self.window_dir = self.dir / "windows"  # one record per service (stores/window_records.py)
+        for d in (self.host_dir, self.window_dir):
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+            except FileExistsError:
+                msg = f"{d} is a file, not a directory: move it away (the store keeps records in it)"
+                raise StoreError(msg) from None
+            except OSError as e:
+                raise StoreError(f"cannot make {d}: {e}") from e
         try:
-            self.host_dir.mkdir(parents=True, exist_ok=True)
-            self.window_dir.mkdir(exist_ok=True)
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise StoreError(f"cannot open {self.path}: {e}") from e
