@@ -106,6 +106,7 @@ class Simulation:
         self.dispatch_busy = False  # asleep until a granted slot: a new waiter does not wake it
         self.reserved: Waiter[Ticket] | None = None  # the head whose slot the dispatcher holds
         self.services: dict[str, Tally] = {}
+        self.by_host: dict[str, Tally] = {}  # host -> its service's tally
         self.pipelines: dict[str, Tally] = {}
         self.end = T0
         self.pruned = T0
@@ -142,14 +143,20 @@ class Simulation:
 
     def _arrive(self, a: Arrival) -> None:
         self._tally(a).offered += 1
-        self.pipelines.setdefault(a.pipeline, Tally()).offered += 1
+        if (p := self.pipelines.get(a.pipeline)) is None:
+            p = self.pipelines[a.pipeline] = Tally()
+        p.offered += 1
         if a.klass == EXEMPT:
             self._exempt(a, self.now + self.s.max_wait)
         else:
             self._paced(a)
 
     def _tally(self, a: Arrival) -> Tally:
-        return self.services.setdefault(service_key(a.host), Tally())
+        """The tally of the request's service (asked several times per request: kept per host name)."""
+        t = self.by_host.get(a.host)
+        if t is None:
+            t = self.by_host[a.host] = self.services.setdefault(service_key(a.host), Tally())
+        return t
 
     def _wrote(self, host: str) -> None:
         """A granted claim: the records of ``host``'s service changed (see ``_exempt``)."""
@@ -158,10 +165,11 @@ class Simulation:
 
     def _sent(self, a: Arrival, at: float) -> None:
         wait = at - (T0 + a.t)
-        for t in (self._tally(a), self.pipelines[a.pipeline]):
+        service = self._tally(a)
+        for t in (service, self.pipelines[a.pipeline]):
             t.waits += wait
             t.max_wait = max(t.max_wait, wait)
-        self._tally(a).sends.append(at)
+        service.sends.append(at)
         self.end = max(self.end, at)
 
     def _refused(self, a: Arrival) -> None:

@@ -314,8 +314,7 @@ def _count(v: int) -> str:
 def render(r: dict[str, Any], what: str, notes: Iterable[str] = ()) -> str:
     """The report as a short table: one row per service, the span, and whether any peak is over."""
     lines = [*(f"note: {n}" for n in notes), f"{what}: the last request went at {r['duration_s']:,.1f}s"]
-    win = f"{r['window_s']:g}s"
-    head = ("service", "sent", "refused", "mean wait", f"peak/{win}", "limit", "peak/300s", "CC limit")
+    head = ("service", "sent", "refused", "mean wait", "window peak", "limit", "CC peak", "CC limit")
     rows = [head]
     for name, v in r["services"].items():
         limit = _count(v["window_limit"]) if v["window_limit"] else "off"
@@ -326,6 +325,17 @@ def render(r: dict[str, Any], what: str, notes: Iterable[str] = ()) -> str:
     for row in rows:
         cells = zip(row, widths, strict=True)
         lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(cells)))
+    lines.append(
+        f"window peak: the most requests sent in any {r['window_s']:g} s (egress.window; limit: "
+        f"egress.limit, off at 0); CC peak: in any {CC_WINDOW:g} s, what Common Crawl counts"
+    )
+    if len(r["pipelines"]) > 1:
+        parts = [
+            f"{name} {_count(v['requests'])} sent, {_count(v['refused'])} refused, "
+            f"{v['mean_wait_s']:.2f}s wait"
+            for name, v in r["pipelines"].items()
+        ]
+        lines.append("pipelines: " + "; ".join(parts))
     over = [f"{n} (window peak {_count(r['services'][n]['window_peak'])})" for n in r["over_limit"]]
     over += [f"{n} (Common Crawl blocks above {CC_LIMIT:,} per 300 s)" for n in r["over_cc"]]
     if over:
