@@ -36,6 +36,9 @@ Relied on, and why:
 8. The client side: ``ClientResponse.connection`` and its ``protocol`` (aiohttp's ResponseHandler), whose
    ``closed`` future ends with an exception on a reset and whose ``eof_received`` hears a TLS close_notify
    (``connection_parts``). Why: upstream.EndWatch tells a cut close-delimited body from a clean end.
+9. ``TCPConnector._get(key, traces)`` overridden (unasked.CheckedConnector), and ``ResponseHandler``'s
+   ``should_close`` and ``Connection.protocol`` read: a pooled connection handed out is first checked for
+   bytes nobody asked for (issue 25 item 4), and one that spoke is closed, never reused.
 """
 
 from __future__ import annotations

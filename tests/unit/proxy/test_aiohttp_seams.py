@@ -93,6 +93,8 @@ def test_request_handler_takes_every_setting_the_listener_passes() -> None:
         (client_proto.ResponseHandler, "eof_received"),  # 8
         (web.RequestHandler, "data_received"),  # 1, 5
         (web.RequestHandler, "connection_made"),  # 5
+        (aiohttp.TCPConnector, "_get"),  # 9
+        (client_proto.ResponseHandler, "should_close"),  # 9
     ],
 )
 def test_attribute_is_there(owner: type, name: str) -> None:
