@@ -1,17 +1,14 @@
 """``politeproxy simulate``: a workload through this config's pacing on a virtual clock (issue 24 item 6).
 
 A discrete-event simulation of one proxy, with the proxy's own decisions: the store's claim (a
-``MemoryStore`` whose clock is the simulation's, so slots, the exempt ceiling and the request window are
-``policy.slots`` and ``policy.window`` as the proxy runs them), the dispatcher's fair queue
-(``pacing.state.QueueState``) and the settings ``Config.pacing()`` gives the proxy. What it does not model:
-upstream answers (no throttles, blocks or retries beyond those a replayed log shows), answer times (so the
-exempt places of ``exempt.max_in_flight`` never fill) and other proxies sharing the store.
-
-Each request follows the proxy's path: a paced one is refused at once when the pacer's estimate is past
-``max_wait``, else it joins its pipeline's line and the dispatcher claims for the head of the fairest line,
-sends it at its slot and claims again; an exempt one claims its GCRA slot (and the window) itself and asks
-again after the wait a refused claim names, as ``pacing.rest.exempt_slot`` does. A request whose slot would
-come after ``max_wait`` is refused and counted.
+``MemoryStore`` on the simulation's clock: the slots, exempt ceiling and request window of ``policy.slots``
+and ``policy.window``), the dispatcher's fair queue (``pacing.state.QueueState``) and ``Config.pacing()``.
+A paced request is refused at once when the pacer's estimate is past ``max_wait``, else it queues; the
+dispatcher claims for the fairest head, holds the slot, sends it there and claims again
+(``Dispatcher.once``). An exempt read claims its GCRA slot and the window itself and asks again after the
+wait a refusal names (``pacing.rest.exempt_slot``). tests/unit/commands/test_simulate_vs_pacer.py checks
+it sends what ``Pacer.permit`` sends. Not modelled: upstream answers, answer times (so
+``exempt.max_in_flight`` never fills), other proxies on the store.
 """
 
 from __future__ import annotations
@@ -22,12 +19,13 @@ import json
 import sys
 import time
 from collections.abc import Coroutine, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any, TypeVar
 
 from politeproxy.config.loading import Config
 from politeproxy.pacing.base import PacingSettings
 from politeproxy.pacing.state import QueueState, Waiter
+from politeproxy.policy.fairness import PipelineNames
 from politeproxy.policy.hosts import HostSet, host_matches
 from politeproxy.policy.services import service_key
 from politeproxy.policy.settings import ConfigError, parse_duration
@@ -100,6 +98,7 @@ class Simulation:
         self.state: QueueState[Ticket] = QueueState()
         self.state.tags.weights = {r.name: r.weight for r in settings.pipelines}
         self.max_queued = {r.name: r.max_queued for r in settings.pipelines if r.max_queued}
+        self.names = PipelineNames(r.name for r in settings.pipelines)  # the names the pacer counts
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = 0
         self.dispatch_gen = 0  # a dispatcher event of an older generation is stale
@@ -142,6 +141,8 @@ class Simulation:
                 self._timeout(what)
 
     def _arrive(self, a: Arrival) -> None:
+        if (name := self.names.counted_as(a.pipeline)) != a.pipeline:  # beyond the proxy's bound: "other"
+            a = replace(a, pipeline=name)
         self._tally(a).offered += 1
         if (p := self.pipelines.get(a.pipeline)) is None:
             p = self.pipelines[a.pipeline] = Tally()

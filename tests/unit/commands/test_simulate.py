@@ -348,3 +348,12 @@ def test_an_overlong_log_line_is_skipped_whole(tmp_path: Path) -> None:
     with open(path) as f:
         lines = list(sim.bounded_lines(f))
     assert [line.strip() for line in lines] == [first, second]
+
+
+def test_pipelines_beyond_the_proxys_bound_count_as_other() -> None:
+    """The pacer keeps the first 50 names a client brings (FREE_PIPELINES) and counts the rest as
+    "other": the simulation's pipelines are the names the proxy would count."""
+    workload = ",".join(f"p{i}:paced=1/s" for i in range(60))
+    r = sim.simulate(PacingSettings(), arrivals(parse_workload(workload), 10), 10)
+    assert len(r["pipelines"]) == 51 and "p49" in r["pipelines"] and "p50" not in r["pipelines"]
+    assert r["pipelines"]["other"]["requests"] + r["pipelines"]["other"]["refused"] == 10 * 10
