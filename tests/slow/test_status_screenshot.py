@@ -26,7 +26,7 @@ from tests.support.upstream_proc import Certs
 pytestmark = pytest.mark.slow  # a proxy with queued pipelines, a few seconds of history, one chromium run
 
 DOCS_IMG = ROOT / "docs" / "img" / "status.png"
-WIDTH, HEIGHT = 1100, 900  # the header, the cards, the chart and both tables
+WIDTH, HEIGHT = 1100, 1150  # the header, the cards, the chart, the hosts, windows and pipelines
 MAX_BYTES = 200 * 1024  # a picture in the repository, read on every clone
 
 
