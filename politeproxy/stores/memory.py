@@ -98,7 +98,9 @@ class StateMachine:
         self, c: Claim, state: WindowState, rule: WindowRule | None, max_wait: float | None
     ) -> tuple[Claim, WindowState | None]:
         """A claim passed through the service's request window (``policy.window.gate``): the claim, and
-        the window with its slot counted when granted (None: nothing to write)."""
+        the window to write: with the slot counted when granted; bounded when the record was not sane or
+        of another width, granted or not (left as it was, a corrupt bucket far ahead would be bounded anew
+        against each later now, a bucket further every time, and hold the service for good); else None."""
         if rule is None or not rule.on or not c.granted:
             return c, None
         now = self.clock()
@@ -107,7 +109,11 @@ class StateMachine:
             msg = "%s store: the request window of %s holds counts no legitimate use gives; bounded"
             self.warn("window", msg, self.name, rule.service)
         deadline = None if max_wait is None else now + duration(max_wait)
-        return window.gate(c, now, st, rule, deadline)
+        c, counted = window.gate(c, now, st, rule, deadline)
+        moved = bool(state.buckets) and not abs(state.width - rule.width) <= window.SAME_WIDTH
+        if counted is None and (not ok or moved):
+            return c, st
+        return c, counted
 
     def window_used(self, state: WindowState, rule: WindowRule) -> int:
         now = self.clock()
@@ -202,12 +208,12 @@ class MemoryStore(Store):
             self.global_next, self.hosts.get(host, HostState()), gap, interval, max_wait, not_before
         )
         c, counted = self._windowed(c, window, max_wait)
+        if counted is not None and window is not None:
+            self.windows[window.service] = counted  # the slot counted, or a stray record bounded
         if c.window:  # the window has no room: nothing reserved
             return c
         self.global_next, self.hosts[host] = new_next, new_host  # a corrupt record's sane form too
         if c.granted:
-            if counted is not None and window is not None:
-                self.windows[window.service] = counted
             self.count += 1
             self.note_probe(host, c)
         return c

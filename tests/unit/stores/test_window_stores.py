@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from politeproxy.policy.services import service_key
 from politeproxy.policy.slots import Claim
-from politeproxy.policy.window import AHEAD, EPSILON, WindowRule
+from politeproxy.policy.window import AHEAD, EPSILON, WindowRule, WindowState
 from politeproxy.stores import window_records
 from politeproxy.stores.base import Store
 from politeproxy.stores.file import FileStore
@@ -93,7 +93,9 @@ async def _run_clocked(stores: list[Store], clock: Clock, seq: list[tuple[int, i
         else:
             assert c.wait > 0
     for service, ts in slots.items():
-        assert most_in_a_window(ts, seconds) <= limit, (service, [round(t - T0, 3) for t in sorted(ts)])
+        # The window plus LATE: arrivals up to LATE after their slots never overfill a window either.
+        reach = rule_for(HOSTS[0], seconds, limit).reach
+        assert most_in_a_window(ts, reach) <= limit, (service, [round(t - T0, 3) for t in sorted(ts)])
     for s in stores:
         await s.close()
 
@@ -136,9 +138,9 @@ def test_two_redis_stores_of_one_egress_never_exceed_the_window(
 
 # A slot's time as measured: a paced slot comes back in the server's clock (exact); an exempt one as
 # Claim.at, the local time the answer arrived plus its wait, which is late by the round trip at most
-# (same machine, same clock). Windows of seconds - LATE over the measured times then hold at most what
-# windows of seconds hold over the true ones.
-LATE = 0.05
+# (same machine, same clock). Windows of reach - AT_LATE over the measured times then hold at most what
+# windows of reach hold over the true ones.
+AT_LATE = 0.05
 
 
 async def _run_redis(server: RedisServer, seq: list[tuple[int, int, str, int]]) -> None:
@@ -160,7 +162,7 @@ async def _run_redis(server: RedisServer, seq: list[tuple[int, int, str, int]]) 
             if c.granted:
                 slots.setdefault(rule.service, []).append(at)
         for service, ts in slots.items():
-            got = most_in_a_window(ts, seconds - LATE)
+            got = most_in_a_window(ts, rule_for(HOSTS[0], seconds, limit).reach - AT_LATE)
             assert got <= limit, (service, [round(t - min(ts), 3) for t in sorted(ts)])
     finally:
         for s in stores:
@@ -218,9 +220,9 @@ async def test_a_refused_paced_claim_leaves_the_schedule_as_it_was() -> None:
 
 
 async def test_a_window_of_fractional_seconds_drains_in_the_file_store(tmp_path: Path) -> None:
-    """1.1 s: its bucket width does not survive the record's nanoseconds exactly. A request every 0.3 s
-    is at most 4 in any 1.1 s, under the limit of 5, so every one is granted. (Read back as a reload, every
-    count was folded into the newest bucket on each claim and the window never drained: the sixth waited.)"""
+    """1.1 s: its bucket width does not survive the record's nanoseconds exactly. A request every 0.5 s is
+    at most 5 in any 2.1 s (the window plus LATE), the limit, so every one is granted. (Read back as a
+    reload, every count was folded into the newest bucket on each claim and the window never drained.)"""
     clock = Clock()
     s = FileStore(tmp_path, clock=clock)
     rule = rule_for(HOSTS[0], 1.1, 5)
@@ -228,7 +230,7 @@ async def test_a_window_of_fractional_seconds_drains_in_the_file_store(tmp_path:
         for k in range(20):
             c = await s.claim(HOSTS[0], 0.0, 0.0, 0.0, window=rule)
             assert c.granted, (k, c)
-            clock.t += 0.3
+            clock.t += 0.5
     finally:
         await s.close()
 
@@ -268,7 +270,7 @@ async def _corrupt_file(tmp: Path, data: bytes, klass: str) -> None:
         assert 0 <= await s.window_used(rule) <= 10_000_000
         # A legitimate record reaches AHEAD buckets past now; a corrupt one is bounded to that, so one
         # window after it the service is free again.
-        clock.t += (AHEAD + 1) * rule.width + rule.seconds + 2 * EPSILON
+        clock.t += (AHEAD + 1) * rule.width + rule.reach + 2 * EPSILON
         assert (await grant(s, HOSTS[0], klass, rule)).granted
         assert len((tmp / "windows" / "data.commoncrawl.org").read_bytes()) <= window_records.SIZE
     finally:
@@ -316,7 +318,7 @@ async def _stray_fields(server: RedisServer, garbage: dict[str, str], klass: str
         await raw.hset(s.window_key(rule), mapping=garbage)  # type: ignore[arg-type]
         c = await grant(s, HOSTS[1], klass, rule)
         # Bounded as in policy.window.live: at most AHEAD buckets ahead, then one window.
-        assert math.isfinite(c.wait) and 0 <= c.wait <= (AHEAD + 2) * rule.width + rule.seconds, c
+        assert math.isfinite(c.wait) and 0 <= c.wait <= (AHEAD + 2) * rule.width + rule.reach, c
         assert 0 <= await s.window_used(rule) <= 10_000_000
     finally:
         await raw.aclose()
@@ -340,6 +342,56 @@ async def test_one_bucket_spelled_twice_keeps_both_counts(redis_one: RedisServer
             if (await s.claim(HOSTS[0], 0.0, 0.0, 0.0, window=rule)).granted:
                 granted += 1
         assert granted <= 1, f"{granted} granted with 6 of 7 already counted"
+    finally:
+        await raw.aclose()
+        await s.close()
+
+
+# -- a stray record is written back bounded, even by a refused claim ----------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+async def test_a_far_stray_bucket_holds_one_reach_at_most(kind: str, tmp_path: Path) -> None:
+    """A bucket a million buckets ahead with a full count. Bounded but not written back when the claim it
+    refuses reserves nothing, it was bounded anew against each later now, a bucket further each time: the
+    service stayed held for good."""
+    clock = Clock()
+    rule = rule_for(HOSTS[0], 2.0, 5)
+    stray = WindowState(rule.width, ((round(T0 / rule.width) + 10**6, 10**6),))
+    s: Store
+    if kind == "memory":
+        s = MemoryStore(clock=clock)
+        s.windows[rule.service] = stray
+    else:
+        s = FileStore(tmp_path, clock=clock)
+        (tmp_path / "windows" / rule.service).write_bytes(window_records.encode(stray))
+    try:
+        assert (await s.claim(HOSTS[0], 0.0, 0.0, 60.0, window=rule)).window
+        free = T0 + (AHEAD + 1) * rule.width + rule.reach + 2 * EPSILON
+        while clock.t < free:  # asked again and again meanwhile, as waiting clients do
+            clock.t = min(free, clock.t + 0.25)
+            c = await s.claim(HOSTS[0], 0.0, 0.0, 60.0, window=rule)
+        assert c.granted, c
+    finally:
+        await s.close()
+
+
+async def test_a_stray_redis_window_is_written_back_bounded(redis_one: RedisServer) -> None:
+    prefix = f"pp-win-{uuid.uuid4().hex[:8]}:"
+    s = RedisStore(redis_one.url, prefix=prefix)
+    raw = aioredis.from_url(redis_one.url, decode_responses=True)
+    rule = rule_for(HOSTS[0], 10.0, 5)
+    w = 10_000_000 // 50
+    try:
+        far = int(time.time() * 1_000_000) // w + 10**6
+        await raw.hset(s.window_key(rule), mapping={"w": str(w), str(far): "1000000"})  # no TTL
+        c = await s.claim(HOSTS[0], 0.0, 0.0, 60.0, window=rule)
+        assert c.window and not c.granted
+        now = int(time.time() * 1_000_000) // w
+        kept = {k: v for k, v in (await raw.hgetall(s.window_key(rule))).items() if k != "w"}
+        assert kept and all(int(i) <= now + AHEAD + 1 for i in kept), kept
+        assert sum(int(v) for v in kept.values()) == 1_000_000  # bounded in time, not forgotten
+        assert 0 < await raw.pttl(s.window_key(rule)) <= (rule.reach + AHEAD * rule.width) * 1000 + 2000
     finally:
         await raw.aclose()
         await s.close()
