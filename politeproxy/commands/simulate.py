@@ -93,6 +93,10 @@ class Simulation:
         self.shortcut = shortcut
         self.written: dict[str, int] = {}  # service -> grants made in it (each writes its records)
         self.refused_at: dict[str, tuple[int, float]] = {}  # host -> (written, at) of its last refusal
+        # Reads that wait for a full window all ask again at the same instant (the window names one time to
+        # every one of them): a claim the window refused answers the others asking at that instant, until
+        # a grant changes the records.
+        self.window_full: dict[str, tuple[float, int, Claim]] = {}
         self.now = T0
         self.store = MemoryStore(clock=lambda: self.now, rand=lambda: 0.5)
         self.state: QueueState[Ticket] = QueueState()
@@ -193,10 +197,19 @@ class Simulation:
             if memo[0] == written and deadline < memo[1]:
                 self._refused(a)  # nothing of the service written since a claim found `at` the earliest
                 return
-        left = max(0.0, deadline - self.now)
-        c = self._ask(
-            self.store.exempt_claim(host, s.exempt_rate, s.exempt_burst, left, hold, service, window)
-        )
+        herd = self.window_full.get(host) if self.shortcut else None
+        if herd is not None and herd[:2] == (self.now, written):
+            # What this instant's first claim got from the same records: the window's time, which the store
+            # would call too late or not by this read's own deadline.
+            at, wait = herd[2].at, herd[2].wait
+            c = Claim(Outcome.TOO_LATE if at > deadline else Outcome.HOST_NOT_READY, wait, at, window=True)
+        else:
+            left = max(0.0, deadline - self.now)
+            c = self._ask(
+                self.store.exempt_claim(host, s.exempt_rate, s.exempt_burst, left, hold, service, window)
+            )
+            if c.window:
+                self.window_full[host] = (self.now, written, c)
         if c.outcome is Outcome.TOO_LATE or self.now + c.wait > deadline:
             self.refused_at[host] = (written, c.at)
             self._refused(a)
