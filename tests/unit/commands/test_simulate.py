@@ -14,6 +14,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from politeproxy.commands import simloop
 from politeproxy.commands import simulate as sim
 from politeproxy.config.loading import build
 from politeproxy.observe.logs import AccessLog, JsonFormatter, PlainFormatter
@@ -201,14 +202,14 @@ def test_any_line_is_a_request_or_nothing(line: str) -> None:
 # -- the simulation --------------------------------------------------------------------------------------
 
 
-def run(s: PacingSettings, workload: str, seconds: float, shortcut: bool = True) -> sim.Simulation:
-    m = sim.Simulation(s, shortcut)
+def run(s: PacingSettings, workload: str, seconds: float, shortcut: bool = True) -> simloop.Simulation:
+    m = simloop.Simulation(s, shortcut)
     m.run(arrivals(parse_workload(workload), seconds))
     return m
 
 
-def sends(m: sim.Simulation, service: str = DEFAULT_HOST) -> list[float]:
-    return [t - sim.T0 for t in sorted(m.services[service].sends)]
+def sends(m: simloop.Simulation, service: str = DEFAULT_HOST) -> list[float]:
+    return [t - simloop.T0 for t in sorted(m.services[service].sends)]
 
 
 def test_paced_requests_go_one_gap_apart() -> None:
@@ -227,7 +228,7 @@ def test_the_index_keeps_its_interval_and_an_overload_is_refused_at_max_wait() -
 
 
 def test_exempt_reads_get_their_burst_then_the_ceiling() -> None:
-    m = sim.Simulation(PacingSettings(exempt_rate=0.25, exempt_burst=8))
+    m = simloop.Simulation(PacingSettings(exempt_rate=0.25, exempt_burst=8))
     m.run([Arrival(0.0, "default", EXEMPT, DEFAULT_HOST)] * 1000)
     got = sends(m)
     assert len(got) == 8 + 100 and m.services[DEFAULT_HOST].refused == 1000 - 108  # 25 s of max_wait

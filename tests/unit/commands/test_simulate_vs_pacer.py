@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from politeproxy.commands import simulate as sim
+from politeproxy.commands import simloop
 from politeproxy.pacing.base import PacingSettings, WaitTooLong
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.classify import Klass
@@ -52,12 +52,12 @@ async def through_pacer(settings: PacingSettings, todo: list[Arrival], vclock: V
 
 
 def through_simulation(settings: PacingSettings, todo: list[Arrival]) -> list[tuple]:
-    m = sim.Simulation(settings)
+    m = simloop.Simulation(settings)
     got: list[tuple] = []
     original_sent, original_refused = m._sent, m._refused
 
     def sent(a: Arrival, at: float) -> None:
-        got.append((a.host, a.klass, a.pipeline, at - sim.T0))
+        got.append((a.host, a.klass, a.pipeline, at - simloop.T0))
         original_sent(a, at)
 
     def refused(a: Arrival) -> None:
