@@ -55,6 +55,29 @@ def _streams(text: str, cfg: Config, notes: list[str]) -> list[Stream]:
     return out
 
 
+def _as_configured(logged: list[Arrival], cfg: Config, notes: list[str]) -> list[Arrival]:
+    """A log's requests as this config's proxy would take them (the log may come from another config): a
+    host it does not pace is left out, an exempt read to a host no exempt rule names is paced."""
+    paced = HostSet(cfg.paced_hosts)
+    rules = cfg.exempt_rules()
+    out, skipped, moved = [], set(), set()
+    for a in logged:
+        if not paced.matches(a.host):
+            skipped.add(a.host)
+            continue
+        if a.klass == EXEMPT and not any(host_matches(a.host, r.host) for r in rules):
+            moved.add(a.host)
+            a = Arrival(a.t, a.pipeline, PACED, a.host)
+        out.append(a)
+    if skipped:
+        notes.append(f"not paced in this config, left out: {', '.join(sorted(skipped)[:5])}")
+    if moved:
+        notes.append(f"no exempt rule names {', '.join(sorted(moved)[:5])}: its exempt reads are paced")
+    if not out:
+        raise WorkloadError("none of the log's requests is to a host this config paces")
+    return out
+
+
 def bounded_lines(f: IO[str], limit: int = MAX_LINE) -> Iterator[str]:
     """The lines of ``f``, each read at most ``limit`` characters at a time: a longer one is skipped
     whole, so a log without newlines never fills the memory."""
@@ -71,7 +94,7 @@ def _requests(args: argparse.Namespace, cfg: Config, seconds: float, notes: list
         raise WorkloadError("give --workload or --log, not both")
     if args.log:
         with open(args.log, encoding="utf-8", errors="replace") as f:
-            return log_arrivals(bounded_lines(f), seconds)
+            return _as_configured(log_arrivals(bounded_lines(f), seconds), cfg, notes)
     if not args.workload:
         raise WorkloadError('give --workload "exempt=50/s,paced=5/s" or --log FILE')
     streams = _streams(args.workload, cfg, notes)

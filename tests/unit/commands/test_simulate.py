@@ -358,3 +358,24 @@ def test_pipelines_beyond_the_proxys_bound_count_as_other() -> None:
     r = sim.simulate(PacingSettings(), arrivals(parse_workload(workload), 10), 10)
     assert len(r["pipelines"]) == 51 and "p49" in r["pipelines"] and "p50" not in r["pipelines"]
     assert r["pipelines"]["other"]["requests"] + r["pipelines"]["other"]["refused"] == 10 * 10
+
+
+def test_a_log_from_another_config_is_taken_as_this_config_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A host this config does not pace is left out; an exempt read to a host no exempt rule of this config
+    names is paced; the notes say so."""
+    path = tmp_path / "access.log"
+    lines = [
+        (1000.0, ex("example.org", Klass.PACED, "etl", 0.0)),  # paced by the config that wrote the log
+        (1000.0, ex(INDEX, Klass.EXEMPT, "etl", 0.0)),
+        (1000.0, ex(INDEX, Klass.EXEMPT, "etl", 0.0)),
+    ]
+    write_log(path, PlainFormatter(), lines)
+    assert sim.main(args(log=str(path)), build({})) == 0
+    out = capsys.readouterr().out
+    assert "note: not paced in this config, left out: example.org" in out
+    assert f"note: no exempt rule names {INDEX}: its exempt reads are paced" in out
+    assert "example.org" not in out.split("\n", 2)[2]  # no row of its own
+    index_row = next(line for line in out.splitlines() if line.startswith(INDEX))
+    assert index_row.split()[1:4] == ["2", "0", "0.50s"]  # both sent, the second an interval (1 s) later
