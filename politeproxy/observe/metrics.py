@@ -270,6 +270,9 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
         self.pin_hosts(hosts)
         pipes = [DEFAULT_PIPELINE, *(r.name for r in settings.pipelines)]
         codes = [*map(str, sorted(settings.throttle_codes | settings.block_codes)), "error"]
+        for rule in {r.service: r for h in hosts if (r := settings.window_for(h)) is not None}.values():
+            self.window_requests.labels(rule.service)  # issue 24: the window's series from the first scrape
+            self.window_limit.labels(rule.service).set(rule.limit)
         for h in hosts:
             for g in (self.retries, self.lateness, self.backoff, self.exempt_in_flight):
                 g.labels(h)

@@ -205,7 +205,9 @@ def test_admin_paths_need_the_password_when_only_auth_admits_a_client(
             (f"Proxy-Authorization: {basic('alice', 's3cret')}\r\n", b"HTTP/1.1 200"),
         ):
             with socket.create_connection((ip, p.port), timeout=30, source_address=(ip, 0)) as s:
-                s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{header}Connection: close\r\n\r\n".encode())
+                # The Host names the address asked (issue 25: any other name gets 421, a rebinding guard).
+                req = f"GET {path} HTTP/1.1\r\nHost: {ip}:{p.port}\r\n{header}Connection: close\r\n\r\n"
+                s.sendall(req.encode())
                 head = read_head(s)
             assert head.startswith(want), (path, header, head)
     assert p.healthy()  # loopback needs no password

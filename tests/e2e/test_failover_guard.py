@@ -137,11 +137,17 @@ class FlakyPrimary(MemoryStore):
         self.odd = 1
 
     async def claim(  # type: ignore[no-untyped-def]
-        self, host: str, gap: float, interval: float, max_wait: float | None, not_before: float = 0.0
+        self,
+        host: str,
+        gap: float,
+        interval: float,
+        max_wait: float | None,
+        not_before: float = 0.0,
+        window=None,
     ):
         if self.down:
             raise StoreError("down")
-        return await super().claim(host, gap, interval, max_wait, not_before)
+        return await super().claim(host, gap, interval, max_wait, not_before, window)
 
     async def grants(self) -> int:
         if self.odd:

@@ -59,6 +59,8 @@ EXPECTED_METRICS = {
     "politeproxy_schedule_store": "gauge",
     "politeproxy_config_reloads_total": "counter",
     "politeproxy_tunnels_open": "gauge",
+    "politeproxy_window_requests": "gauge",  # issue 24: the request window per service
+    "politeproxy_window_limit": "gauge",
     "politeproxy_cache_requests_total": "counter",
     "politeproxy_cache_slots_saved_total": "counter",
     "politeproxy_cache_bytes": "gauge",
