@@ -28,7 +28,8 @@ from politeproxy.policy.services import service_key
 from politeproxy.policy.slots import Claim
 from politeproxy.policy.window import AHEAD, EPSILON, WindowRule, WindowState
 from politeproxy.stores import window_records
-from politeproxy.stores.base import Store
+from politeproxy.stores.base import Store, StoreError
+from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
 from politeproxy.stores.memory import MemoryStore
 from politeproxy.stores.redis_store import RedisStore
@@ -347,7 +348,7 @@ async def test_one_bucket_spelled_twice_keeps_both_counts(redis_one: RedisServer
         await s.close()
 
 
-# -- a stray record is written back bounded, even by a refused claim ----------------------------------------
+# -- a stray record is written back bounded, even by a refused claim ------------------------------------
 
 
 @pytest.mark.parametrize("kind", ["memory", "file"])
@@ -395,3 +396,38 @@ async def test_a_stray_redis_window_is_written_back_bounded(redis_one: RedisServ
     finally:
         await raw.aclose()
         await s.close()
+
+
+# -- the failover store --------------------------------------------------------------------------------
+
+
+class _Down(MemoryStore):
+    """A shared store that cannot answer (Redis down)."""
+
+    async def claim(self, *a: object, **k: object) -> Claim:
+        raise StoreError("down")
+
+    async def exempt_claim(self, *a: object, **k: object) -> Claim:
+        raise StoreError("down")
+
+
+async def test_degraded_proxies_divide_the_window() -> None:
+    """Three proxies on their fallbacks while the shared store is down: each keeps a third of the limit,
+    every class together, so together they keep the limit."""
+    clock = Clock()
+    fo = FailoverStore(_Down(clock=clock), MemoryStore(clock=clock), gap_multiplier=3, probe_interval=60.0)
+    rule = rule_for(HOSTS[1], 60.0, 10)
+    try:
+        got = []
+        for k in range(12):
+            clock.t += 0.5
+            if k % 2:
+                c = await fo.claim(HOSTS[1], 0.0, 0.0, 5.0, window=rule)
+            else:
+                c = await fo.exempt_claim(HOSTS[2 + k % 2], RATE, BURST, 5.0, True, HOSTS[1], rule)
+            got.append(c.granted)
+        assert fo.degraded
+        assert sum(got) == 10 // 3, got
+        assert await fo.window_used(rule) == 3
+    finally:
+        await fo.close()
