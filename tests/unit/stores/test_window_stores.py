@@ -306,8 +306,9 @@ fields = st.dictionaries(
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fields, st.sampled_from(["paced", "exempt"]))
-def test_stray_window_fields_never_raise(redis_one: RedisServer, garbage: dict[str, str], klass: str) -> None:
-    asyncio.run(_stray_fields(redis_one, garbage, klass))
+def test_stray_window_fields_never_raise(server: RedisServer, garbage: dict[str, str], klass: str) -> None:
+    """On every server kind (Redis 7, Redis 6.2, Valkey: ``server`` from tests/unit/conftest.py)."""
+    asyncio.run(_stray_fields(server, garbage, klass))
 
 
 async def _stray_fields(server: RedisServer, garbage: dict[str, str], klass: str) -> None:
@@ -326,11 +327,11 @@ async def _stray_fields(server: RedisServer, garbage: dict[str, str], klass: str
         await s.close()
 
 
-async def test_one_bucket_spelled_twice_keeps_both_counts(redis_one: RedisServer) -> None:
+async def test_one_bucket_spelled_twice_keeps_both_counts(server: RedisServer) -> None:
     """'<i>' and '<i>.0' are one bucket to Lua's tonumber. Counted, then written back as one field each,
     the second HSET of the same name would overwrite the first: the window would forget counts."""
     prefix = f"pp-win-{uuid.uuid4().hex[:8]}:"
-    s = RedisStore(server_url := redis_one.url, prefix=prefix)
+    s = RedisStore(server_url := server.url, prefix=prefix)
     raw = aioredis.from_url(server_url)
     rule = rule_for(HOSTS[0], 10.0, 7)
     try:
@@ -377,10 +378,10 @@ async def test_a_far_stray_bucket_holds_one_reach_at_most(kind: str, tmp_path: P
         await s.close()
 
 
-async def test_a_stray_redis_window_is_written_back_bounded(redis_one: RedisServer) -> None:
+async def test_a_stray_redis_window_is_written_back_bounded(server: RedisServer) -> None:
     prefix = f"pp-win-{uuid.uuid4().hex[:8]}:"
-    s = RedisStore(redis_one.url, prefix=prefix)
-    raw = aioredis.from_url(redis_one.url, decode_responses=True)
+    s = RedisStore(server.url, prefix=prefix)
+    raw = aioredis.from_url(server.url, decode_responses=True)
     rule = rule_for(HOSTS[0], 10.0, 5)
     w = 10_000_000 // 50
     try:
