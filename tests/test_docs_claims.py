@@ -139,7 +139,7 @@ def subcommands() -> set[str]:
 
 def test_every_named_command_exists_and_every_command_is_documented() -> None:
     # a command line: the name first, or after `$(` or a bin/ folder (log lines and prose name it otherwise)
-    found = named(r"(?:^\s*|\$\(|\bbin/)politeproxy ([a-z][a-z-]*)\b")
+    found = named(r"(?:^\s*(?:\$\s+)?|\$\(|\bbin/)politeproxy ([a-z][a-z-]*)\b")
     commands = subcommands()
     unknown = sorted(n for n in found if n not in commands)
     assert not unknown, f"politeproxy commands named in the docs that the CLI lacks: {where(found, unknown)}"
