@@ -238,14 +238,9 @@ class App:
             cl["max_header_size"],
             cl["max_connections"],
         )
+        status, hosts, listen = self.status.document, cfg["admin_hosts"], cfg.listen[0]
         self.admin = ReleasingAdmin(
-            self.metrics,
-            self._health,
-            ca.pem,
-            self.status.document,
-            hosts=cfg["admin_hosts"],
-            listen=cfg.listen[0],
-            release=self._release,
+            self.metrics, self._health, ca.pem, status, hosts=hosts, listen=listen, release=self._release
         )
         return Proxy(
             ca=ca,
@@ -365,6 +360,7 @@ class App:
         self.pacer.reload(settings)
         self.classifier.reload(new.exempt_rules())
         self.robots.reload(new.robots())
+        self.metrics.configure_pipelines(settings)  # a newly configured pipeline keeps its label
         self.metrics.set_configured_gap(settings.gap)
         self.metrics.reloads.labels("ok").inc()
         old, self.cfg = self.cfg.raw, new

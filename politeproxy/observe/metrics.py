@@ -86,8 +86,10 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
         self.clock = clock
         self.host_label = HostLabels()
         self.host_label.pin(hosts)
-        # Names arrive bounded by the pacer (configured + first 50 + other); this is only a backstop.
-        self.pipeline_label = PipelineNames(free=FREE_PIPELINES + MAX_PIPELINES)
+        # The label cap (issue 27): the configured pipelines and FREE_PIPELINES other names, first come; the
+        # pacer gives far more names a fair share of their own, and those beyond the cap count as "other"
+        # here only. The configured ones are named by configure_pipelines (start and reload).
+        self.pipeline_label = PipelineNames(free=FREE_PIPELINES)
         self.started = clock()
         self.registry = CollectorRegistry()
         self._host_metrics(self.registry, self.host_label)
@@ -263,11 +265,16 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
         """Hosts that always keep a label of their own (the configured concrete hosts)."""
         self.host_label.pin(hosts)
 
+    def configure_pipelines(self, settings: PacingSettings) -> None:
+        """The configured pipelines keep their labels whatever else comes (at most MAX_PIPELINES)."""
+        self.pipeline_label.configure(r.name for r in settings.pipelines[:MAX_PIPELINES])
+
     def prepare(self, hosts: Iterable[str], settings: PacingSettings) -> None:
         """Create the label sets of the configured hosts at 0 (bounded by the config: hosts x classes x
         status groups x configured pipelines), so panels and ``rate()`` show 0 from the first scrape."""
         hosts = list(hosts)
         self.pin_hosts(hosts)
+        self.configure_pipelines(settings)
         pipes = [DEFAULT_PIPELINE, *(r.name for r in settings.pipelines)]
         codes = [*map(str, sorted(settings.throttle_codes | settings.block_codes)), "error"]
         for rule in {r.service: r for h in hosts if (r := settings.window_for(h)) is not None}.values():

@@ -31,7 +31,7 @@ from politeproxy.pacing.snapshot import PacerSnapshot, take
 from politeproxy.pacing.state import HINT_CAP, QueueState, Waiter
 from politeproxy.policy.backoff import Delay, Kind, answer_delay, parse_retry_after
 from politeproxy.policy.classify import Klass
-from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineNames, PipelineRule
+from politeproxy.policy.fairness import DEFAULT_PIPELINE, FAIR_NAMES, PipelineNames, PipelineRule
 from politeproxy.policy.signals import Signal
 from politeproxy.policy.slots import HostState, Outcome
 from politeproxy.stores.base import HostView, Store, StoreError
@@ -93,7 +93,7 @@ class Pacer:
         self._places = ExemptPlaces(
             lambda: self._settings.exempt_max_in_flight, self._events.exempt_changed, lambda: self._weights
         )
-        self._pipelines = PipelineNames()
+        self._pipelines = PipelineNames(free=FAIR_NAMES)  # labels are bounded apart (observe/metrics.py)
         # Requested name -> the name it counts as, remembered (asked twice per request). Client-chosen
         # keys, so cleared at MAX_REMEMBERED_NAMES, and on configure (a name may become configured).
         self._named: dict[str | None, str] = {}
@@ -169,15 +169,16 @@ class Pacer:
         )  # fmt: skip
 
     def pipeline_of(self, name: str | None) -> str:
-        """The pipeline a requested name counts as (bounded; ``None`` is the default pipeline)."""
-        try:
-            return self._named[name]
-        except KeyError:
-            pass
-        # PipelineNames answers a name the same way until configure (its first-come set only grows)
-        counted = self._pipelines.counted_as(name or DEFAULT_PIPELINE)
-        if len(self._named) >= MAX_REMEMBERED_NAMES:
-            self._named.clear()
+        """The pipeline a requested name counts as (bounded, names expire; None: the default pipeline)."""
+        now = self.monotonic()
+        counted = self._named.get(name)
+        if counted is not None:
+            self._pipelines.touch(counted, now)
+            return counted
+        expired = self._pipelines.expired
+        counted = self._pipelines.counted_as(name or DEFAULT_PIPELINE, now)
+        if len(self._named) >= MAX_REMEMBERED_NAMES or self._pipelines.expired != expired:
+            self._named.clear()  # a name that gave its place up must be counted afresh
         self._named[name] = counted
         return counted
 

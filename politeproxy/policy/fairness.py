@@ -6,8 +6,11 @@ backlogged pipeline with the smallest start tag ``max(V, finish)``, and the virt
 tag of the slot last handed out. A pipeline that was idle starts at ``V``: it banks nothing, so an hour of
 quiet buys no burst, and a pipeline that queued a thousand requests is only ever one slot ahead of a newcomer.
 
-Names are bounded: the configured pipelines plus the first ``FREE_PIPELINES`` other names seen keep a name
-of their own; every later one is ``other`` (one shared pipeline), so no table grows with client input.
+Names are bounded: the configured pipelines plus ``FREE_PIPELINES`` other names keep a name of their own;
+a name idle for ``NAME_IDLE`` seconds gives its place up to the next new one (issue 27: names expire instead
+of living for the process); while every place is taken by a name in use, a new one is ``other``. The
+pacer's fair shares use ``FAIR_NAMES`` places, the metrics' labels fewer (observe/metrics.py): a name
+beyond the label cap still gets its own share, and is counted under ``other`` in metrics only.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from dataclasses import dataclass
 
 DEFAULT_PIPELINE = "default"  # the pipeline of callers that name none (tools, tests)
 OTHER_PIPELINE = "other"
-FREE_PIPELINES = 50  # names beyond the configured ones that count as pipelines of their own, first come
+FREE_PIPELINES = 50  # names beyond the configured ones that keep a metric label of their own, first come
+FAIR_NAMES = 1024  # names beyond the configured ones that get a fair share of their own (bounded tables)
+NAME_IDLE = 600.0  # seconds a name unused keeps its place (issue 27: 10 minutes)
 MAX_NAME = 64  # characters of a pipeline name kept (labels, log lines)
 
 
@@ -46,24 +51,51 @@ def clean_name(raw: str) -> str:
 
 
 class PipelineNames:
-    """Maps a requested pipeline name to the one it counts as: itself while the cap allows, else ``other``."""
+    """Maps a requested pipeline name to the one it counts as: itself while a place is free, else ``other``.
 
-    def __init__(self, configured: Iterable[str] = (), free: int = FREE_PIPELINES) -> None:
+    ``now`` (seconds, any clock that only moves forward) makes names expire: a name unused for ``idle``
+    seconds gives its place up when a new name needs one. Without ``now`` places are first come, for good.
+    """
+
+    def __init__(
+        self, configured: Iterable[str] = (), free: int = FREE_PIPELINES, idle: float = NAME_IDLE
+    ) -> None:
         self.configured = {DEFAULT_PIPELINE, OTHER_PIPELINE, *configured}
         self.free = free
-        self.seen: set[str] = set()
+        self.idle = idle
+        self.seen: dict[str, float] = {}  # name -> when it was last used (0 without a clock)
+        self.expired = 0  # names that gave their place up, all told (a cache of answers must be dropped)
 
     def configure(self, names: Iterable[str]) -> None:
         self.configured = {DEFAULT_PIPELINE, OTHER_PIPELINE, *names}
 
-    def counted_as(self, raw: str) -> str:
+    def counted_as(self, raw: str, now: float | None = None) -> str:
         name = clean_name(raw) or DEFAULT_PIPELINE
-        if name in self.configured or name in self.seen:
+        if name in self.configured:
             return name
+        if name in self.seen:
+            if now is not None:
+                self.touch(name, now)
+            return name
+        if len(self.seen) >= self.free and now is not None:
+            self._expire(now)
         if len(self.seen) < self.free:
-            self.seen.add(name)
+            self.seen[name] = 0.0 if now is None else now
             return name
         return OTHER_PIPELINE
+
+    def touch(self, name: str, now: float) -> None:
+        """``name`` was used now (kept in order of last use: the oldest first)."""
+        if name in self.seen:
+            del self.seen[name]
+            self.seen[name] = now
+
+    def _expire(self, now: float) -> None:
+        for name, last in list(self.seen.items()):  # oldest first: stops at the first name still in use
+            if now - last < self.idle:
+                break
+            del self.seen[name]
+            self.expired += 1
 
 
 def rules_by_name(rules: Iterable[PipelineRule]) -> dict[str, PipelineRule]:

@@ -118,7 +118,13 @@ def receiver(node: ast.expr) -> str:
 
 @pytest.mark.parametrize(
     "path",
-    sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in ("pacing", "stores")),
+    # commands/simloop.py: politeproxy simulate runs its own MemoryStore on a virtual clock, the store's own
+    # claims on purpose (issue 24 item 6); it never touches a running proxy's store.
+    sorted(
+        p
+        for p in PACKAGE.rglob("*.py")
+        if p.relative_to(PACKAGE).parts[0] not in ("pacing", "stores") and p.name != "simloop.py"
+    ),
     ids=lambda p: str(p.relative_to(PACKAGE)),
 )
 def test_nothing_outside_the_pacing_package_calls_the_schedule_store(path: Path) -> None:
