@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from politeproxy.pacing.base import PacingSettings
 from politeproxy.pacing.state import QueueState, Waiter
-from politeproxy.policy.fairness import PipelineNames
+from politeproxy.policy.fairness import FAIR_NAMES, PipelineNames
 from politeproxy.policy.services import service_key
 from politeproxy.policy.simulation import EXEMPT, Arrival, Tally
 from politeproxy.policy.slots import Claim, Outcome
@@ -77,7 +77,8 @@ class Simulation:
         self.state: QueueState[Ticket] = QueueState()
         self.state.tags.weights = {r.name: r.weight for r in settings.pipelines}
         self.max_queued = {r.name: r.max_queued for r in settings.pipelines if r.max_queued}
-        self.names = PipelineNames(r.name for r in settings.pipelines)  # the names the pacer counts
+        # the names the pacer counts: its fair-share places (idle expiry does not arise in one run's names)
+        self.names = PipelineNames((r.name for r in settings.pipelines), free=FAIR_NAMES)
         self.events: list[tuple[float, int, str, Any]] = []
         self.seq = 0
         self.dispatch_gen = 0  # a dispatcher event of an older generation is stale

@@ -351,9 +351,11 @@ def test_an_overlong_log_line_is_skipped_whole(tmp_path: Path) -> None:
     assert [line.strip() for line in lines] == [first, second]
 
 
-def test_pipelines_beyond_the_proxys_bound_count_as_other() -> None:
-    """The pacer keeps the first 50 names a client brings (FREE_PIPELINES) and counts the rest as
-    "other": the simulation's pipelines are the names the proxy would count."""
+def test_pipelines_beyond_the_proxys_bound_count_as_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pacer keeps FAIR_NAMES names a client brings (issue 27: 1,024, the metrics' labels fewer) and
+    counts the rest as "other": the simulation's pipelines are the names the proxy would count. Here the
+    bound is set to 50 to keep the run small."""
+    monkeypatch.setattr("politeproxy.commands.simloop.FAIR_NAMES", 50)
     workload = ",".join(f"p{i}:paced=1/s" for i in range(60))
     r = sim.simulate(PacingSettings(), arrivals(parse_workload(workload), 10), 10)
     assert len(r["pipelines"]) == 51 and "p49" in r["pipelines"] and "p50" not in r["pipelines"]
