@@ -7,15 +7,16 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from politeproxy.config import loading as config_mod
-from politeproxy.config.loading import Config, ConfigError, changes, env_number, parse_hostport
+from politeproxy.config.loading import Config, ConfigError, changes, parse_hostport
 from politeproxy.config.startup import announce_pacing, format_gap, probe_store
+from politeproxy.config.storebuild import StartupError, make_notes, make_store
 from politeproxy.observe import admin as admin_mod
 from politeproxy.observe.logs import AccessLog
 from politeproxy.observe.metrics import Metrics
@@ -23,9 +24,10 @@ from politeproxy.observe.release_route import ReleasingAdmin
 from politeproxy.observe.status import StatusBoard, StatusEvents
 from politeproxy.pacing.base import RepeatLog
 from politeproxy.pacing.pacer import Pacer
-from politeproxy.policy.access import Access, is_loopback
+from politeproxy.policy.access import GUEST, Access, is_loopback
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
+from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.table import restart_only
 from politeproxy.proxy.ca import CAError, CertificateAuthority
 from politeproxy.proxy.cached import CacheFront
@@ -34,11 +36,8 @@ from politeproxy.proxy.events import Tee
 from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
-from politeproxy.stores.base import Store, StoreError
+from politeproxy.stores.base import Store
 from politeproxy.stores.failover import FailoverStore
-from politeproxy.stores.file import FileStore
-from politeproxy.stores.holdnotes import FileNotes, HoldNotes, MemoryNotes, RedisNotes
-from politeproxy.stores.memory import MemoryStore
 
 log = logging.getLogger("politeproxy")
 start_log = logging.getLogger("politeproxy.start")  # always at INFO (cli.setup_logging)
@@ -47,59 +46,8 @@ start_log = logging.getLogger("politeproxy.start")  # always at INFO (cli.setup_
 RESTART_ONLY = restart_only()
 
 
-class StartupError(Exception):
-    """The proxy cannot start; the message is one line for the user (exit 2)."""
-
-
-def wall_clock() -> Callable[[], float]:
-    """time.time, shifted by POLITEPROXY_CLOCK_OFFSET seconds (a testing aid for clock skew)."""
-    offset = env_number(os.environ, "POLITEPROXY_CLOCK_OFFSET")  # finite and bounded, or ConfigError
-    if not offset:
-        return time.time
-    return lambda: time.time() + offset
-
-
-def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
-    sched = cfg["schedule"]
-    backend = sched["backend"]
-    clock = wall_clock()
-    mult = float(sched["expected_proxies"])
-    # A record further ahead than the longest legitimate backoff is treated as now (issue 9 item 12).
-    cap = cfg["pacing"]["backoff_cap"]
-    if backend == "memory":
-        return MemoryStore(max_backoff=cap)  # monotonic: no other process reads its records
-    try:
-        local: Store = FileStore(cfg.data_dir, clock, max_backoff=cap)
-    except StoreError as e:
-        # Never a silent fall back to memory: that paces this process alone and fails open on the
-        # budget shared with other proxies and ccrawl. (A lock that cannot be taken, NFS, is the store's.)
-        raise StartupError(
-            f"data_dir {cfg.data_dir} is not writable ({e}): the shared schedule lives there; fix its "
-            'permissions, or set schedule.backend = "memory" to pace this process alone'
-        ) from None
-    if backend == "file":
-        return FailoverStore(local, MemoryStore(max_backoff=cap), mult, on_change=on_change)
-    from politeproxy.stores.redis_store import RedisStore
-
-    primary = RedisStore(
-        sched["redis_url"], prefix=sched["redis_prefix"], key_ttl=sched["redis_key_ttl"], max_backoff=cap
-    )
-    return FailoverStore(primary, local, mult, on_change=on_change)
-
-
 def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
-def make_notes(cfg: Config, store: Store) -> HoldNotes:
-    """Hold notes where the schedule is shared: this process, the data dir, or Redis."""
-    backend = cfg["schedule"]["backend"]
-    if backend == "file":
-        return FileNotes(cfg.data_dir)
-    client = getattr(getattr(store, "primary", None), "client", None)
-    if backend == "redis" and client is not None:
-        return RedisNotes(client, cfg["schedule"]["redis_prefix"], time.time)
-    return MemoryNotes()
 
 
 def _check_writable(data_dir: Path) -> None:
@@ -149,6 +97,7 @@ class App:
         self.overrides = overrides or {}  # env and flags, applied again on every reload
         self.metrics = Metrics()
         self._paced: list[str] = []
+        self._guests = LogLimiter(burst=1, window=60.0, max_keys=256)
         self.proxy: Proxy | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._mtime = self._stat()
@@ -172,7 +121,11 @@ class App:
         """Start everything; a failure the user can fix is a one-line StartupError (exit 2)."""
         cfg = self.cfg
         host, port = cfg.listen
-        access = Access(cfg["allow_clients"], cfg["auth"]["users"])
+        try:
+            tokens = cfg.pipeline_tokens()  # [pipelines.NAME] token_env / token_file (issue 27)
+        except ConfigError as e:
+            raise StartupError(str(e)) from None
+        access = Access(cfg["allow_clients"], cfg["auth"]["users"], tokens, on_guest=self._guest)
         if not is_loopback(host) and host != "localhost" and not access.open_beyond_loopback:
             raise StartupError(
                 f"refusing to listen on {host}:{port} as an open proxy: "
@@ -256,6 +209,14 @@ class App:
             allow_private_destinations=cfg["allow_private_destinations"],
             allow_ip_connect=cfg["allow_ip_connect"],
         )
+
+    def _guest(self, name: str, client: str) -> None:
+        """A request named a pipeline that has a token, without it: logged once a minute per name."""
+        if self._guests.hit(name, time.monotonic()).log:
+            log.warning(
+                "a request from %s named pipeline %s without its token: it counts as %s%s (weight 1)",
+                client, name, name, GUEST,
+            )  # fmt: skip
 
     async def _release(self, host: str, who: str) -> dict[str, Any]:
         """``POST /release``: the pacer lifts the hold for every proxy on the store."""

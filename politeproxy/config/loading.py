@@ -249,6 +249,32 @@ class Config:
             for name, t in self.raw["pipelines"].items()
         )
 
+    def pipeline_tokens(self) -> dict[str, str]:
+        """Each configured pipeline's secret, read from its token_env variable or token_file (issue 27);
+        a ConfigError names the key and never the secret."""
+        out: dict[str, str] = {}
+        for name, t in self.raw["pipelines"].items():
+            env, path = t["token_env"], t["token_file"]
+            key = f"pipelines.{name}"
+            if env and path:
+                raise ConfigError(f"{key}: token_env or token_file, not both")
+            if env:
+                secret = os.environ.get(env, "")
+                if not secret:
+                    raise ConfigError(f"{key}.token_env: the variable {env} is not set (or empty)")
+            elif path:
+                try:
+                    with open(os.path.expanduser(path), encoding="utf-8") as f:
+                        secret = f.readline(4096).strip()
+                except (OSError, UnicodeDecodeError) as e:
+                    raise ConfigError(f"{key}.token_file: cannot read {path}: {type(e).__name__}") from None
+                if not secret:
+                    raise ConfigError(f"{key}.token_file: {path} holds no secret on its first line")
+            else:
+                continue
+            out[name] = secret
+        return out
+
     def pacing(self) -> PacingSettings:
         p = self.raw["pacing"]
         return PacingSettings(

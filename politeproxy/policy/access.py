@@ -6,6 +6,7 @@ import base64
 import binascii
 import hmac
 import ipaddress
+from collections.abc import Callable
 
 
 def _address(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -31,9 +32,17 @@ def is_loopback(ip: str) -> bool:
 class Access:
     """Who may use the proxy: loopback only by default; CIDRs and/or Basic proxy authentication."""
 
-    def __init__(self, allow_clients: list[str], users: dict[str, str]) -> None:
+    def __init__(
+        self,
+        allow_clients: list[str],
+        users: dict[str, str],
+        tokens: dict[str, str] | None = None,
+        on_guest: Callable[[str, str], None] = lambda _name, _client: None,
+    ) -> None:
         self.networks = [ipaddress.ip_network(c, strict=False) for c in allow_clients]
         self.users = users
+        self.tokens = tokens or {}  # pipeline -> its secret ([pipelines.NAME] token_env / token_file)
+        self.on_guest = on_guest  # told (name, client) of each request naming a pipeline without its token
 
     @property
     def open_beyond_loopback(self) -> bool:
@@ -74,10 +83,17 @@ class Access:
         address. The pacer maps it to a bounded name."""
         creds = basic_credentials(header)
         if creds is not None and creds[0]:
-            return creds[0]
+            name, password = creds
+            token = self.tokens.get(name) if not self.users else None  # [auth] users come first
+            if token is not None and not hmac.compare_digest(token.encode(), password.encode()):
+                self.on_guest(name, client or "unknown")
+                return name[: MAX_NAME - len(GUEST)] + GUEST  # a share of its own, weight 1
+            return name
         return client or "unknown"
 
 
+GUEST = "~guest"  # the pipeline of a request that named a pipeline with a token, without the token
+MAX_NAME = 64  # policy.fairness.MAX_NAME: the guest name stays within it
 MAX_AUTH_HEADER = 4096  # a longer Proxy-Authorization is no credential (the head is bounded anyway)
 
 

@@ -109,6 +109,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("exempt.keep_defaults", "bool", True, "keep the default exempt rules beside [[exempt.rules]]; false: the listed rules replace them", reload=True),
     S("hosts.*.interval", "rate", 0.0, "least interval between grants to a host; any [hosts] table replaces the default (index.commoncrawl.org 1s)", bounds=(0.0, HOUR), unit=_D, reload=True),
     S("pipelines.*.weight", "float", 1.0, "a pipeline's share relative to others", bounds=(0.01, 1000.0), reload=True),
+    S("pipelines.*.token_env", "string", "", "the environment variable that holds this pipeline's secret (never the secret itself): a client naming the pipeline must send it as the proxy password (http://NAME:SECRET@host:port), or counts as the guest pipeline NAME~guest"),
+    S("pipelines.*.token_file", "string", "", "a file whose first line is the secret, instead of token_env (~ expanded)"),
     S("pipelines.*.max_queued", "int", 0, "requests of this pipeline waiting at once; 0 = no cap", bounds=(0, 1_000_000), reload=True),
     S("cache.enabled", "bool", True, "the shared disk cache of immutable objects"),
     S("cache.max_object", "size", 64 << 20, "largest 200 body kept", bounds=SIZE_BOUNDS, unit="bytes"),

@@ -1,0 +1,62 @@
+"""Names with an owner, end to end (issue 27 item 3): ``[pipelines.urls] token_env`` makes the name
+binding. A client that names ``urls`` with the secret counts as urls; one with another password counts as
+the guest pipeline ``urls~guest`` (its own share at weight 1, its own line, so it cannot fill the real
+pipeline's ``max_queued``), and the first such request per minute is logged. A proxy whose token variable
+is not set refuses to start, naming the variable."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from tests.support.pipelines import D, Factory, config, metric_lines
+from tests.support.processes import POLITEPROXY, ROOT
+from tests.support.proxy_proc import ProxyProc
+from tests.support.upstream_proc import Upstream
+
+SECRET = "correct-horse"
+PIPES = '[pipelines.urls]\ntoken_env = "PP_TOKEN_URLS"\nmax_queued = 2\n'
+
+
+def get(p: ProxyProc, user: str, password: str, tag: str) -> int:
+    proxy = f"http://{user}:{password}@127.0.0.1:{p.port}"
+    return requests.get(f"http://{D}/p/{tag}", proxies={"http": proxy}, timeout=30).status_code
+
+
+def labels(p: ProxyProc) -> set[str]:
+    lines = metric_lines(p, "politeproxy_grants_total")
+    return {
+        m.group(1)
+        for line in lines
+        if (m := re.search(r'pipeline="([^"]*)"', line)) and line.split()[-1] != "0.0"
+    }
+
+
+def test_a_name_claimed_without_its_token_gets_a_guest_share(
+    proxy_factory: Factory, upstream: Upstream
+) -> None:
+    p = proxy_factory(upstream, config(0.3, extra=PIPES), env={"PP_TOKEN_URLS": SECRET})
+    assert get(p, "urls", SECRET, "owner") == 200
+    # Six guests at once: the real pipeline's max_queued (2) would refuse them if they counted as urls.
+    with ThreadPoolExecutor(6) as ex:
+        codes = list(ex.map(lambda i: get(p, "urls", "guess", f"guest{i}"), range(6)))
+    assert codes == [200] * 6, codes
+    assert {"urls", "urls~guest"} <= labels(p), labels(p)
+    log = p.log()
+    assert log.count("without its token") == 1 and "urls~guest" in log, log[-2000:]
+    assert SECRET not in log and "guess" not in log  # neither password is ever logged
+
+
+def test_a_token_variable_that_is_not_set_stops_the_start(tmp_path: Path) -> None:
+    cfg = tmp_path / "pp-token.toml"
+    cfg.write_text(PIPES)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    data = tmp_path / "data"
+    argv = [*POLITEPROXY, "run", "--config", str(cfg), "--data-dir", str(data), "--listen", "127.0.0.1:0"]
+    r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "PP_TOKEN_URLS is not set" in r.stderr, r.stderr
