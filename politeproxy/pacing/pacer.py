@@ -256,19 +256,12 @@ class Pacer:
     # -- exempt -------------------------------------------------------------------------------------
 
     async def _exempt_enter(self, host: str, arrived: float | None, pipeline: str) -> float:
-        """Wait for the exempt slot and one of the host's places; seconds waited. The permit gives the
-        place back (``_exempt_leave``); on WaitTooLong nothing is held."""
+        """Wait for one of the host's places, then its exempt slot; seconds waited. The place comes first:
+        the slot counts in the request window at once, so a read must leave at its slot, not a place's wait
+        later. The permit gives the place back (``_exempt_leave``); on WaitTooLong nothing is held."""
         now = self.monotonic()
         arrived = now if arrived is None else arrived
         deadline = arrived + self._settings.max_wait
-        try:
-            await exempt_slot(
-                self._store, self._settings, host, deadline, self.monotonic,
-                lambda: self._state.ready_at(host), lambda e: self._errors.error("taking an exempt slot", e),
-            )  # fmt: skip
-        except WaitTooLong:
-            self._events.rejected(host, "max_wait", pipeline)
-            raise
         if self._places.in_flight(host) >= self._settings.exempt_max_in_flight:
             self._refuse_if_full(host, pipeline)
         try:
@@ -279,9 +272,15 @@ class Pacer:
             n = self._places.in_flight(host)
             raise WaitTooLong(1.0, f"{host} has {n} exempt reads in flight") from None
         try:
+            await exempt_slot(
+                self._store, self._settings, host, deadline, self.monotonic,
+                lambda: self._state.ready_at(host), lambda e: self._errors.error("taking an exempt slot", e),
+            )  # fmt: skip
             return self._waited(host, Klass.EXEMPT, arrived, pipeline)
-        except BaseException:
+        except BaseException as e:
             self._places.release(host, pipeline)
+            if isinstance(e, WaitTooLong):
+                self._events.rejected(host, "max_wait", pipeline)
             raise
 
     def _exempt_leave(self, host: str, pipeline: str) -> None:

@@ -1,7 +1,7 @@
 """The request window through the pacer (issue 24 item 1), on a virtual clock with a MemoryStore: a full
 window holds paced and exempt requests alike until its oldest bucket has left (window plus LATE), and one
-that would wait past max_wait is refused with a reason that names the window. And a known gap: an exempt
-read waiting for one of the host's places was already counted at its slot (see the xfail below)."""
+that would wait past max_wait is refused with a reason that names the window. An exempt read waiting for
+one of the host's places is not counted until it has one (the place comes first, then the slot)."""
 
 from __future__ import annotations
 
@@ -63,12 +63,6 @@ async def test_a_window_wait_past_max_wait_is_refused_and_named(vclock: VirtualC
         await pacer.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pacing/pacer.py _exempt_enter takes the exempt slot (counted in the window at once) and only "
-    "then waits for one of the host's places: a read can leave up to max_wait after its slot, so "
-    "arrivals (what Common Crawl counts) can overfill a window. Take the place first, then the slot.",
-)
 async def test_an_exempt_read_waiting_for_a_place_is_not_counted_yet(vclock: VirtualClock) -> None:
     store = MemoryStore(clock=vclock, rand=lambda: 0.0)
     pacer = Pacer(store, settings(exempt_max_in_flight=1, window=64.0, window_limit=100), monotonic=vclock)
