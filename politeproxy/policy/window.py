@@ -21,7 +21,7 @@ Use (every store does this inside the one critical section of a claim)::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from politeproxy.policy.slots import Claim, Outcome
 
@@ -70,6 +70,8 @@ class WindowState:
 
     width: float = 0.0
     buckets: tuple[tuple[int, int], ...] = ()
+    # Made here (by live or record), not read from a record: its buckets need no check (the hot path).
+    checked: bool = field(default=False, compare=False)
 
     def total(self) -> int:
         return sum(c for _, c in self.buckets)
@@ -95,13 +97,17 @@ def live(state: WindowState, now: float, rule: WindowRule) -> tuple[WindowState,
     hi = _index(now, w) + AHEAD
     same = abs(state.width - w) <= SAME_WIDTH  # False for NaN
     bad = False  # a fault of the buckets themselves, whatever the width
-    prev: int | None = None
-    for i, c in state.buckets:
-        if not (0 < c <= MAX_COUNT) or (prev is not None and i <= prev):
+    prev = -(2**63) - 1
+    for i, c in () if state.checked else state.buckets:  # a record read back: checked in one pass
+        if not (0 < c <= MAX_COUNT) or i <= prev:
             bad = True
+            break
         prev = i
-    if (same or not state.buckets) and not bad and all(i <= hi for i, _ in state.buckets):
-        return WindowState(w, tuple((i, c) for i, c in state.buckets if i >= lo)), True
+    b = state.buckets
+    if (same or not b) and not bad and (not b or b[-1][0] <= hi):
+        if not b or b[0][0] >= lo:  # nothing left the window
+            return (state if state.checked and state.width == w else WindowState(w, b, True)), True
+        return WindowState(w, tuple(x for x in b if x[0] >= lo), True), True
     # A width change is legitimate (a reload) when the old width is a width and the buckets are sound.
     legit = not same and not bad and math.isfinite(state.width) and state.width > 0
     total = min(MAX_COUNT, sum(min(max(0, c), MAX_COUNT) for _, c in state.buckets))
@@ -123,11 +129,14 @@ def wait(state: WindowState, t: float, now: float, rule: WindowRule) -> float:
     if (ti := _index(t, w)) > _index(now, w) + AHEAD:  # too far ahead to count: wait until it is not
         return max(EPSILON, (ti - AHEAD) * w - now + EPSILON)
     lo = _index(t - rule.reach, w)
-    counted = [(i, c) for i, c in state.buckets if i >= lo]
-    total = sum(c for _, c in counted)
+    b = state.buckets
+    total, start = 0, len(b)
+    while start > 0 and b[start - 1][0] >= lo:  # from the newest back: live states hold few older ones
+        start -= 1
+        total += b[start][1]
     if total < rule.limit:
         return 0.0
-    for i, c in counted:  # ascending: the oldest bucket leaves the window first
+    for i, c in b[start:]:  # ascending: the oldest bucket leaves the window first
         total -= c
         if total < rule.limit:
             return max(EPSILON, (i + 1) * w + rule.reach - now + EPSILON)
@@ -137,9 +146,14 @@ def wait(state: WindowState, t: float, now: float, rule: WindowRule) -> float:
 def record(state: WindowState, t: float, rule: WindowRule) -> WindowState:
     """``state`` with one request counted at ``t``."""
     i = _index(t, rule.width)
-    b = dict(state.buckets)
-    b[i] = b.get(i, 0) + 1
-    return WindowState(rule.width, tuple(sorted(b.items())))
+    b = state.buckets
+    if b and b[-1][0] == i:  # the usual cases first: the newest bucket, or a new one after it
+        return WindowState(rule.width, (*b[:-1], (i, b[-1][1] + 1)), True)
+    if not b or b[-1][0] < i:
+        return WindowState(rule.width, (*b, (i, 1)), True)
+    counts = dict(b)
+    counts[i] = counts.get(i, 0) + 1
+    return WindowState(rule.width, tuple(sorted(counts.items())), True)
 
 
 def gate(
