@@ -222,6 +222,8 @@ class App:
         """``POST /release``: the pacer lifts the hold for every proxy on the store."""
         assert self.pacer is not None
         r = await self.pacer.holds.release(host, who)
+        if self.status is not None:
+            self.status.invalidate()
         was = [f"{n.host}: {n.reason or n.kind} since {_utc(n.since)}" for n in r.was]
         return {"released": list(r.hosts), "by": r.by, "at": round(r.at, 3), "was": was}
 

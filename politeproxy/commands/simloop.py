@@ -14,13 +14,14 @@ it sends what ``Pacer.permit`` sends. Not modelled: upstream answers, answer tim
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from politeproxy.pacing.base import PacingSettings
 from politeproxy.pacing.state import QueueState, Waiter
-from politeproxy.policy.fairness import FAIR_NAMES, PipelineNames
+from politeproxy.policy.fairness import FAIR_NAMES, PipelineNames, least_served
 from politeproxy.policy.services import service_key
 from politeproxy.policy.simulation import EXEMPT, Arrival, Tally
 from politeproxy.policy.slots import Claim, Outcome
@@ -90,6 +91,14 @@ class Simulation:
         self.end = T0
         self.pruned = T0
         self.calls = 0  # store calls made (with Redis, each is a round trip)
+        # Exempt places (pacing.exempt.ExemptPlaces): a read holds one of its service's places from before
+        # its slot until it is sent; beyond exempt.max_in_flight it waits for one (pacer._exempt_enter).
+        self.held: dict[str, dict[str, int]] = {}  # service -> pipeline -> places held
+        # service -> pipeline -> [arrival, deadline, still waiting]
+        self.place_line: dict[str, dict[str, deque[list[Any]]]] = {}
+        self.place_waiting = 0
+        self.starting: deque[tuple[Arrival, float]] | None = None  # reads handed a place, started in order
+        self.weights = {r.name: r.weight for r in settings.pipelines}
 
     # -- the event loop ---------------------------------------------------------------------------
 
@@ -117,6 +126,10 @@ class Simulation:
                     self._dispatch()
             elif kind == "exempt":
                 self._exempt(*what)
+            elif kind == "release":
+                self._release(*what)
+            elif kind == "place_timeout":
+                self._place_timeout(what)
             elif kind == "timeout":
                 self._timeout(what)
 
@@ -128,7 +141,7 @@ class Simulation:
             p = self.pipelines[a.pipeline] = Tally()
         p.offered += 1
         if a.klass == EXEMPT:
-            self._exempt(a, self.now + self.s.max_wait)
+            self._enter(a, self.now + self.s.max_wait)
         else:
             self._paced(a)
 
@@ -158,6 +171,73 @@ class Simulation:
         self.pipelines[a.pipeline].refused += 1
         self.end = max(self.end, self.now)
 
+    # -- exempt places (pacing.exempt.ExemptPlaces, in pacer._exempt_enter's order: the place first) ----
+
+    def _enter(self, a: Arrival, deadline: float) -> None:
+        svc = service_key(a.host)
+        held = self.held.setdefault(svc, {})
+        line = self.place_line.setdefault(svc, {})
+        if not line and sum(held.values()) < self.s.exempt_max_in_flight:
+            held[a.pipeline] = held.get(a.pipeline, 0) + 1
+            self._exempt(a, deadline)
+            return
+        if sum(held.values()) >= self.s.exempt_max_in_flight:  # pacer._refuse_if_full
+            if self.state.total + self.place_waiting >= self.s.max_queue:
+                self._refused(a)
+                return
+        entry: list[Any] = [a, deadline, True]
+        line.setdefault(a.pipeline, deque()).append(entry)
+        self.place_waiting += 1
+        self._at(max(self.now, deadline), "place_timeout", entry)
+
+    def _release(self, a: Arrival) -> None:
+        svc = service_key(a.host)
+        held = self.held.setdefault(svc, {})
+        n = held.get(a.pipeline, 0) - 1
+        if n > 0:
+            held[a.pipeline] = n
+        else:
+            held.pop(a.pipeline, None)
+        line = self.place_line.get(svc, {})
+        while line and sum(held.values()) < self.s.exempt_max_in_flight:
+            p = least_served(held, list(line), self.weights)
+            if p is None:
+                break
+            entry = line[p].popleft()
+            if not line[p]:
+                del line[p]
+            self.place_waiting -= 1
+            entry[2] = False
+            held[p] = held.get(p, 0) + 1
+            self._start(entry[0], entry[1])
+
+    def _start(self, a: Arrival, deadline: float) -> None:
+        """A read handed a place goes on to its slot; one refused at once hands its place on, so the
+        starts run as a loop here, not a recursion."""
+        if self.starting is not None:
+            self.starting.append((a, deadline))
+            return
+        self.starting = deque([(a, deadline)])
+        try:
+            while self.starting:
+                self._exempt(*self.starting.popleft())
+        finally:
+            self.starting = None
+
+    def _place_timeout(self, entry: list[Any]) -> None:
+        if not entry[2]:
+            return
+        entry[2] = False
+        a = entry[0]
+        line = self.place_line.get(service_key(a.host), {})
+        q = line.get(a.pipeline)
+        if q is not None and entry in q:
+            q.remove(entry)
+            if not q:
+                del line[a.pipeline]
+            self.place_waiting -= 1
+        self._refused(a)
+
     # -- exempt reads (pacing.rest.exempt_slot) ---------------------------------------------------
 
     def _exempt(self, a: Arrival, deadline: float) -> None:
@@ -166,12 +246,14 @@ class Simulation:
         hold = s.exempt_respect_backoff
         if not hold and s.exempt_rate <= 0 and window is None:
             self._sent(a, self.now)
+            self._release(a)
             return
         service = service_key(host)
         written = self.written.get(service, 0)
         if self.shortcut and (memo := self.refused_at.get(host)) is not None:
             if memo[0] == written and deadline < memo[1]:
                 self._refused(a)  # nothing of the service written since a claim found `at` the earliest
+                self._release(a)
                 return
         herd = self.window_full.get(host) if self.shortcut else None
         if herd is not None and herd[:2] == (self.now, written):
@@ -186,12 +268,14 @@ class Simulation:
             )
             if c.window:
                 self.window_full[host] = (self.now, written, c)
-        if c.outcome is Outcome.TOO_LATE or self.now + c.wait > deadline:
+        if c.outcome is Outcome.TOO_LATE or (c.wait > 0 and self.now + c.wait > deadline):
             self.refused_at[host] = (written, c.at)
             self._refused(a)
+            self._release(a)
         elif c.granted:
             self._wrote(host)
             self._sent(a, self.now + max(0.0, c.wait))
+            self._at(self.now + max(0.0, c.wait), "release", (a,))  # the permit ends when it is sent
         else:
             self._at(self.now + max(c.wait, MIN_STEP), "exempt", (a, deadline))
 
@@ -258,6 +342,10 @@ class Simulation:
             return
         if c.outcome is Outcome.HOST_NOT_READY:
             self.state.set_ready(host, now + c.wait, now)
+            for w in self.state.hopeless(host, now + c.wait):  # Dispatcher._refuse_hopeless
+                if not w.ticket.finished:
+                    w.ticket.finished = True
+                    self._refused(w.ticket.arrival)
         else:
             self._too_late(head, c)
         self._wake(now)

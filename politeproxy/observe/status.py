@@ -217,6 +217,10 @@ class StatusBoard:
         self.history.sample(snap.at, time.time(), snap.grants, 1.0 / gap if gap > 0 else 0.0, snap.queued)
         self.events.prune(snap.at)
 
+    def invalidate(self) -> None:
+        """The next document is built afresh (a release changed what it says)."""
+        self._cached = None
+
     async def document(self) -> dict[str, Any]:
         """The document, built afresh at most every ``CACHE_FOR`` seconds (one build at a time)."""
         async with self._lock:

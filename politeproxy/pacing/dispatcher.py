@@ -44,6 +44,8 @@ class Dispatcher:
         self.errors = RepeatLog(log, monotonic)
         self.failures = 0  # consecutive dispatch errors, for the backoff
         self._pruned = 0.0
+        # host -> until when its request window was last found full: a refusal then names the window
+        self._window_full: dict[str, float] = {}
 
     async def run(self) -> None:
         while True:
@@ -84,6 +86,11 @@ class Dispatcher:
             await self._grant(host, head, now + c.wait, c.wait)
         elif c.outcome is Outcome.HOST_NOT_READY:
             self.state.set_ready(host, now + c.wait, now)
+            if c.window:
+                self._window_full[host] = now + c.wait
+                if len(self._window_full) > 64:  # a few services' hosts: a fence, not a cache
+                    self._window_full.pop(next(iter(self._window_full)))
+            self._refuse_hopeless(host, c, now)
         else:
             self._too_late(host, head, c, now)
 
@@ -131,11 +138,24 @@ class Dispatcher:
         self.state.remove(head)
         if not head.ticket.done():
             self.events.rejected(host, "max_wait", head.pipeline)
-            why = window_full(self.settings(), host, c.wait) if c.window else ""
-            why = why or f"{host} is paced and this request would wait {c.wait:.1f}s"
-            head.ticket.set_exception(WaitTooLong(c.wait, why))
+            head.ticket.set_exception(WaitTooLong(c.wait, self._why(host, c, now)))
         if c.wait > 0:
             self.state.hold(host, now + min(c.wait, 0.05), now)
+
+    def _why(self, host: str, c: Claim, now: float) -> str:
+        """What a refusal says: the window when it is why the request waited, else the wait."""
+        full = c.window or now <= self._window_full.get(host, 0.0) + 1.0
+        why = window_full(self.settings(), host, c.wait) if full else ""
+        return why or f"{host} is paced and this request would wait {c.wait:.1f}s"
+
+    def _refuse_hopeless(self, host: str, c: Claim, now: float) -> None:
+        """The host cannot go for ``c.wait`` (a backoff, a block, a full window): whoever must go before
+        that is told now, with that wait as Retry-After, instead of being held to its deadline (issue 25
+        item 7)."""
+        for w in self.state.hopeless(host, now + c.wait):
+            if not w.ticket.done():
+                self.events.rejected(host, "max_wait", w.pipeline)
+                w.ticket.set_exception(WaitTooLong(c.wait, self._why(host, c, now)))
 
     def refuse_all(self, why: str) -> None:
         """Shutdown: every waiter gets a refusal instead of hanging."""

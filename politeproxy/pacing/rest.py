@@ -67,6 +67,7 @@ async def exempt_slot(
     if not hold and s.exempt_rate <= 0 and window is None:
         return 0.0
     ceiling = service_key(host)
+    saw_window = False  # the window held this read once: a refusal names it
     while True:
         now = monotonic()
         try:
@@ -76,8 +77,10 @@ async def exempt_slot(
             on_error(e)
             wait = max(0.0, local_ready() - now) if hold else 0.0
             c = Claim(Outcome.HOST_NOT_READY if wait > 0 else Outcome.GRANTED, wait, 0.0)
-        if c.outcome is Outcome.TOO_LATE or now + c.wait > deadline:
-            why = window_full(s, host, c.wait) if c.window else ""
+        saw_window = saw_window or c.window
+        # A slot granted now goes even when the wait for a place used the whole max_wait: it is counted.
+        if c.outcome is Outcome.TOO_LATE or (c.wait > 0 and now + c.wait > deadline):
+            why = window_full(s, host, c.wait) if saw_window else ""
             raise WaitTooLong(c.wait, why or f"{host} would wait {c.wait:.1f}s for an exempt read")
         if c.wait > 0:
             await asyncio.sleep(c.wait)

@@ -91,6 +91,18 @@ class QueueState(Generic[T]):
         q.appendleft(w)
         self._count(w, 1, len(q))
 
+    def hopeless(self, host: str, ready: float) -> list[Waiter[T]]:
+        """Take out every waiter of ``host`` whose deadline comes before ``ready`` (the host cannot go
+        earlier): they are refused now, not held to their deadline."""
+        out: list[Waiter[T]] = []
+        for key in [k for k in self.queues if k[1] == host]:
+            q = self.queues[key]
+            for w in [w for w in q if w.deadline < ready]:
+                q.remove(w)
+                self._shrunk(key, w, q)
+                out.append(w)
+        return out
+
     def head(self, host: str) -> Waiter[T] | None:
         """The oldest head among the lines of ``host`` (any pipeline)."""
         heads = [q[0] for (_p, h), q in self.queues.items() if h == host and q]
