@@ -327,7 +327,8 @@ class App:
         self.metrics.set_configured_gap(settings.gap)
         self.metrics.reloads.labels("ok").inc()
         old, self.cfg = self.cfg.raw, new
-        log.info("config reloaded (%s): %s", why, "; ".join(changes(old, new.raw)) or "no changes")
+        # Always shown (the start-up logger): after a rejected reload, the ERROR must not stay the last line.
+        start_log.info("config reloaded (%s): %s", why, "; ".join(changes(old, new.raw)) or "no changes")
         return True
 
     async def close(self) -> None:
