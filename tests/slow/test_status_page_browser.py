@@ -8,10 +8,7 @@ The proxy has paced requests from two pipelines queued (tests/e2e/test_status.py
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 import struct
 import subprocess
 import zlib
@@ -20,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.chromium import browse as chromium_run
 from tests.support.live_status import Live, start_live, stop_live
-from tests.support.processes import need_tool
 from tests.support.upstream_proc import Certs
 
 # Marked in the file, as every slow test is: `pytest -m "not slow"` skips it.
@@ -29,11 +26,6 @@ pytestmark = pytest.mark.slow
 
 ACHIEVED = (0x2B, 0x6C, 0xB0)  # --ach in statuspage.STYLE: the achieved-rate polyline
 CHART_BOTTOM = 460  # pixel rows from the top that hold the header, the cards and the chart at 1280 wide
-
-
-def chromium() -> str:
-    """Debian's chromium; missing, the test skips locally and fails under CI (.ci/run installs it)."""
-    return need_tool("chromium")
 
 
 @pytest.fixture(scope="module")
@@ -44,43 +36,9 @@ def live(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[Liv
 
 
 def browse(url: str, tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    """One headless chromium run, bounded: chromium starts helper processes that hold its output pipes, so
-    a plain ``subprocess.run(timeout=)`` that kills only the first one would then wait on those pipes for
-    ever. It runs in its own session and the whole group is killed on the timeout. The background-networking
-    flags keep it from looking up Google's hosts at start, which a machine without internet answers late
-    or never."""
-    cmd = [
-        chromium(),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-proxy-server",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--disable-default-apps",
-        f"--user-data-dir={tmp / 'profile'}",
-        "--enable-logging=stderr",
-        "--v=0",
-        "--virtual-time-budget=4000",
-        *extra,
-        url,
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        out, err = proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=10)
-        pytest.fail(f"chromium did not finish in 90 s: {err[-2000:]}")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # helpers left behind by a finished run
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """One bounded headless chromium run (tests/support/chromium.py), the page's scripts given 4 s of
+    virtual time to fetch /status and render it."""
+    return chromium_run(url, tmp, "--virtual-time-budget=4000", *extra)
 
 
 def tbody(dom: str, ident: str) -> str:
