@@ -14,7 +14,8 @@ concurrency: req/s median (range), the per-round ratio to direct, each proxy's C
 sending one GET the probe holds (a future per request, no forwarding) and reports the probe's RSS idle and
 at the peak: KiB per held request. ``--bulk [BYTES]`` (1 GiB when given bare) downloads once per path
 and round with curl through direct, the floor and politeproxy: MB/s and each proxy's CPU seconds per GiB
-(for bulk the floor is not a floor: BENCHMARKS.md, "Bulk through the floor probe"). Needs
+(for bulk the floor is not a floor: "Bulk through the floor probe" in the old notebook,
+``git show 04f570b:BENCHMARKS.md``; docs/benchmarks.md has the current figures). Needs
 ``.venv/bin/pip install httptools``.
 """
 

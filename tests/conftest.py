@@ -52,7 +52,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Every proxy a test starts runs the default transports, what a plain install gets; the optional [fast]
     # extra (aiofastnet) is installed for the tests and exercised by tests/e2e/test_fastnet_e2e.py. Under a
     # loaded two-worker run, a proxy on aiofastnet once held a freed connection place past a 10 s read
-    # (test_max_connections_counts_clients_and_tunnels): not reproduced alone, recorded in the README.
+    # (test_max_connections_counts_clients_and_tunnels): not reproduced alone; docs/performance.md has it.
     os.environ.setdefault("POLITEPROXY_FASTNET", "0")
     # Tests start Python again and again (proxies, the CLI, load clients). Where PYTHONDONTWRITEBYTECODE is
     # set (some images and shells set it), each start compiled politeproxy from source (~0.1 s of CPU a start,

@@ -175,7 +175,7 @@ class Destinations:
 
     async def for_request(self, client: str, target: Target) -> Refusal | None:
         """The check for a plain http:// request. aiohttp resolves the name again when it connects, so
-        a name is refused when any of its addresses is (a rebinding gap remains: see the README)."""
+        a name is refused when any of its addresses is (a rebinding gap remains: see docs/security.md)."""
         where = self.where(client)
         if self.lookup(target.host, target.port) is not None:
             return None

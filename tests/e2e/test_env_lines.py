@@ -119,8 +119,8 @@ def test_env_takes_run_flags_and_checks_them(tmp_path: Path) -> None:
 
 @pytest.mark.slow  # make, env and a proxy start: about 3 s
 def test_make_run_with_args(tmp_path: Path) -> None:
-    """The README's `make run ARGS="--global-rate 500ms -v"` prints the env lines and runs the proxy at
-    that rate (the install step is taken as done: -o skips it)."""
+    """`make run ARGS="--global-rate 500ms -v"` (docs/getting-started.md) prints the env lines and runs the
+    proxy at that rate (the install step is taken as done: -o skips it)."""
     make = shutil.which("make")
     if make is None or not (ROOT / ".venv" / "bin" / "politeproxy").exists():
         pytest.skip("make or the .venv that `make run` uses is missing")

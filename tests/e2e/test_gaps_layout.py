@@ -82,7 +82,7 @@ def test_index_host_defaults_to_one_request_a_second(
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     # Grants are exactly 1 s apart, and the schedule is kept: an arrival that lags its grant (the first
     # opens a new upstream TLS connection; a busy loop) may be followed by the next one on time, so a gap
-    # and the span may each come up to LATE short (the late-grant rule, README "Writing a timing test").
+    # and the span may each come up to LATE short (the late-grant rule, docs/testing.md).
     # 50 ms failed once in CI at 71 ms (gaps 0.93, 1.00, 1.00). Without the interval the four would
     # arrive 20 ms apart (the global gap), so 0.85 s still proves it.
     late = 0.15

@@ -127,7 +127,7 @@ class RawUpstream:
     def _close_gently(s: ssl.SSLSocket) -> None:
         """TLS close_notify, then FIN, as well-kept servers close. A bare TCP close loses the end of a
         body on the proxy's side when uvloop has paused reading (it drops what it holds on a TCP EOF
-        without close_notify: MagicStack/uvloop#661; README "Failure modes"): the kill -9 test's second
+        without close_notify: MagicStack/uvloop#661; docs/failure-modes.md): the kill -9 test's second
         fetch came out cut about one run in five on a loaded box."""
         plain = s.unwrap()
         plain.shutdown(socket.SHUT_WR)

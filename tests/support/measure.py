@@ -32,7 +32,7 @@ def max_in_window(times: Sequence[float], window: float = 1.0) -> int:
     return best
 
 
-# The budget rule every rate test uses (README, "Writing a timing test that does not flake"). On the
+# The budget rule every rate test uses (docs/testing.md, "Writing a timing test that does not flake"). On the
 # schedule a window of W seconds holds at most floor(W * rate) + 1 grants (both ends can land on a slot).
 # The schedule is kept, not re-spaced from the send time, so a grant delivered L seconds late (a busy event
 # loop, a starved process) can be followed by the next one on time: it adds at most ceil(L * rate) arrivals
