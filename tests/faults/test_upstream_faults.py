@@ -1,8 +1,8 @@
 """An upstream that resets mid-body, hangs before its head, or sends bad framing (issue 9 item 14), under
 paced load. curl is the client: a cut body must reach it as a cut (exit 18 "partial file" or 56 "recv
 failure"), never as a short "success" (exit 0); a hang is a 504 once read_timeout (2 s here) passes; a head
-that cannot be parsed is a 502. The hang is a timeout, which docs/failure-modes.md counts as a throttle: the host then
-rests for backoff_base (1 s, no jitter) and nothing may reach it meanwhile.
+that cannot be parsed is a 502. The hang is a timeout, which docs/failure-modes.md counts as a throttle: the
+host then rests for backoff_base (1 s, no jitter) and nothing may reach it meanwhile.
 """
 
 from __future__ import annotations
