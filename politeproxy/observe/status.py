@@ -184,6 +184,17 @@ class History:
         achieved = max(0, grants - last[1]) / (mono - last[0])
         self.points.append([round(wall, 3), num(achieved), num(configured), queued])
 
+    def partial(
+        self, mono: float, wall: float, grants: int, configured: float, queued: int
+    ) -> list[float | None] | None:
+        """The bucket in progress (since the last point), as a point: the chart's last bucket is drawn from
+        what it holds so far, not as zero (issue 26); None until a tenth of a step has passed."""
+        last = self._last
+        if last is None or mono - last[0] < self.step / 10:
+            return None
+        achieved = max(0, grants - last[1]) / (mono - last[0])
+        return [round(wall, 3), num(achieved), num(configured), queued]
+
 
 class StatusBoard:
     """Builds the status document; ``run`` samples the history. The composition root makes one."""
@@ -253,6 +264,9 @@ class StatusBoard:
                 "span_s": HISTORY_SPAN,
                 "fields": ["time", "achieved_rate", "configured_rate", "queued"],
                 "points": list(self.history.points),
+                "partial": self.history.partial(
+                    snap.at, time.time(), snap.grants, 1.0 / snap.gap if snap.gap > 0 else 0.0, snap.queued
+                ),
             },
         }
 
@@ -345,11 +359,14 @@ class StatusBoard:
     def _overall(self, snap: PacerSnapshot, after: PacerSnapshot | None = None) -> dict[str, Any]:
         # The last RATE_FLOOR seconds: what the schedule achieves now, not a minute's average.
         span = RATE_FLOOR
+        minute = max(RATE_FLOOR, min(GRANT_WINDOW, snap.at - self.started))
         return {
             "configured_rate": num(1.0 / snap.gap if snap.gap > 0 else 0.0),
             "configured_gap_s": num(snap.gap),
             "achieved_rate": num(self.events.total.count_since(snap.at, span) / span),
             "achieved_window_s": num(span, 1),
+            # and over the last minute (or since start, when sooner): the two side by side (issue 26)
+            "achieved_rate_1m": num(self.events.total.count(snap.at) / minute),
             "grants_since_start": snap.grants,
             "queued": snap.queued,
             "exempt_waiting": sum(snap.exempt_waiting_by_pipeline.values()),

@@ -88,7 +88,10 @@ function svg(tag, attrs, parent) {
 function chart(doc) {
   const el = $("chart"), W = 800, H = 240, L = 48, R = 12, T = 12, B = 26;
   el.replaceChildren();
-  const hist = doc.history || {}, pts = Array.isArray(hist.points) ? hist.points : [];
+  const hist = doc.history || {};
+  // the bucket in progress is drawn from what it holds so far, not as zero
+  const pts = (Array.isArray(hist.points) ? hist.points : [])
+    .concat(Array.isArray(hist.partial) ? [hist.partial] : []);
   const span = Number(hist.span_s) || 900, now = Number(doc.time) || Date.now() / 1000;
   let top = 0;
   for (const p of pts) top = Math.max(top, Number(p[1]) || 0, Number(p[2]) || 0);
@@ -133,7 +136,8 @@ function render(doc) {
   $("uptime").textContent = "up " + fmt(doc.uptime_s, " s", 0);
   const cards = $("cards"); cards.replaceChildren(
     card("configured rate", o.configured_rate ? fmt(o.configured_rate, "/s") : "off (no global gap)"),
-    card("achieved rate (" + fmt(o.achieved_window_s, " s", 0) + ")", fmt(o.achieved_rate, "/s")),
+    card("achieved rate (" + fmt(o.achieved_window_s, " s", 0) + " / 1 min)",
+      fmt(o.achieved_rate, "/s") + " / " + fmt(o.achieved_rate_1m, "/s")),
     card("grants since start", text(o.grants_since_start)),
     card("queued", text(o.queued)),
     card("exempt in flight", text(o.exempt_in_flight)),

@@ -248,6 +248,7 @@ def render(doc: Any, footer: str = "") -> Group:
     head.append("\nrate: configured " + (fmt(conf, "/s") if conf else "off"))
     window = fmt(_get(o, "achieved_window_s"), " s", 0)
     head.append(f"  achieved {fmt(_get(o, 'achieved_rate'), '/s')} (last {window})")
+    head.append(f", {fmt(_get(o, 'achieved_rate_1m'), '/s')} (last minute)")
     head.append(f"  grants since start {fmt(_get(o, 'grants_since_start'), '', 0)}")
     head.append(f"  queued {fmt(_get(o, 'queued'), '', 0)}")
     head.append(f"  exempt in flight {fmt(_get(o, 'exempt_in_flight'), '', 0)}")
