@@ -1,4 +1,4 @@
-"""The command line: run, env, ca, status, cache, doctor, simulate, release, check-config."""
+"""The command line: run, env, ca, status, cache, doctor, simulate, release, config, check-config."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from politeproxy import __version__
@@ -20,7 +21,36 @@ DOCTOR_URL = "https://index.commoncrawl.org/collinfo.json"  # politeproxy doctor
 
 
 def _config_path(args: argparse.Namespace) -> str | None:
-    return getattr(args, "config", None) or os.environ.get("POLITEPROXY_CONFIG") or None
+    """--config, else POLITEPROXY_CONFIG, else the default place when a file is there (issue 26)."""
+    given = getattr(args, "config", None) or os.environ.get("POLITEPROXY_CONFIG")
+    if given:
+        return str(given)
+    from politeproxy.config.template import default_path
+
+    path = default_path()
+    return str(path) if path.is_file() else None
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """``config path``: where the config is read from; ``config init``: write a commented one there."""
+    from politeproxy.config.template import default_path, render
+
+    given = getattr(args, "config", None) or os.environ.get("POLITEPROXY_CONFIG")
+    path = Path(given) if given else default_path()
+    if args.action == "path":
+        how = "--config or POLITEPROXY_CONFIG" if given else "the default place"
+        state = "present" if path.is_file() else "absent: the built-in defaults apply"
+        print(f"{path} ({how}; {state})")
+        return 0
+    if path.exists() and not args.force:
+        return _fail(f"{path} exists; politeproxy config init --force replaces it")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(), encoding="utf-8")
+    except OSError as e:
+        return _fail(f"cannot write {path}: {e.strerror or e}", 1)
+    print(f"wrote {path}: every key at its default, commented out (politeproxy run reads it from there)")
+    return 0
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -283,6 +313,13 @@ def parser() -> argparse.ArgumentParser:
     rel.add_argument("host", help="the host (or any name of its service) to release")
     rel.add_argument("--admin", help="the proxy's admin URL (default: http://LISTEN from the config)")
     rel.set_defaults(func=cmd_release)
+    conf = sub.add_parser(
+        "config", help="where the config file is read from (path), or write a commented one (init)"
+    )
+    conf.add_argument("action", choices=("path", "init"))
+    conf.add_argument("--config", help="the file (default: $XDG_CONFIG_HOME/politeproxy/politeproxy.toml)")
+    conf.add_argument("--force", action="store_true", help="init: replace an existing file")
+    conf.set_defaults(func=cmd_config)
     chk = sub.add_parser("check-config", help="validate a config file")
     chk.add_argument("file")
     chk.set_defaults(func=cmd_check_config)
