@@ -142,7 +142,7 @@ def _config_and_ca(args: argparse.Namespace) -> tuple[Config, Any] | int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from politeproxy.commands.envlines import export_lines, trust_bundle
+    from politeproxy.commands.envlines import export_lines, java_line, java_truststore, trust_bundle
 
     got = _config_and_ca(args)
     if isinstance(got, int):
@@ -161,7 +161,17 @@ def cmd_env(args: argparse.Namespace) -> int:
         )
         bundle, roots = ca.bundle_path, "no system roots (not writable), "
     lines = export_lines(cfg, ca, bundle, name)
-    print("\n".join([*lines, f"# {bundle.name}: {roots}certifi's roots and the proxy's CA"]))
+    lines.append(f"# {bundle.name}: {roots}certifi's roots and the proxy's CA")
+    try:  # the JVM reads neither HTTPS_PROXY nor SSL_CERT_FILE (docs/tools.md, Java and Spark)
+        lines += [
+            "# Java, Spark: the proxy and a truststore of the bundle",
+            java_line(cfg, java_truststore(cfg.data_dir, bundle)),
+        ]
+    except (OSError, ValueError) as e:
+        print(
+            f"politeproxy: warning: no Java truststore ({e}); see docs/tools.md for keytool", file=sys.stderr
+        )
+    print("\n".join(lines))
     return 0
 
 

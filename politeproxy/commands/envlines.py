@@ -14,11 +14,16 @@ import re
 import shlex
 import ssl
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import certifi
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.serialization import pkcs12
+from cryptography.utils import CryptographyDeprecationWarning
 
 from politeproxy import __version__
 from politeproxy.config.loading import Config
@@ -86,6 +91,43 @@ def trust_bundle(data_dir: Path, ca_pem: bytes) -> tuple[Path, Path | None]:
     path = data_dir / TRUST_BUNDLE
     _write_if_changed(path, b"\n\n".join(parts) + b"\n")
     return path, system
+
+
+JAVA_TRUSTSTORE = "java-truststore.p12"
+# The JDK refuses a PKCS12 store without a password (its integrity check); this one guards nothing secret:
+# the store holds public certificates only.
+JAVA_STORE_PASSWORD = "politeproxy"
+
+
+def java_truststore(data_dir: Path, bundle: Path) -> Path:
+    """Write ``java-truststore.p12`` from the trust bundle: every certificate in it (the system's roots,
+    certifi's, the proxy's CA) as a trusted entry the JDK reads (issue 26: the JVM reads neither
+    SSL_CERT_FILE nor the system bundle). ValueError when the bundle holds no certificate cryptography
+    reads; OSError when the data dir cannot be written."""
+    with warnings.catch_warnings():  # a system root with a non-positive serial: read, and warned of by name
+        warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+        certs = x509.load_pem_x509_certificates(bundle.read_bytes())
+    entries = [pkcs12.PKCS12Certificate(c, f"politeproxy-{i}".encode()) for i, c in enumerate(certs)]
+    crypt = serialization.BestAvailableEncryption(JAVA_STORE_PASSWORD.encode())
+    path = data_dir / JAVA_TRUSTSTORE
+    _write_if_changed(path, pkcs12.serialize_java_truststore(entries, crypt))
+    return path
+
+
+def java_line(cfg: Config, store: Path) -> str:
+    """``export JAVA_TOOL_OPTIONS=...``: every JVM started from the shell goes through the proxy (it ignores
+    HTTPS_PROXY) and trusts its CA. No pipeline name: the JDK sends proxy credentials only to an
+    Authenticator the program installs."""
+    host, port = proxy_netloc(cfg).rsplit(":", 1)
+    bypass = "|".join(f"[{h}]" if ":" in h else h for h in NO_PROXY.split(","))
+    options = [
+        f"-Dhttps.proxyHost={host.strip('[]')}", f"-Dhttps.proxyPort={port}",
+        f"-Dhttp.proxyHost={host.strip('[]')}", f"-Dhttp.proxyPort={port}",
+        f"-Dhttp.nonProxyHosts={bypass}",
+        f"-Djavax.net.ssl.trustStore={store}", "-Djavax.net.ssl.trustStoreType=PKCS12",
+        f"-Djavax.net.ssl.trustStorePassword={JAVA_STORE_PASSWORD}",
+    ]  # fmt: skip
+    return f"export JAVA_TOOL_OPTIONS={shlex.quote(' '.join(options))}"
 
 
 def proxy_netloc(cfg: Config) -> str:
