@@ -96,6 +96,7 @@ class Dispatcher:
 
     async def _grant(self, host: str, head: Waiter[asyncio.Future[float]], slot: float, wait: float) -> None:
         self.state.remove(head)
+        head.slot = slot  # granted within its max_wait: the waiter waits for it even if this wakes late
         if wait > 0:
             await asyncio.sleep(wait)
             # Event-loop timers may fire up to a millisecond early (uvloop rounds to whole ms against a
@@ -162,3 +163,28 @@ class Dispatcher:
         for host in list(self.state.by_host):
             while (w := self.state.pop_live(host)) is not None:
                 w.ticket.set_exception(WaitTooLong(1.0, why))
+
+
+async def wait_for_grant(
+    w: Waiter[asyncio.Future[float]], timeout: float, monotonic: Callable[[], float]
+) -> bool:
+    """Wait for the waiter's grant until ``timeout``; a slot the store granted within max_wait is waited for
+    past it (bounded: its slot plus a second), as the dispatcher may wake late (issue 25 item 7: such a
+    request was held to max_wait, then refused with Retry-After 1). False when no grant came; the refusal
+    the dispatcher set on the ticket is raised."""
+    try:
+        async with asyncio.timeout(timeout):
+            await asyncio.shield(w.ticket)  # a timeout must not cancel a ticket whose slot is reserved
+            return True
+    except TimeoutError:
+        pass
+    if w.slot is not None and not w.ticket.done():
+        try:
+            async with asyncio.timeout(max(0.0, w.slot - monotonic()) + 1.0):
+                await asyncio.shield(w.ticket)
+        except TimeoutError:
+            return False
+    if w.ticket.done() and not w.ticket.cancelled():
+        w.ticket.result()  # raises the dispatcher's refusal, if that is what came
+        return True
+    return False

@@ -22,7 +22,7 @@ from politeproxy.pacing.base import (
     RepeatLog,
     WaitTooLong,
 )
-from politeproxy.pacing.dispatcher import Dispatcher
+from politeproxy.pacing.dispatcher import Dispatcher, wait_for_grant
 from politeproxy.pacing.exempt import ExemptPlaces
 from politeproxy.pacing.holding import Holds
 from politeproxy.pacing.permit import Permit
@@ -220,13 +220,13 @@ class Pacer:
         self._state.add(w)
         self._dispatcher.wake.set()
         try:
-            async with asyncio.timeout(max(0.0, deadline - now) + 0.05):
-                await w.ticket
-        except TimeoutError:
-            wait = self._state.estimate(host, self.monotonic(), s.gap, s.interval_for(host), pipeline)
-            self._events.rejected(host, "max_wait", pipeline)
-            raise WaitTooLong(max(wait, 1.0), f"{host} is paced and the wait exceeded max_wait") from None
+            if not await wait_for_grant(w, max(0.0, deadline - now) + 0.05, self.monotonic):
+                wait = self._state.estimate(host, self.monotonic(), s.gap, s.interval_for(host), pipeline)
+                self._events.rejected(host, "max_wait", pipeline)
+                raise WaitTooLong(max(wait, 1.0), f"{host} is paced and the wait exceeded max_wait")
         finally:
+            if not w.ticket.done():
+                w.ticket.cancel()  # a refused or departed waiter: the dispatcher passes its slot on
             self._state.remove(w)
         return self._waited(host, Klass.PACED, arrived, pipeline)
 

@@ -38,6 +38,7 @@ class Waiter(Generic[T]):
     deadline: float
     ticket: T
     pipeline: str = DEFAULT_PIPELINE
+    slot: float | None = None  # the slot the dispatcher holds for it (monotonic), once reserved
 
 
 Line = tuple[str, str]  # (pipeline, host): one FIFO line

@@ -48,3 +48,28 @@ async def test_a_waiter_whose_deadline_comes_before_the_host_is_refused_at_once(
         assert vclock() - T0 >= 3.875 - 1e-6
     finally:
         await pacer.close()
+
+
+async def test_a_granted_slot_is_kept_when_the_dispatcher_wakes_late(
+    vclock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store granted the third request its slot at 1.0 s, inside its max_wait (1.0 s); the dispatcher
+    then wakes 0.2 s late (a busy loop). The request goes: it is not held to max_wait and told 1 s."""
+    store = MemoryStore(clock=vclock, rand=lambda: 0.0)
+    pacer = Pacer(store, PacingSettings(gap=0.5, max_wait=1.0, host_intervals=()), monotonic=vclock)
+
+    async def late(self: object, host: str) -> bool:
+        await asyncio.sleep(0.25)  # a late wake-up after the slot's sleep
+        return False
+
+    monkeypatch.setattr("politeproxy.pacing.dispatcher.Dispatcher._throttled_meanwhile", late)
+
+    async def send() -> float:
+        async with pacer.permit(A, Klass.PACED):
+            return vclock() - T0
+
+    try:
+        times = await asyncio.gather(*(send() for _ in range(3)))
+        assert times[2] >= 1.0, times  # the third slot is at 1.0: granted, delivered late
+    finally:
+        await pacer.close()
