@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -194,8 +195,25 @@ def test_env_prints_every_export_line(tmp_path: Path) -> None:
         "CURL_CA_BUNDLE": bundle,
         "AWS_CA_BUNDLE": bundle,
         "NODE_EXTRA_CA_CERTS": str(d / "ca.pem"),
+        # the JVM (issue 26): the proxy, and the truststore env wrote beside the bundle (one quoted value)
+        "JAVA_TOOL_OPTIONS": (
+            " ".join(
+                [
+                    "-Dhttps.proxyHost=127.0.0.1",
+                    "-Dhttps.proxyPort=4567",
+                    "-Dhttp.proxyHost=127.0.0.1",
+                    "-Dhttp.proxyPort=4567",
+                    "-Dhttp.nonProxyHosts="
+                    + "|".join(f"[{h}]" if ":" in h else h for h in NO_PROXY.split(",")),
+                    f"-Djavax.net.ssl.trustStore={d / 'java-truststore.p12'}",
+                    "-Djavax.net.ssl.trustStoreType=PKCS12",
+                    "-Djavax.net.ssl.trustStorePassword=politeproxy",
+                ]
+            )
+        ),  # fmt: skip
     }
-    assert exports == expected, r.stdout
+    assert (d / "java-truststore.p12").is_file()
+    assert exports == {k: shlex.quote(v) for k, v in expected.items()}, r.stdout  # as a shell reads them
     duck = [x for x in r.stdout.splitlines() if x.startswith("# duckdb:")]
     assert duck == [
         f"# duckdb: SET http_proxy = '127.0.0.1:4567'; SET ca_cert_file = '{bundle}';"
