@@ -29,7 +29,16 @@ run: $(VENV)/.installed-run
 	@echo '# the politeproxy command is $(abspath $(BIN))/politeproxy; to put it on PATH: source $(abspath $(BIN))/activate'
 	exec $(BIN)/politeproxy run $(ARGS)
 
-test: $(VENV)/.installed-test
+# duckdb 1.5 and its offline httpfs package, beside the venv's 1.4.4 (one duckdb per environment): the
+# duckdb 1.5 tests (tests/e2e/test_duckdb15.py) run it with PYTHONPATH set here. --no-deps: duckdb needs
+# nothing else, and pip would only warn that the venv's duckdb-ext-httpfs wants 1.4.4.
+DUCKDB15 := 1.5.5
+$(VENV)/duckdb15/.installed: | $(BIN)/python
+	rm -rf $(VENV)/duckdb15
+	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/duckdb15 'duckdb==$(DUCKDB15)' 'duckdb-extension-httpfs==$(DUCKDB15)'
+	touch $@
+
+test: $(VENV)/.installed-test $(VENV)/duckdb15/.installed
 	$(BIN)/ruff check politeproxy tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy --config-file pyproject.toml
