@@ -14,8 +14,6 @@ Makefile's duckdb15 step); each test runs one interpreter with PYTHONPATH set to
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import subprocess
 import sys
@@ -25,6 +23,7 @@ from pathlib import Path
 import certifi
 import pytest
 
+from tests.support.clients import env_output
 from tests.support.processes import PY, ROOT, wait_for
 from tests.support.proxy_proc import ProxyProc, for_this_test
 from tests.support.proxyio import ProxyFactory, arrivals, start_with
@@ -83,16 +82,6 @@ def module_d15(
 def d15(module_d15: ProxyProc, module_files_upstream: Upstream) -> ProxyProc:
     module_files_upstream.reset()
     return for_this_test(module_d15)
-
-
-def env_output(p: ProxyProc, *args: str) -> str:
-    """What `politeproxy env` prints for this proxy (the CLI's code, run in this process)."""
-    from politeproxy.commands import cli
-
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert cli.main(["env", "--data-dir", str(p.data_dir), "--listen", f"127.0.0.1:{p.port}", *args]) == 0
-    return buf.getvalue()
 
 
 def duckdb15(env_out: str, path: str, cases: list[tuple[str, str, list[str]]]) -> dict[str, object]:
