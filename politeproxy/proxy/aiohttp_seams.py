@@ -19,20 +19,18 @@ Relied on, and why:
    bounds each header line, not a whole head; responses.BoundedHandler bounds the head (max_header_size).
 2. ``web.Server`` subclassed (``ServerSeam``): calling it is its protocol factory, which makes each
    connection's handler from its private ``_loop`` and ``_kwargs`` (the handler settings it was given);
-   ``connection_lost(handler, exc)`` is called when a connection ends. Why: the bounded handler, and the
-   listener's count of intercepted tunnels.
+   ``connection_lost(handler, exc)`` is called when a connection ends. Why: the bounded handler.
 3. ``web.Server(handler_cancellation=True)``: the server keeps it (it is not a RequestHandler argument).
    Why: a client that leaves cancels its handler and so frees its place in a host's line.
 4. ``RequestHandler(access_log=None)``: annotated ``Logger``, but None turns the access log off (as
    ``web.run_app(access_log=None)`` documents). Why: the proxy writes its own access record.
 5. A RequestHandler attached to a live transport mid-stream (``hand_over``): ``set_protocol``,
    ``connection_made``, then ``data_received`` with the bytes read already. Why: front.py reads the first
-   head to route the connection, then aiohttp parses it again from the first byte; inside a tunnel the
-   first bytes may come with the end of the TLS handshake (intercept.py).
+   head to route the connection, then aiohttp parses it again from the first byte.
 6. ``aiohttp.http_exceptions.HttpProcessingError`` (``.code``, ``.message``): what aiohttp's server logs
    for a malformed request (responses.BadRequestOneLine) and raises from a request body's read.
-7. ``BaseRequest.protocol`` (the request's RequestHandler: which tunnel a request came through) and
-   ``BaseRequest.writer`` (a ``100 Continue`` written before the response): ``handler_of``, ``write_early``.
+7. ``BaseRequest.writer`` (a ``100 Continue`` written before the response on a plain connection):
+   ``write_early``. (Intercepted tunnels are served by h1server.py, not aiohttp: no seam there.)
 8. The client side: ``ClientResponse.connection`` and its ``protocol`` (aiohttp's ResponseHandler), whose
    ``closed`` future ends with an exception on a reset and whose ``eof_received`` hears a TLS close_notify
    (``connection_parts``). Why: upstream.EndWatch tells a cut close-delimited body from a clean end.
@@ -62,7 +60,6 @@ __all__ = [
     "ServerSeam",
     "connection_parts",
     "hand_over",
-    "handler_of",
     "write_early",
 ]
 
@@ -133,11 +130,6 @@ def hand_over(server: web.Server, transport: asyncio.Transport, first: bytes) ->
     handler.connection_made(transport)
     handler.data_received(first)
     return handler
-
-
-def handler_of(request: web.BaseRequest) -> RequestHandler:
-    """The handler (one per client connection) that serves ``request`` (7)."""
-    return request.protocol
 
 
 async def write_early(request: web.BaseRequest, data: bytes) -> None:

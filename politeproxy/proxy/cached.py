@@ -25,8 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
-from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -43,6 +41,7 @@ from politeproxy.policy.cacherules import (
 )
 from politeproxy.policy.classify import Klass
 from politeproxy.proxy.cachetee import Tee
+from politeproxy.proxy.clientside import ClientSide, Own
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.flight import Flight, follow
 from politeproxy.proxy.passage import stamp
@@ -56,7 +55,7 @@ HEAD_MARGIN = 5.0  # seconds a follower waits for the head beyond max_wait (the 
 HIT_CHUNK = 1 << 20  # a hit reads 1 MiB per thread hop (measured: fewer hops, same RSS order)
 SIZE_EVERY = 15.0  # seconds between reads of the whole cache's size for the gauge
 IO_TIMEOUT = 30.0  # a disk call that takes longer is given up (the answer goes upstream or is cut)
-Go = Callable[[], Awaitable[web.StreamResponse]]
+Go = Callable[[], Awaitable[Own | None]]  # the exchange upstream: the proxy's own answer, or None
 
 
 class CacheFront:
@@ -124,18 +123,19 @@ class CacheFront:
         self.events.cache_size(nbytes)
 
     async def exchange(
-        self, request: web.BaseRequest, klass: Klass, host: str, url: URL, ex: Exchange, go: Go
-    ) -> web.StreamResponse:
-        """Answer ``request`` from the cache, or through ``go`` (the pacer and the upstream)."""
+        self, client: ClientSide, klass: Klass, host: str, url: URL, ex: Exchange, go: Go
+    ) -> Own | None:
+        """Answer ``client`` from the cache, or through ``go`` (the pacer and the upstream); the proxy's
+        own answer when there is one to send."""
         if klass is Klass.PASSTHROUGH:
             return await go()
         d = request_decision(
             self.limits,
-            request.method,
+            client.method,
             host,
             url.raw_path_qs,  # the target exactly as it goes upstream: the key's path
-            request.headers,
-            request.body_exists,
+            client.headers,
+            client.has_body,
             scheme=url.scheme,
             port=url.port or 0,
         )
@@ -146,15 +146,16 @@ class CacheFront:
             return await go()
         if d.refresh:  # the client's no-cache: fetch again and replace
             self._result(ex, "miss")
-            return await self._fetch(request, d, ex, go)
-        found = await self._lookup(d, request.headers)
+            return await self._fetch(d, ex, go)
+        found = await self._lookup(d, client.headers)
         if isinstance(found, Found):
-            return await self._hit(request, klass, found, ex)
+            await self._hit(client, found, ex)
+            return None
         if found == "encoding":
             self._result(ex, "bypass")
             return await go()  # the client cannot take the stored coding: relayed, not stored
         miss = "stale" if found in ("stale", "corrupt") else "miss"
-        return await self._single_flight(request, klass, d, ex, go, miss)
+        return await self._single_flight(client, d, ex, go, miss)
 
     def _result(self, ex: Exchange, result: str) -> None:
         ex.cache = result
@@ -181,56 +182,51 @@ class CacheFront:
         return found
 
     async def _single_flight(
-        self, request: web.BaseRequest, klass: Klass, d: Cacheable, ex: Exchange, go: Go, miss: str
-    ) -> web.StreamResponse:
+        self, client: ClientSide, d: Cacheable, ex: Exchange, go: Go, miss: str
+    ) -> Own | None:
         """One upstream request for concurrent identical misses; ``miss`` is how the first look counted."""
         name = key_name(d.key)
         flight = self.flights.get(name)
         if flight is not None:
-            return await self._follow(request, klass, d, ex, go, miss, flight)
+            return await self._follow(client, d, ex, go, miss, flight)
         flight = self.flights[name] = Flight(d.key, name, self.max_wait + HEAD_MARGIN)
         handed = False
         try:
             await self._lease(flight)
             # Look again, lease held or not: another proxy (or a flight here that ended while we looked
             # the first time) may have stored it since.
-            found = await self._lookup(d, request.headers)
+            found = await self._lookup(d, client.headers)
             if isinstance(found, Found):
                 self._land(flight, True)
-                return await self._hit(request, klass, found, ex)
+                await self._hit(client, found, ex)
+                return None
             self._result(ex, miss)
             flight.fetching(self.max_wait + HEAD_MARGIN)  # the pacer's wait is bounded by max_wait too
             handed = True  # _fetch lands the flight once its copy is stored or dropped
-            return await self._fetch(request, d, ex, go, flight)
+            return await self._fetch(d, ex, go, flight)
         finally:
             if not handed:
                 self._land(flight, False)
 
     async def _follow(
-        self,
-        request: web.BaseRequest,
-        klass: Klass,
-        d: Cacheable,
-        ex: Exchange,
-        go: Go,
-        miss: str,
-        flight: Flight,
-    ) -> web.StreamResponse:
+        self, client: ClientSide, d: Cacheable, ex: Exchange, go: Go, miss: str, flight: Flight
+    ) -> Own | None:
         """Stream the leader's answer; when it cannot be followed, a hit if it was stored, else upstream."""
         if flight.followers < MAX_FOLLOWERS:
             flight.followers += 1
             try:
                 served = functools.partial(self._served, ex)
-                resp = await follow(self, request, flight, ex, served)
+                followed = await follow(self, client, flight, ex, served)
             finally:
                 flight.followers -= 1
-            if resp is not None:
-                return resp
-            found = await self._lookup(d, request.headers)
+            if followed:
+                return None
+            found = await self._lookup(d, client.headers)
             if isinstance(found, Found):
-                return await self._hit(request, klass, found, ex)
+                await self._hit(client, found, ex)
+                return None
         self._result(ex, miss)
-        return await self._fetch(request, d, ex, go)  # on its own: a copy it stores replaces the entry
+        return await self._fetch(d, ex, go)  # on its own: a copy it stores replaces the entry
 
     async def _lease(self, flight: Flight) -> None:
         """Take the key's lease between processes, polling one that another proxy holds for at most
@@ -271,14 +267,7 @@ class CacheFront:
             flight.leased = False
             self.bg(functools.partial(self.store.drop_lease, flight.key))
 
-    async def _fetch(
-        self,
-        request: web.BaseRequest,
-        d: Cacheable,
-        ex: Exchange,
-        go: Go,
-        flight: Flight | None = None,
-    ) -> web.StreamResponse:
+    async def _fetch(self, d: Cacheable, ex: Exchange, go: Go, flight: Flight | None = None) -> Own | None:
         tee = Tee(self, d, flight)
         ex.tee = tee
         try:
@@ -319,9 +308,7 @@ class CacheFront:
         self._result(ex, "hit")
         self.events.cache_slot_saved(ex.pipeline)  # a request never sent
 
-    async def _hit(
-        self, request: web.BaseRequest, klass: Klass, found: Found, ex: Exchange
-    ) -> web.StreamResponse:
+    async def _hit(self, client: ClientSide, found: Found, ex: Exchange) -> None:
         """Answer from disk with the stored headers plus Age and Via; never a short body."""
         self._result(ex, "hit")
         self.events.cache_slot_saved(ex.pipeline)  # paced or exempt alike: a request never sent
@@ -330,10 +317,9 @@ class CacheFront:
         headers["Age"] = str(age_seconds(meta.stored, time.time()))
         stamp(headers)
         ex.status = meta.status
-        out = web.StreamResponse(status=meta.status, headers=headers)
+        client.start(meta.status, None, headers)
         ahead: asyncio.Task[bytes] | None = None
         try:
-            await out.prepare(request)
             left = meta.length
             ahead = self._read(found, left)
             while ahead is not None:
@@ -342,21 +328,19 @@ class CacheFront:
                     raise OSError("cache entry ended early")
                 left -= len(chunk)
                 ahead = self._read(found, left)  # the next read runs while this chunk goes out
-                await out.write(chunk)
+                await client.write(chunk)
                 ex.bytes += len(chunk)
-            await out.write_eof()
-        except (ConnectionError, aiohttp.ClientError):
+            await client.end()
+        except ConnectionError:
             ex.note = "client_gone"
         except (OSError, TimeoutError) as e:
             ex.note = "cache_read_failed"
             log.warning("cache read failed mid-answer (%s): the client connection is cut", e)
-            if request.transport is not None:
-                request.transport.abort()
+            client.abort()
         finally:
             if ahead is not None:
                 ahead.cancel()
             self.bg(found.f.close)  # a read still in a thread ends with EBADF or its bytes, unused
-        return out
 
     def _read(self, found: Found, left: int) -> asyncio.Task[bytes] | None:
         """The next chunk's read as a task (one MiB at most), None when nothing is left."""

@@ -16,10 +16,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar
 
-import aiohttp
-from aiohttp import web
 from multidict import CIMultiDict
 
+from politeproxy.proxy.clientside import ClientSide
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.passage import stamp
 
@@ -100,39 +99,37 @@ async def _head(flight: Flight) -> bool:
 
 async def follow(
     disk: Disk,
-    request: web.BaseRequest,
+    client: ClientSide,
     flight: Flight,
     ex: Exchange,
     served: Callable[[], None],
-) -> web.StreamResponse | None:
-    """Answer ``request`` with the leader's answer as it streams to disk; None when it cannot be followed
+) -> bool:
+    """Answer ``client`` with the leader's answer as it streams to disk; False when it cannot be followed
     (``served`` is called just before an answer starts: the caller counts it as a hit)."""
     if not await _head(flight):
-        return None
+        return False
     assert flight.part is not None
     try:
         f: BinaryIO = await disk.run(_open, flight.part)
     except OSError:  # renamed into place (stored: a hit now) or discarded since
-        return None
+        return False
     served()
     headers: CIMultiDict[str] = CIMultiDict(flight.headers)
     headers["Age"] = "0"
     stamp(headers)
     ex.status = flight.status
-    out = web.StreamResponse(status=flight.status, headers=headers)
+    client.start(flight.status, None, headers)
     try:
-        await out.prepare(request)
-        await _pump(disk, f, flight, ex, out.write)
-        await out.write_eof()
-    except (ConnectionError, aiohttp.ClientError):
+        await _pump(disk, f, flight, ex, client.write)
+        await client.end()
+    except ConnectionError:
         ex.note = "client_gone"
     except (_Broken, OSError, TimeoutError):
         ex.note = "upstream_broke"  # the leader's answer failed: the client sees a cut, as the leader's did
-        if request.transport is not None:
-            request.transport.abort()
+        client.abort()
     finally:
         disk.bg(f.close)
-    return out
+    return True
 
 
 class _Broken(Exception):

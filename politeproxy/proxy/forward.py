@@ -1,7 +1,9 @@
 """One HTTP exchange: classify, hold for a permit, go upstream, relay the answer back, log it.
 
-Serves both kinds of request connection: plain HTTP to the proxy port (absolute-form targets, and the
-admin endpoints in origin form) and HTTP/1.1 inside an intercepted tunnel.
+Serves both kinds of request connection: plain HTTP to the proxy port (``handle``: aiohttp's server;
+absolute-form targets, and the admin endpoints in origin form) and HTTP/1.1 inside an intercepted tunnel
+(``tunneled``: h1server.py, given the connection's Tunnel). The exchange itself reads and writes a
+``clientside.ClientSide`` only.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
@@ -23,17 +24,17 @@ from politeproxy.policy.backoff import Delay, retry_after_seconds
 from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.signals import PEEK, Signal, read_signal, wants_body
-from politeproxy.proxy.aiohttp_seams import HttpProcessingError, RequestHandler, handler_of, write_early
 from politeproxy.proxy.cached import CacheFront
+from politeproxy.proxy.clientside import ClientSide, Own, own
 from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.events import ProxyEvents, access_path
 from politeproxy.proxy.exchange import Exchange, Tunnel
 from politeproxy.proxy.passage import held
+from politeproxy.proxy.plainside import PlainSide
 from politeproxy.proxy.relay import relay
 from politeproxy.proxy.responses import error_response
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import (
-    CHUNK,
     Answer,
     PoolFull,
     Upstream,
@@ -72,7 +73,6 @@ class Forwarder:
         access: Access,
         robots: RobotsWatcher | None,
         admin: Handler,
-        tunnel_of: Callable[[RequestHandler], Tunnel | None],
     ) -> None:
         self.classifier = classifier
         self.pacer = pacer
@@ -81,7 +81,6 @@ class Forwarder:
         self.access = access
         self.robots = robots
         self.admin = admin  # /metrics, /healthz, /ca.pem: answered by the top level (admin.py)
-        self.tunnel_of = tunnel_of  # the intercepted tunnel a connection serves, None for a plain one
         self.oplog = OperatorLog()  # backoffs, blocks, probes, refusals: at INFO without -v
         self.cache: CacheFront | None = None  # the shared disk cache (issue 14), set by app.py when enabled
 
@@ -89,37 +88,42 @@ class Forwarder:
         return self.classifier.hosts.matches(host)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        tunnel = self.tunnel_of(handler_of(request))
-        if tunnel is None:
-            raw = request.raw_path
-            if raw.startswith("/") or raw == "*":
-                return await self.admin(request)
-            if not self.access.auth_ok(request.headers.get("Proxy-Authorization")):
-                self.events.rejected("other", "auth")
-                self.oplog.refused(request.remote or "?", 407, "proxy authentication required")
-                return error_response(
-                    407, "proxy authentication required", {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
-                )
-            try:
-                url = URL(raw, encoded=True)
-            except ValueError:
-                url = URL()
-            if url.scheme not in ("http", "https") or not url.host:
-                self.events.rejected("other", "bad_request")
-                self.oplog.refused(request.remote or "?", 400, "not a URL this proxy can forward")
-                return error_response(400, f"not a URL this proxy can forward: {raw[:200]!r}")
-            host = normalize_host(url.host)
-            # Who asks: this request's proxy user name, else its address
-            who = self.access.pipeline(request.headers.get("Proxy-Authorization"), request.remote)
-            return await self._forward(request, url.scheme, host, url.port or 80, url.raw_path_qs, who)
+        """A request on a plain connection to the proxy port (aiohttp's server)."""
+        raw = request.raw_path
+        if raw.startswith("/") or raw == "*":
+            return await self.admin(request)
+        if not self.access.auth_ok(request.headers.get("Proxy-Authorization")):
+            self.events.rejected("other", "auth")
+            self.oplog.refused(request.remote or "?", 407, "proxy authentication required")
+            return error_response(
+                407, "proxy authentication required", {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
+            )
+        try:
+            url = URL(raw, encoded=True)
+        except ValueError:
+            url = URL()
+        if url.scheme not in ("http", "https") or not url.host:
+            self.events.rejected("other", "bad_request")
+            self.oplog.refused(request.remote or "?", 400, "not a URL this proxy can forward")
+            return error_response(400, f"not a URL this proxy can forward: {raw[:200]!r}")
+        host = normalize_host(url.host)
+        # Who asks: this request's proxy user name, else its address
+        who = self.access.pipeline(request.headers.get("Proxy-Authorization"), request.remote)
+        side = PlainSide(request)
+        await self._forward(side, url.scheme, host, url.port or 80, url.raw_path_qs, who)
+        return side.finished()
+
+    async def tunneled(self, client: ClientSide, tunnel: Tunnel) -> None:
+        """A request inside the intercepted ``tunnel`` (h1server.py): it may reach only the tunnel's
+        host and port, and counts in the pipeline the CONNECT asked for (``tunnel.who``)."""
         host, port = tunnel.host, tunnel.port
-        hh = request.headers.get("Host", "")
-        if not hh and request.version < (1, 1):
+        hh = client.headers.get("Host", "")
+        if not hh and client.version < (1, 1):
             hh = f"{host}:{port}"  # HTTP/1.0 may omit Host: inside a tunnel it can only mean the target
         h_host, sep, h_port = hh.rpartition(":")
         if not sep or "]" in h_port:
             h_host, h_port = hh, str(port)  # no port in Host: the tunnel's own
-        path = request.raw_path
+        path = client.target
         if not path.startswith("/"):
             try:
                 u = URL(path, encoded=True)
@@ -128,84 +132,88 @@ class Forwarder:
                 h_host = ""
         if normalize_host(h_host) != host or not h_port.isdigit() or int(h_port) != port:
             self.events.rejected(host if self.hosts_paced(host) else "other", "misdirected")
-            self.oplog.refused(request.remote or "?", 421, f"{hh[:100]!r} inside the tunnel to {host}:{port}")
-            return error_response(421, f"this tunnel reaches only {host}:{port}, not {hh!r}")
-        return await self._forward(request, "https", host, port, path, tunnel.who)
+            self.oplog.refused(client.remote, 421, f"{hh[:100]!r} inside the tunnel to {host}:{port}")
+            await client.answer(own(421, f"this tunnel reaches only {host}:{port}, not {hh!r}"))
+            return
+        await self._forward(client, "https", host, port, path, tunnel.who)
 
     async def _forward(
-        self, request: web.BaseRequest, scheme: str, host: str, port: int, path: str, who: str
-    ) -> web.StreamResponse:
+        self, client: ClientSide, scheme: str, host: str, port: int, path: str, who: str
+    ) -> None:
         """``who``: the pipeline asked for (the proxy user name, else the client's address)."""
         started = time.monotonic()
-        klass = self.classifier.classify(request.method, host, path, "Range" in request.headers)
+        klass = self.classifier.classify(client.method, host, path, "Range" in client.headers)
         netloc = f"[{host}]" if ":" in host else host
         url = URL(f"{scheme}://{netloc}:{port}{path or '/'}", encoded=True)
         # Bounded here, once: the permit, the metrics, the access line and the headers all take this name.
         pipeline = self.pacer.pipeline_of(who)
-        ex = Exchange(request.remote or "?", request.method, host, access_path(path), klass, pipeline)
+        ex = Exchange(client.remote, client.method, host, access_path(path), klass, pipeline)
         try:
             if self.cache is None:
-                resp = await self._exchange(request, ex, url, started)
+                out = await self._exchange(client, ex, url, started)
             else:  # a hit is answered before the pacer; a miss goes through _exchange, teed to disk
-                go = lambda: self._exchange(request, ex, url, started)  # noqa: E731
-                resp = await self.cache.exchange(request, klass, host, url, ex, go)
-            if not resp.prepared and ex.held:  # our own answer (it has Via): how long it was held
-                held(resp.headers, ex.wait, ex.pipeline)
+                go = lambda: self._exchange(client, ex, url, started)  # noqa: E731
+                out = await self.cache.exchange(client, klass, host, url, ex, go)
+            if out is not None:  # our own answer (it gets Via): how long it was held
+                if ex.held:
+                    held(out.headers, ex.wait, ex.pipeline)
+                await client.answer(out)
         except asyncio.CancelledError:
-            # handler_cancellation: the client closed its connection while we waited or relayed
+            # the client closed its connection while we waited or relayed (the connection cancels us)
             if ex.note is None:
                 ex.note = "client_gone"
-            log.info("%s %s %s: client went away", request.remote, request.method, loggable(url))
+            log.info("%s %s %s: client went away", client.remote, client.method, loggable(url))
             raise
+        except ConnectionError:  # it left while our own answer went out
+            ex.note = ex.note or "client_gone"
         finally:
             ex.duration = time.monotonic() - started
             self.events.access(ex)
         self.events.answered(ex.label, klass.value, ex.status or None, ex.pipeline)
-        return resp
 
-    async def _exchange(
-        self, request: web.BaseRequest, ex: Exchange, url: URL, arrived: float
-    ) -> web.StreamResponse:
+    async def _exchange(self, client: ClientSide, ex: Exchange, url: URL, arrived: float) -> Own | None:
+        """The exchange upstream; the proxy's own answer when there is one to send (None: relayed)."""
         host, klass = ex.host, ex.klass
-        has_body = request.body_exists
+        has_body = client.has_body
         t = _Try(
             host=host,
             url=url,
-            headers=strip_hop_by_hop(request.headers, drop=("Host", "Expect")),
-            body=self._body(request, self.events, ex) if has_body else None,
-            expect=has_body and request.headers.get("Expect", "").lower() == "100-continue",
+            headers=strip_hop_by_hop(client.headers, drop=("Host", "Expect")),
+            body=self._body(client, self.events, ex) if has_body else None,
+            expect=has_body and client.headers.get("Expect", "").lower() == "100-continue",
         )
         while True:
             try:
                 if klass is Klass.PASSTHROUGH:
-                    out = await self._attempt(request, None, t, ex)
+                    out = await self._attempt(client, None, t, ex)
                 else:
                     async with self.pacer.permit(host, klass, arrived, ex.pipeline) as p:
                         ex.wait = p.waited
-                        out = await self._attempt(request, p, t, ex)
+                        out = await self._attempt(client, p, t, ex)
             except WaitTooLong as e:
                 ex.status, ex.note = 503, e.reason  # "max_wait" or "queue_full"
                 ex.wait = time.monotonic() - arrived  # held this long before the refusal
                 why = e.message  # with the pacer's note when the host is blocked or backing off
                 self.oplog.refused(ex.pipeline, 503, why)
-                resp = error_response(503, why, {"Retry-After": str(retry_after_seconds(e.wait))})
-                if t.expect and not t.continued:
-                    resp.force_close()  # the client holds its body back: this connection cannot go on
-                return resp
-            if isinstance(out, web.StreamResponse):
+                refusal = own(503, why, {"Retry-After": str(retry_after_seconds(e.wait))})
+                # the client holds its body back: this connection cannot go on
+                refusal.close = t.expect and not t.continued
+                return refusal
+            if out is None or isinstance(out, Own):
                 return out
             ex.retries += 1
             await asyncio.sleep(out)  # bounded: the permit's retry decision keeps it within max_wait
 
     async def _attempt(
-        self, request: web.BaseRequest, p: Permit | None, t: _Try, ex: Exchange
-    ) -> web.StreamResponse | float:
-        """One try upstream, holding the permit: the relayed answer, or how long to wait before a retry."""
+        self, client: ClientSide, p: Permit | None, t: _Try, ex: Exchange
+    ) -> Own | float | None:
+        """One try upstream, holding the permit: None once relayed, the proxy's own answer, or how long
+        to wait before a retry."""
         if t.expect and not t.continued:
             # Only now that the request may go: a client refused before this point never sent its body.
-            await write_early(request, b"HTTP/1.1 100 Continue\r\n\r\n")
+            await client.interim(b"HTTP/1.1 100 Continue\r\n\r\n")
             t.continued = True
-        method = request.method
+        method = client.method
         pool = p.klass.value if p is not None else Klass.PASSTHROUGH.value
         probe = p is not None and p.probe  # the one request after a block
         if probe:
@@ -219,9 +227,9 @@ class Forwarder:
             self.events.rejected(t.host if p is not None else "other", "pool_full")
             ex.status, ex.note = 503, "pool_full"
             self.oplog.pool_full(e)
-            return error_response(503, f"{e}; try again shortly", {"Retry-After": "1"})
+            return own(503, f"{e}; try again shortly", {"Retry-After": "1"})
         except Exception as e:  # noqa: BLE001 - every upstream failure shape is one line, never a traceback
-            return await self._failed(request, p, t, e, ex)
+            return await self._failed(client, p, t, e, ex)
         try:
             if p is not None:
                 # who made the answer (a 403 from S3 holds nothing); only a 403 may wait for body bytes
@@ -245,7 +253,8 @@ class Forwarder:
                     )
                     return d.after
             ex.status = upstream.status
-            return await relay(request, upstream, ex, self.events)
+            await relay(client, upstream, ex, self.events)
+            return None
         finally:
             await exchange.__aexit__(None, None, None)
 
@@ -267,31 +276,31 @@ class Forwarder:
         return d
 
     async def _failed(
-        self, request: web.BaseRequest, p: Permit | None, t: _Try, e: BaseException, ex: Exchange
-    ) -> web.StreamResponse:
+        self, client: ClientSide, p: Permit | None, t: _Try, e: BaseException, ex: Exchange
+    ) -> Own:
         if ex.note == "client_gone":  # the request body broke on our side: not the upstream's doing
-            log.info("%s %s %s: client went away", request.remote, request.method, loggable(t.url))
+            log.info("%s %s %s: client went away", client.remote, client.method, loggable(t.url))
             ex.status = 499
-            return error_response(400, "the request body ended early")
+            return own(400, "the request body ended early")
         status, message, local = describe_error(e, t.url)
         message = loggable(message, 600)
         if local:  # the proxy's own failure: no backoff, no hold, nothing in the store (issue 24)
             ex.status, ex.note = status, "local_error"
             self.oplog.local_failure(t.host, status, message)
-            return error_response(status, message)
+            return own(status, message)
         if p is not None:
             self.oplog.answered(t.host, None, await self._answered(p, None, None, None), False)
         ex.status, ex.note = status, "upstream_error"
-        log.info("%s %s: %d %s", request.method, loggable(t.url), status, message)
-        return error_response(status, message)
+        log.info("%s %s: %d %s", client.method, loggable(t.url), status, message)
+        return own(status, message)
 
     @staticmethod
-    async def _body(request: web.BaseRequest, events: ProxyEvents, ex: Exchange) -> AsyncIterator[bytes]:
+    async def _body(client: ClientSide, events: ProxyEvents, ex: Exchange) -> AsyncIterator[bytes]:
         try:
-            async for chunk in request.content.iter_chunked(CHUNK):
+            async for chunk in client.body():
                 events.bytes_relayed("client_to_upstream", len(chunk))
                 yield chunk
-        except (OSError, aiohttp.ClientError, HttpProcessingError):
+        except OSError:  # ClientGone: its body broke or stalled
             ex.note = "client_gone"
             raise
 

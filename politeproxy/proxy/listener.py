@@ -3,8 +3,8 @@
 A routed CONNECT comes back here: intercepted for paced hosts; for the rest, a tunnel that peek.py opens
 (blind, unless the client's TLS hello names a paced host). Anything else front.py hands, bytes already
 read included, to aiohttp's low-level server. An intercepted tunnel upgrades the connection to TLS with
-a leaf for the CONNECT target and attaches another aiohttp protocol to the TLS transport, which serves
-HTTP/1.1 requests.
+a leaf for the CONNECT target and attaches the project's own protocol (h1server.py, over httptools) to
+the TLS transport, made with the connection's Tunnel, which serves its HTTP/1.1 requests.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.routing import Refusal, Target
 from politeproxy.proxy import fastnet, intercept, tunnel
-from politeproxy.proxy.aiohttp_seams import RequestHandler, ServerOptions
+from politeproxy.proxy.aiohttp_seams import ServerOptions
 from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.exchange import Tunnel
 from politeproxy.proxy.forward import Forwarder, Handler
 from politeproxy.proxy.front import FrontProtocol, http_log, refusals
+from politeproxy.proxy.h1server import H1Server
 from politeproxy.proxy.pacedaddrs import PacedAddresses
 from politeproxy.proxy.peek import PeekingTunnel
 from politeproxy.proxy.responses import BoundedServer, error_response
@@ -48,7 +49,7 @@ class Timeouts:
 
 
 def _server_kwargs(timeouts: Timeouts) -> ServerOptions:
-    """aiohttp's server settings for every connection it serves (plain and inside tunnels)."""
+    """aiohttp's server settings for the plain connections it serves."""
     return ServerOptions(
         handler_cancellation=True,  # a client that leaves frees its place in line (aiohttp_seams, 3)
         keepalive_timeout=timeouts.idle,
@@ -94,7 +95,6 @@ class Proxy:
         self.events = events
         self.access = access
         self.timeouts = timeouts
-        self.tunnels: dict[RequestHandler, Tunnel] = {}  # the intercepted connections aiohttp serves
         self.server: asyncio.Server | None = None
         self.destinations = tunnel.Destinations(
             allow_private_destinations, upstream.resolver.lookup, upstream.connect_timeout
@@ -120,11 +120,9 @@ class Proxy:
             access=access,
             robots=robots,
             admin=admin,
-            tunnel_of=self.tunnels.get,
         )
         limit, report, kwargs = timeouts.max_header_size, self._report, _server_kwargs(timeouts)
         self.plain_server = BoundedServer(self._plain, lambda h: None, limit, report, **kwargs)
-        self.tunnel_server = BoundedServer(self.forwarder.handle, self._tunnel_lost, limit, report, **kwargs)
 
     def hosts_paced(self, host: str) -> bool:
         return bool(self.classifier.hosts.matches(host))
@@ -180,7 +178,7 @@ class Proxy:
             task.cancel()
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=timeout)
-        await asyncio.gather(self.plain_server.shutdown(1.0), self.tunnel_server.shutdown(1.0))
+        await self.plain_server.shutdown(1.0)
         for t in list(self.clients):
             if not t.is_closing():
                 t.abort()
@@ -190,9 +188,8 @@ class Proxy:
         self.open_tunnels += delta
         self.events.tunnels_changed(self.open_tunnels)
 
-    def _tunnel_lost(self, handler: RequestHandler) -> None:
-        if self.tunnels.pop(handler, None) is not None:
-            self._tunnel_change(-1)
+    def _tunnel_lost(self, _served: H1Server) -> None:
+        self._tunnel_change(-1)
 
     # -- heads and destinations of the requests aiohttp serves --------------------------------------
 
@@ -243,10 +240,13 @@ class Proxy:
         """Intercept the CONNECT ``tunnel``; ``answered``: the peek sent the 200 already."""
 
         def attach(tls: asyncio.Transport) -> asyncio.Protocol:
-            proto = self.tunnel_server()  # a new handler (aiohttp_seams, 2), attached by intercept
-            self.tunnels[proto] = tunnel
+            # The tunnel (and its pipeline) goes to the protocol here, and from it to the forwarder by
+            # parameter: no table maps a connection to its tunnel.
+            served = H1Server(
+                tunnel, self.forwarder.tunneled, self.timeouts, self._report, self.spawn, self._tunnel_lost
+            )
             self._tunnel_change(+1)
-            return proto
+            return served
 
         await intercept.upgrade(
             transport,

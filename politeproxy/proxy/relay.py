@@ -1,18 +1,17 @@
 """Streams an upstream answer back to the client, with the proxy's passage headers.
 
-A close-delimited body goes out chunked to HTTP/1.1 clients (aiohttp frames a length-less answer so), so a
-cut can be passed on as a cut: the client connection is aborted before the last chunk. An HTTP/1.0 client
-gets it close-delimited and cannot see a cut. Never reads a whole body: one CHUNK at a time.
+A close-delimited body goes out chunked to HTTP/1.1 clients (both client sides frame a length-less
+answer so), so a cut can be passed on as a cut: the client connection is aborted before the last chunk.
+An HTTP/1.0 client gets it close-delimited and cannot see a cut. Never reads a whole body: one CHUNK
+at a time.
 """
 
 from __future__ import annotations
 
 import logging
 
-import aiohttp
-from aiohttp import web
-
 from politeproxy.policy.backoff import retry_after_seconds
+from politeproxy.proxy.clientside import ClientSide
 from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.passage import stamp
@@ -30,15 +29,7 @@ log = logging.getLogger("politeproxy")
 RETRY_AFTER_STATUSES = frozenset({403, 429, 503})  # answers that always carry a Retry-After (issue 12)
 
 
-class _RelayedResponse(web.StreamResponse):
-    """Sends the head with the first body chunk: one TLS record and one send for a small answer."""
-
-    _send_headers_immediately = False
-
-
-async def relay(
-    request: web.BaseRequest, upstream: Answer, ex: Exchange, events: ProxyEvents
-) -> web.StreamResponse:
+async def relay(client: ClientSide, upstream: Answer, ex: Exchange, events: ProxyEvents) -> None:
     """Stream the answer back; ``ex`` (the forwarder's) gets the bytes and a note on a cut or a leave.
 
     ``ex.held``: the request went through the pacer, so the answer names its wait and pipeline."""
@@ -51,18 +42,15 @@ async def relay(
         stamp(headers, ex.wait, ex.pipeline)
     else:
         stamp(headers)  # Via only
-    out = _RelayedResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    # the head goes out with the first chunk: one TLS record and one send for a small answer
+    client.start(upstream.status, upstream.reason, headers)
     # the lean client's answer raises on a cut itself; aiohttp's ends such a body cleanly either way
     watch = None
-    if not isinstance(upstream, H1Answer) and close_delimited(upstream, request.method):
+    if not isinstance(upstream, H1Answer) and close_delimited(upstream, client.method):
         watch = EndWatch(upstream)
-    try:
-        await out.prepare(request)
-    except (ConnectionError, aiohttp.ClientError):
-        return _client_gone(request, upstream, ex, out)
     tee = ex.tee  # proxy/cached.py: a cacheable answer is written to disk as it streams
     if tee is not None:
-        await tee.start(request.method, upstream.status, upstream.headers)
+        await tee.start(client.method, upstream.status, upstream.headers)
     while True:
         try:
             chunk = await upstream.content.read(CHUNK)
@@ -72,25 +60,23 @@ async def relay(
         if why is not None:
             # Headers are gone already: cut the client off so it sees a truncated body, never a short one.
             ex.note = "upstream_broke"
-            log.info("%s %s: upstream failed mid-body: %s", request.method, loggable(upstream.url), why)
-            if request.transport is not None:
-                request.transport.abort()
-            return out
+            log.info("%s %s: upstream failed mid-body: %s", client.method, loggable(upstream.url), why)
+            client.abort()
+            return
         if not chunk:
             break
         if tee is not None:  # before the client has it: a client that leaves at its last byte loses nothing
             await tee.write(chunk)
         try:
-            await out.write(chunk)
-        except (ConnectionError, aiohttp.ClientError):
-            return _client_gone(request, upstream, ex, out)
+            await client.write(chunk)
+        except ConnectionError:
+            return _client_gone(client, upstream, ex)
         ex.bytes += len(chunk)
         events.bytes_relayed("upstream_to_client", len(chunk))
     try:
-        await out.write_eof()
-    except (ConnectionError, aiohttp.ClientError):
-        return _client_gone(request, upstream, ex, out)
-    return out
+        await client.end()
+    except ConnectionError:
+        _client_gone(client, upstream, ex)
 
 
 def _throttle_passed_on(status: int, ex: Exchange) -> bool:
@@ -99,9 +85,6 @@ def _throttle_passed_on(status: int, ex: Exchange) -> bool:
     return status in RETRY_AFTER_STATUSES and (status != 403 or ex.retry_after is not None)
 
 
-def _client_gone(
-    request: web.BaseRequest, upstream: Answer, ex: Exchange, out: web.StreamResponse
-) -> web.StreamResponse:
+def _client_gone(client: ClientSide, upstream: Answer, ex: Exchange) -> None:
     ex.note = "client_gone"
-    log.info("%s %s %s: client went away", request.remote, request.method, loggable(upstream.url))
-    return out
+    log.info("%s %s %s: client went away", client.remote, client.method, loggable(upstream.url))

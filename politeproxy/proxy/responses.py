@@ -120,7 +120,7 @@ class BoundedHandler(HandlerSeam):
     """
 
     # aiohttp's RequestHandler has __slots__: without ours every connection would carry a __dict__ too
-    # (one handler per held intercepted request; issue 15, memory per held request).
+    # (one handler per plain connection; issue 15, memory per held request).
     __slots__ = ("_head_limit", "_head_bytes", "_report", "_last_payload")
 
     def __init__(

@@ -84,7 +84,6 @@ def test_request_handler_takes_every_setting_the_listener_passes() -> None:
 @pytest.mark.parametrize(
     ("owner", "name"),
     [
-        (web.BaseRequest, "protocol"),  # 7
         (web.BaseRequest, "writer"),  # 7
         (aiohttp.ClientResponse, "connection"),  # 8
         (connector.Connection, "protocol"),  # 8

@@ -22,6 +22,7 @@ from politeproxy.proxy.exchange import Exchange, Tunnel
 from politeproxy.proxy.forward import Forwarder
 from politeproxy.proxy.front import FrontProtocol
 from politeproxy.proxy.passage import PIPELINE_HEADER, WAIT_HEADER
+from tests.support.fake_client import RecordedSide
 
 D = "data.commoncrawl.org"
 
@@ -59,7 +60,7 @@ class Refusing:
         return mock.Mock(__aenter__=mock.AsyncMock(side_effect=refusal), __aexit__=mock.AsyncMock())
 
 
-def forwarder(pacer: Refusing, sink: Sink, tunnel: Tunnel | None) -> Forwarder:
+def forwarder(pacer: Refusing, sink: Sink) -> Forwarder:
     return Forwarder(
         classifier=Classifier(HostSet([D])),
         pacer=pacer,  # type: ignore[arg-type]
@@ -68,7 +69,6 @@ def forwarder(pacer: Refusing, sink: Sink, tunnel: Tunnel | None) -> Forwarder:
         access=Access([], {}),
         robots=None,
         admin=mock.AsyncMock(),
-        tunnel_of=lambda _proto: tunnel,
     )
 
 
@@ -80,11 +80,12 @@ def request(target: str, headers: dict[str, str]) -> Any:
 
 def test_the_tunnels_pipeline_reaches_the_permit_the_header_the_metric_and_the_access_line() -> None:
     pacer, sink = Refusing(), Sink()
-    f = forwarder(pacer, sink, Tunnel("10.0.0.9", D, 443, "etl"))
-    resp = asyncio.run(f.handle(request("/crawl-data/a.gz?sig=s3cr3t", {"Host": D})))
+    f = forwarder(pacer, sink)
+    side = RecordedSide("GET", "/crawl-data/a.gz?sig=s3cr3t", {"Host": D})
+    asyncio.run(f.tunneled(side, Tunnel("10.0.0.9", D, 443, "etl")))  # the tunnel, by parameter
     assert pacer.asked == ["etl"] and pacer.permits == ["b-etl"]  # bounded once, then carried
-    assert resp.status == 503 and resp.headers[PIPELINE_HEADER] == "b-etl"
-    assert float(resp.headers[WAIT_HEADER]) >= 0.0
+    assert side.status == 503 and side.answer_headers[PIPELINE_HEADER] == "b-etl"
+    assert float(side.answer_headers[WAIT_HEADER]) >= 0.0
     assert sink.answers == [(D, "paced", 503, "b-etl")]
     [ex] = sink.records
     assert (ex.client, ex.host, ex.path, ex.klass, ex.pipeline) == (
@@ -99,7 +100,7 @@ def test_the_tunnels_pipeline_reaches_the_permit_the_header_the_metric_and_the_a
 
 def test_a_plain_request_names_its_pipeline_by_its_proxy_user() -> None:
     pacer, sink = Refusing(), Sink()
-    f = forwarder(pacer, sink, None)
+    f = forwarder(pacer, sink)
     asyncio.run(f.handle(request(f"http://{D}/x", {"Proxy-Authorization": basic("crawler")})))
     assert pacer.asked == ["crawler"] and sink.answers[0][3] == "b-crawler"
 

@@ -22,6 +22,7 @@ from politeproxy.policy.hosts import HostSet
 from politeproxy.proxy.events import NoProxyEvents
 from politeproxy.proxy.exchange import Tunnel
 from politeproxy.proxy.forward import Forwarder
+from tests.support.fake_client import RecordedSide
 
 
 def _request(method: str, target: str, headers: dict[str, str] | None = None, peer: str = "127.0.0.1") -> Any:
@@ -36,7 +37,7 @@ class Recorder:
         self.forwarded: list[tuple[str, str, int, str]] = []
 
 
-def _forwarder(rec: Recorder, users: dict[str, str], tunnel: tuple[str, int] | None = None) -> Forwarder:
+def _forwarder(rec: Recorder, users: dict[str, str]) -> Forwarder:
     async def admin(request: web.BaseRequest) -> web.StreamResponse:
         rec.admin.append(request.raw_path)
         return web.Response(text="admin")
@@ -49,14 +50,10 @@ def _forwarder(rec: Recorder, users: dict[str, str], tunnel: tuple[str, int] | N
         access=Access([], users),
         robots=None,
         admin=admin,
-        tunnel_of=lambda _proto: None if tunnel is None else Tunnel("127.0.0.1", *tunnel, "127.0.0.1"),
     )
 
-    async def forward(
-        request: web.BaseRequest, scheme: str, host: str, port: int, path: str, who: str
-    ) -> web.Response:
+    async def forward(client: Any, scheme: str, host: str, port: int, path: str, who: str) -> None:
         rec.forwarded.append((scheme, host, port, path))
-        return web.Response(text="forwarded")
 
     f._forward = forward  # type: ignore[method-assign]
     return f
@@ -80,14 +77,19 @@ def test_admin_or_proxy(
     target: str, tunnel: tuple[str, int] | None, headers: dict[str, str], users: dict[str, str], expected: Any
 ) -> None:
     rec = Recorder()
-    f = _forwarder(rec, users, tunnel)
-    resp = asyncio.run(f.handle(_request("GET", target, headers)))
+    f = _forwarder(rec, users)
+    if tunnel is None:  # a plain connection: aiohttp's request
+        status = asyncio.run(f.handle(_request("GET", target, headers))).status
+    else:  # inside a tunnel: the protocol hands the request and its Tunnel to tunneled()
+        side = RecordedSide("GET", target, headers, remote="127.0.0.1")
+        asyncio.run(f.tunneled(side, Tunnel("127.0.0.1", *tunnel, "127.0.0.1")))
+        status = side.status
     if expected == "admin":
         assert rec.admin == [target] and not rec.forwarded
     elif expected == "forwarded":
         assert rec.forwarded and not rec.admin
     else:
-        assert resp.status == expected and not rec.admin and not rec.forwarded
+        assert status == expected and not rec.admin and not rec.forwarded
 
 
 def _admin() -> Admin:
