@@ -22,6 +22,7 @@ from politeproxy.observe.logs import AccessLog
 from politeproxy.observe.metrics import Metrics
 from politeproxy.observe.release_route import ReleasingAdmin
 from politeproxy.observe.status import StatusBoard, StatusEvents
+from politeproxy.observe.workers import WorkerSet, serve_private
 from politeproxy.pacing.base import RepeatLog
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.access import GUEST, Access, is_loopback
@@ -104,6 +105,9 @@ class App:
         self._metrics_runner: web.BaseRunner | None = None
         self.stopped = asyncio.Event()
         self.cache: CacheFront | None = None
+        # One of the processes of `run --workers N` (commands/supervisor.py), or None: the only one.
+        self.workers = WorkerSet.from_env()
+        self._worker_runner: web.BaseRunner | None = None
 
     def _stat(self) -> tuple[int, int] | None:
         """(mtime, size) of the config file: a change in either is a change to look at."""
@@ -152,11 +156,16 @@ class App:
         self.cache = await CacheFront.open(cfg.cache(), cfg.data_dir, events, settings.max_wait)
         self.proxy.forwarder.cache = self.cache
         try:
-            await self.proxy.start(host, port)
+            await self.proxy.start(host, port, reuse_port=self.workers is not None)
         except OSError as e:
             await self.upstream.close()
             raise StartupError(f"cannot listen on {host}:{port}: {e.strerror}") from None
         self.pacer.start()
+        try:
+            await self._join_workers()
+        except OSError as e:
+            await self.close()
+            raise StartupError(f"worker channel {e.filename or ''}: {e.strerror}") from None
         self.metrics.set_configured_gap(settings.gap)
         if cfg["metrics_listen"]:
             try:
@@ -254,9 +263,17 @@ class App:
         snap = self.pacer.snapshot()
         return {"store": snap.store, "degraded": snap.degraded, "queued": snap.queued}
 
+    async def _join_workers(self) -> None:
+        """A worker answers its own /metrics and /status to the others, and merges theirs into its answers."""
+        if self.workers is None:
+            return
+        self.admin.workers = self.workers
+        self._worker_runner = await serve_private(self.workers, self.metrics.render, self.status.document)
+
     async def _start_metrics(self, addr: str) -> None:
         h, p = parse_hostport(addr, "metrics_listen")
-        self._metrics_runner = await admin_mod.serve(self.admin, h, p, self.cfg["allow_clients"])
+        reuse = self.workers is not None  # every worker serves it too
+        self._metrics_runner = await admin_mod.serve(self.admin, h, p, self.cfg["allow_clients"], reuse)
         who = ", ".join(["loopback", *self.cfg["allow_clients"]])
         log.info("metrics on %s answer %s (allow_clients); others get 403", addr, who)
 
@@ -347,6 +364,8 @@ class App:
         await self.store.close()
         if self._metrics_runner:
             await self._metrics_runner.cleanup()
+        if self._worker_runner:
+            await self._worker_runner.cleanup()
 
     async def serve_forever(self) -> None:
         loop = asyncio.get_running_loop()

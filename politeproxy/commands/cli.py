@@ -81,6 +81,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         return _fail(str(e), fmt=fmt)
     setup_logging(args.verbose, cfg["log_format"])
+    workers = _workers(args, cfg)
+    if workers is not None:
+        return workers
     from politeproxy.app import App, StartupError
 
     async def main() -> int:
@@ -103,6 +106,32 @@ def cmd_run(args: argparse.Namespace) -> int:
             uvloop = None
     # The import is kept apart from the run: an ImportError inside main() must not start it twice.
     return int(uvloop.run(main()) if uvloop is not None else asyncio.run(main()))
+
+
+def _workers(args: argparse.Namespace, cfg: Config) -> int | None:
+    """``--workers N`` above 1: the supervisor runs N workers and this returns its exit code; None: run here.
+
+    The memory store is refused rather than swapped for the data dir's: it is one process's, and choosing
+    another store for the operator would move the budget somewhere the config does not say."""
+    from politeproxy.commands.supervisor import Supervisor, worker_count
+
+    n = worker_count(cfg["workers"])
+    if n <= 1:
+        return None
+    if cfg["schedule"]["backend"] == "memory":
+        return _fail(
+            f"workers = {n} needs a store the workers share: the memory store is one process's; "
+            'set [schedule] backend = "file" (the data dir, the default) or "redis"',
+            fmt=cfg["log_format"],
+        )
+    from politeproxy.app import StartupError, open_data_dir
+    from politeproxy.policy.hosts import HostSet
+
+    try:  # the CA once, here: workers starting together would each make one
+        open_data_dir(cfg.data_dir, HostSet(cfg.paced_hosts))
+    except StartupError as e:
+        return _fail(str(e), fmt=cfg["log_format"])
+    return Supervisor(list(getattr(args, "argv", None) or sys.argv[1:]), n, *cfg.listen).run()
 
 
 def _ca(cfg: Config) -> Any:
@@ -338,4 +367,5 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # run --workers repeats it for every worker
     return int(args.func(args))

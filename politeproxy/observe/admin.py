@@ -27,6 +27,7 @@ from aiohttp import web
 
 from politeproxy.observe import statuspage
 from politeproxy.observe.metrics import Metrics
+from politeproxy.observe.workers import WorkerSet, merged_metrics, merged_status
 from politeproxy.policy.access import Access
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.routing import Target, split_host_port
@@ -92,6 +93,7 @@ class Admin:
         self.health = health
         self.ca_pem = ca_pem
         self.status = status  # the /status document (politeproxy.status.StatusBoard.document)
+        self.workers: WorkerSet | None = None  # set by app.py in a worker of --workers N: answers merge
 
     def on_proxy_port(self, access: Access) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
         """The handler for admin requests on the proxy port."""
@@ -119,7 +121,7 @@ class Admin:
         if request.method not in ("GET", "HEAD"):
             return error_response(405, "admin endpoints answer GET only")
         if path == "/metrics":
-            return web.Response(body=self.metrics.render(), headers={"Content-Type": PROMETHEUS_TEXT})
+            return web.Response(body=await self._metrics(), headers={"Content-Type": PROMETHEUS_TEXT})
         if path == "/healthz":
             return web.json_response({"status": "ok", **self.health()})
         if path == "/ca.pem":
@@ -130,17 +132,27 @@ class Admin:
             return web.Response(body=statuspage.PAGE, headers=statuspage.HEADERS)
         return error_response(404, f"not found: the admin endpoints are {', '.join(PATHS)}")
 
+    async def _metrics(self) -> bytes:
+        """This process's metrics; with workers, every worker's, labelled (observe/workermerge.py)."""
+        own = self.metrics.render()
+        return own if self.workers is None else await merged_metrics(self.workers, own)
+
     async def _status(self) -> web.StreamResponse:
         assert self.status is not None
         try:
-            body = json.dumps(await self.status(), allow_nan=False, separators=(",", ":"))
+            doc = await self.status()
+            if self.workers is not None:  # the whole proxy, and each worker (observe/workermerge.py)
+                doc = await merged_status(self.workers, doc)
+            body = json.dumps(doc, allow_nan=False, separators=(",", ":"))
         except Exception:  # noqa: BLE001 - a bug in the view must not take the admin port down
             log.exception("building the status document failed")
             return error_response(500, "the status document could not be built (see the proxy's log)")
         return web.Response(text=body, content_type="application/json", headers={"Cache-Control": "no-store"})
 
 
-async def serve(admin: Admin, host: str, port: int, allow_clients: list[str]) -> web.BaseRunner:
+async def serve(
+    admin: Admin, host: str, port: int, allow_clients: list[str], reuse_port: bool = False
+) -> web.BaseRunner:
     """``--metrics-listen``: the same answers on their own address, to loopback and ``allow_clients``
     (addresses only: a proxy password opens nothing here). The caller cleans the runner up."""
     allowed = Access(allow_clients, {})
@@ -151,7 +163,7 @@ async def serve(admin: Admin, host: str, port: int, allow_clients: list[str]) ->
     runner = web.ServerRunner(web.Server(handler), access_log=None)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
     except BaseException:
         await runner.cleanup()
         raise

@@ -58,6 +58,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("data_dir", "path", "", "CA, schedule and cache; empty: $XDG_DATA_HOME/politeproxy, else ~/.local/share/politeproxy", env="POLITEPROXY_DATA_DIR", flag="--data-dir", flag_all=True),
     S("allow_clients", "cidr list", (), "CIDRs allowed besides loopback; others get 403"),
     S("metrics_listen", "host:port or empty", "", "also serve /metrics and /healthz on this address", flag="--metrics-listen"),
+    S("workers", "count or auto", 1, "processes serving the one port (SO_REUSEPORT) on one data dir and store; auto: one per core; needs the file or redis store", bounds=(1, 256), flag="--workers"),
     S("log_format", "choice", "plain", "log lines: plain, or one JSON object per line", flag="--log-format", choices=("plain", "json")),
     S("paced_hosts", "host patterns", DEFAULT_PACED_HOSTS, "host patterns intercepted and paced (*.x: any subdomain of x)"),
     S("tunnel_ports", "ports", (443,), "ports a CONNECT may reach; others get 403", bounds=(1, 65535)),

@@ -140,6 +140,22 @@ def _method(v: Any, key: str) -> str:
     return _str(v, key).upper()
 
 
+def _count_or_auto(lo: int, hi: int) -> Callable[[Any, str], int | str]:
+    """A number of processes, or ``"auto"`` (one per core: the command resolves it, the policy reads no
+    machine). A flag's value arrives as a string of digits."""
+
+    def conv(v: Any, key: str) -> int | str:
+        if v == "auto":
+            return "auto"
+        if isinstance(v, str) and v.strip().isdigit():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f'{key}: expected an integer from {lo} to {hi} or "auto", got {v!r}')
+        return _int(lo, hi)(v, key)
+
+    return conv
+
+
 def _bounded(make: Callable[[Any, Any], Conv]) -> Callable[[Setting], Conv]:
     def conv(s: Setting) -> Conv:
         assert s.bounds is not None, f"{s.key}: kind {s.kind} needs bounds"
@@ -154,6 +170,7 @@ CONVERTERS: dict[str, Callable[[Setting], Conv]] = {
     "duration": lambda s: _dur,  # bounds: settings.DURATION_BOUNDS, from the same table
     "rate": lambda s: _dur,
     "int": _bounded(_int),
+    "count or auto": _bounded(_count_or_auto),
     "float": _bounded(_float),
     "bool": lambda s: _bool,
     "string": lambda s: _str,

@@ -129,12 +129,18 @@ class Proxy:
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    async def start(self, host: str, port: int) -> asyncio.Server:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> asyncio.Server:
+        """``reuse_port``: one of several workers on one port (SO_REUSEPORT; commands/supervisor.py)."""
         loop = asyncio.get_running_loop()
         if (fast := fastnet.enable(loop)) is not None:  # optional extra [fast]: before any socket exists
             log.info("transports: %s", fast)
         self.server = await loop.create_server(
-            lambda: FrontProtocol(self), host, port, reuse_address=True, backlog=2048
+            lambda: FrontProtocol(self),
+            host,
+            port,
+            reuse_address=True,
+            reuse_port=reuse_port or None,
+            backlog=2048,
         )
         self.destinations.own_ports = frozenset(int(s.getsockname()[1]) for s in self.server.sockets)
         return self.server

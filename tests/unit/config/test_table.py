@@ -75,6 +75,7 @@ def test_overrides_and_flags_come_from_the_table() -> None:
     names = {"listen", "data_dir", "global_rate", "metrics_listen", "log_format", "redis_url", "auth_users"}
     names.add("upstream_ca")  # issue 24: a CA for the upstream without a config file
     names.add("egress_name")  # issue 24: replicas behind one NAT share one request window by this name
+    names.add("workers")  # issue 28: worker processes on one port
     assert set(OVERRIDES) == names  # the names cli.py, App and the tests pass
     flags = {s.override: (s.flag, s.choices[-1] if s.choices else "v") for s in outside if s.flag}
     run = parser().parse_args(["run", *[x for pair in flags.values() for x in pair]])
