@@ -6,11 +6,14 @@ The proxy and its queued requests: tests.support.live_status.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
 import signal
+import struct
 import subprocess
+import termios
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -85,6 +88,9 @@ def on_a_terminal(*args: str) -> tuple[subprocess.Popen[bytes], int]:
     """``politeproxy status ARGS`` with a pseudo-terminal for its output (as a user runs it); the
     caller reads the terminal's side from the returned descriptor and closes it."""
     master, slave = os.openpty()
+    # A terminal tall enough for the whole view: on openpty's default size the pipelines table is below the
+    # last row, and a wait for it ran to its timeout (20 s).
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 150, 0, 0))
     env = {**os.environ, "COLUMNS": "150", "TERM": "xterm"}
     proc = subprocess.Popen(
         [*POLITEPROXY, "status", *args], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave,
@@ -139,6 +145,7 @@ def test_cli_view_json_watch_and_one_line_when_nothing_answers(live: Live) -> No
         # On a terminal: a full-screen view redrawn in place (like top), left cleanly on Ctrl-C.
         screen = read_until(term, b"alpha", 2, 20)  # the pipelines table of two frames
         assert screen.count(b"politeproxy 0.1") >= 2 and b"\x1b[?1049h" in screen, screen[-2000:]
+        assert screen.count(b"alpha") >= 2, screen[-2000:]
         top.send_signal(signal.SIGINT)
         assert top.wait(10) == 0
         rest = read_until(term, b"\x1b[?1049l", 1, 5)
