@@ -13,6 +13,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.support.processes import ROOT
 
 # Imports that still break the rule, each with where it goes: none today. An entry here is a debt, named.
@@ -141,6 +143,7 @@ def test_module_marks_reads_one_marker_or_a_list() -> None:
 # -- optional libraries: a machine without them collects the suite and skips what needs them ------------
 
 
+@pytest.mark.slow  # an inner collection of the whole suite: ~3-5 s
 def test_the_suite_collects_without_its_optional_libraries() -> None:
     """tests.support.without_optional makes duckdb, pyarrow, PyYAML, aiofastnet ... unimportable; every file
     must still collect (the tests that need one skip) instead of stopping the run with a collection error."""

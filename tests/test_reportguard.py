@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.processes import ROOT
 
 FAILING = """
@@ -48,6 +50,7 @@ def run(tmp_path: Path, *plugin: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # two inner pytest runs, each on an xdist worker: ~4-8 s
 def test_a_frame_without_a_line_is_a_plain_failure(tmp_path: Path) -> None:
     bare = run(tmp_path)  # the control: pytest 9.2 alone loses the failure (a later one may not)
     summary = bare.stdout.strip().splitlines()[-1]

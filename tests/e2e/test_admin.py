@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Callable
 
+import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,6 +35,7 @@ def _answered_2xx(text: str) -> float:
     )
 
 
+@pytest.mark.slow  # a proxy of its own with a second listener: ~3 s
 def test_metrics_listen_serves_the_same_admin_answers(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream
 ) -> None:

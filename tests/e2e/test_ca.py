@@ -188,6 +188,7 @@ def test_proxy_leaves_verify_with_openssl(
         assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow  # a CA made, then a proxy that remakes it: ~3 s
 def test_ca_is_remade_when_paced_hosts_outgrow_it(
     proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs, tmp_path: Path
 ) -> None:

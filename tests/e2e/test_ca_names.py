@@ -73,6 +73,7 @@ NEAR_NAMES = st.lists(
 ).map("".join)
 
 
+@pytest.mark.slow  # 300 hypothesis examples, each minting a leaf: ~3 s
 def test_property_the_ca_refuses_or_serves_and_never_writes(tmp_path: Path) -> None:
     ca = new_ca(tmp_path / "data")
     before = files_under(tmp_path)

@@ -290,6 +290,7 @@ def test_helper_commands_never_replace_a_running_proxys_ca(tmp_path: Path) -> No
     assert "x.example" in r.stderr and "politeproxy run" in r.stderr  # it says what will happen
 
 
+@pytest.mark.slow  # a proxy of its own from the environment: ~2 s
 def test_run_configured_only_by_environment(tmp_path: Path, upstream: Upstream, certs: Certs) -> None:
     port = free_port()
     d = tmp_path / "envdata"

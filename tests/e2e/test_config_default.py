@@ -10,6 +10,8 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.support.processes import POLITEPROXY, ROOT, free_port, stop_process, wait_for
 
 
@@ -30,6 +32,7 @@ def status(port: int) -> dict[str, object] | None:
         return None
 
 
+@pytest.mark.slow  # four CLI processes and a proxy: ~3 s
 def test_config_init_writes_the_default_file_and_run_reads_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
     path = home / ".config" / "politeproxy" / "politeproxy.toml"

@@ -232,6 +232,7 @@ def test_100_continue_only_after_the_permit(
 # -- item 24: who failed, in one line -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # a proxy of its own and two cut transfers: ~2.5 s
 def test_a_client_leaving_mid_body_is_logged_as_the_client(
     proxy_factory: ProxyFactory, upstream: Upstream, certs: Certs
 ) -> None:

@@ -132,6 +132,7 @@ def refused_as_too_big(head: bytes) -> None:
     assert head == b"" or head.split(b" ")[1] in (b"431", b"400"), head[:200]
 
 
+@pytest.mark.slow  # a proxy of its own and two raw upstreams: ~3 s
 def test_big_head_as_a_later_request_never_goes_upstream(
     proxy_factory: ProxyFactory,
     upstream: Upstream,
@@ -152,6 +153,7 @@ def test_big_head_as_a_later_request_never_goes_upstream(
     no_tracebacks(p)  # one line each, no aiohttp "Error handling request" traceback
 
 
+@pytest.mark.slow  # a proxy of its own: ~2 s
 def test_head_that_completes_in_one_read_is_checked_whole(
     proxy_factory: ProxyFactory,
     upstream: Upstream,

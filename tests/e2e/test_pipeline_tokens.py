@@ -11,6 +11,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import requests
 
 from tests.support.pipelines import D, Factory, config, metric_lines
@@ -36,6 +37,7 @@ def labels(p: ProxyProc) -> set[str]:
     }
 
 
+@pytest.mark.slow  # six guests queued behind a 0.3 s gap: ~3 s
 def test_a_name_claimed_without_its_token_gets_a_guest_share(
     proxy_factory: Factory, upstream: Upstream
 ) -> None:

@@ -39,6 +39,7 @@ def assert_refused(r: subprocess.CompletedProcess[str], *names: str) -> None:
         assert name in lines[0], lines[0]
 
 
+@pytest.mark.slow  # two CLI processes: ~2 s
 def test_a_wrong_scheme_in_the_file_fails_check_config_and_run(tmp_path: Path) -> None:
     """It used to pass check-config and end run in a traceback. (More wrong URLs, in process:
     tests/unit/config/test_overrides_and_paths.py.)"""
@@ -66,6 +67,7 @@ def test_a_wrong_scheme_from_the_environment_fails_too(tmp_path: Path) -> None:
 REDIS_TOML = '[robots]\nenabled = false\n[schedule]\nbackend = "redis"\nredis_url = "redis://127.0.0.1:1/0"\n'
 
 
+@pytest.mark.slow  # a proxy waiting on a Redis that never answers: ~2 s
 def test_an_unreachable_redis_is_named_at_start(tmp_path: Path) -> None:
     """Nothing listens there: one warning names the address (password masked), the proxy still starts
     (it paces on the local schedule until Redis answers), and no traceback is printed."""

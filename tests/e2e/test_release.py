@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.pacing_clients import tunnel_get
 from tests.support.processes import POLITEPROXY
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
@@ -54,6 +56,7 @@ def block(p: ProxyProc, upstream: Upstream) -> None:
     assert tunnel_get(p.env, DATA, "/size/5?blocked")[0] == 403
 
 
+@pytest.mark.slow  # a proxy of its own and the release command: ~2 s
 def test_a_cloudfront_block_shows_why_and_release_lifts_it_at_once(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream
 ) -> None:
@@ -82,6 +85,7 @@ def test_a_cloudfront_block_shows_why_and_release_lifts_it_at_once(
     assert "released data.commoncrawl.org by hand" in p.log()
 
 
+@pytest.mark.slow  # two proxies and the 1 s the release promise allows
 def test_a_release_reaches_every_proxy_on_the_data_dir_within_a_second(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream, tmp_path: Path
 ) -> None:

@@ -92,6 +92,7 @@ def _read_for(env: dict[str, str], targets: list[tuple[str, str]], seconds: floa
     return statuses
 
 
+@pytest.mark.slow  # 2.5 s of range reads
 def test_every_name_of_the_bucket_shares_one_exempt_ceiling(proxy: ProxyProc, up: Upstream) -> None:
     """Per host name the four names would get four ceilings: 4 x (10 + 3) reads in the first second."""
     statuses = _read_for(proxy.env, list(BUCKET_NAMES), 2.5, threads=2)
@@ -108,6 +109,7 @@ def test_every_name_of_the_bucket_shares_one_exempt_ceiling(proxy: ProxyProc, up
     assert len(ts) >= 0.6 * span / RATE, (len(ts), span)  # loosely: the ceiling, not the readers, set it
 
 
+@pytest.mark.slow  # 2 s of reads at the index's 1 s interval
 def test_range_reads_to_the_index_server_keep_its_interval(proxy: ProxyProc, up: Upstream) -> None:
     """index.commoncrawl.org is one pywb server: a range read of /cc-index/table/ there is paced."""
     _read_for(proxy.env, [("index.commoncrawl.org", TABLE)], 2.0, threads=3)

@@ -68,7 +68,10 @@ def test_the_window_is_what_keeps_a_heavy_workload_under(tmp_path: Path, limit: 
         assert data["window_peak"] > 6000 and data["refused"] == 0  # 55/s x 300 s = 16,500
 
 
-@pytest.mark.parametrize("log_format", ["plain", "json"])
+@pytest.mark.parametrize(
+    "log_format",
+    ["plain", pytest.param("json", marks=pytest.mark.slow)],  # a proxy of its own each: ~2.5 s
+)
 def test_a_real_proxy_log_replays_as_the_requests_it_sent(
     tmp_path: Path, proxy_factory: Any, upstream: Upstream, log_format: str
 ) -> None:

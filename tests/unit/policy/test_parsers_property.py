@@ -164,6 +164,7 @@ retry_after_text = st.one_of(
 )
 
 
+@pytest.mark.slow  # 1,500 hypothesis examples: ~4-9 s
 @settings(max_examples=1500, deadline=None)
 @given(value=st.one_of(retry_after_text, st.none()))
 @example(value="--5")
@@ -218,6 +219,7 @@ host_text = st.one_of(
 )
 
 
+@pytest.mark.slow  # 1,500 hypothesis examples: ~5-12 s
 @settings(max_examples=1500, deadline=None)
 @given(raw=host_text)
 @example(raw="a\n.commoncrawl.org")
@@ -239,6 +241,7 @@ def test_normalize_host_never_raises_and_valid_names_are_safe(raw: str) -> None:
             assert normalize_host(candidate) == candidate
 
 
+@pytest.mark.slow  # 600 hypothesis examples, each building a config: ~2-4 s
 @settings(max_examples=600, deadline=None)
 @given(raw=host_text)
 @example(raw="a\n.commoncrawl.org")

@@ -109,6 +109,7 @@ def _claim_many(data_dir: str, n: int, gap: float, out: multiprocessing.Queue) -
     out.put(asyncio.run(run()))
 
 
+@pytest.mark.slow  # contending processes: ~2-4 s
 def test_file_store_claims_are_atomic_across_processes(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     out: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]

@@ -253,6 +253,7 @@ def _record_bytes() -> st.SearchStrategy[bytes]:
     return st.one_of(st.binary(max_size=window_records.SIZE + 64), framed)
 
 
+@pytest.mark.slow  # hypothesis over window files: ~2-3 s
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_record_bytes(), st.sampled_from(["paced", "exempt"]))
 def test_any_window_file_never_raises_and_holds_one_window_at_most(data: bytes, klass: str) -> None:
