@@ -145,7 +145,6 @@ def test_cli_view_json_watch_and_one_line_when_nothing_answers(live: Live) -> No
         # On a terminal: a full-screen view redrawn in place (like top), left cleanly on Ctrl-C.
         screen = read_until(term, b"alpha", 2, 20)  # the pipelines table of two frames
         assert screen.count(b"politeproxy 0.1") >= 2 and b"\x1b[?1049h" in screen, screen[-2000:]
-        assert screen.count(b"alpha") >= 2, screen[-2000:]
         top.send_signal(signal.SIGINT)
         assert top.wait(10) == 0
         rest = read_until(term, b"\x1b[?1049l", 1, 5)
