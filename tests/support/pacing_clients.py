@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import ssl
 import struct
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.processes import ROOT
+from tests.support.tlsclient import client_context
 
 # A client: `conc` keep-alive tunnels through HTTPS_PROXY, then `n` GETs shared among them.
 CLIENT = r"""
@@ -113,7 +113,7 @@ def tunnel_get(
 ) -> tuple[int, dict[str, str], bytes]:
     """One request through the proxy in ``env`` (HTTPS_PROXY, SSL_CERT_FILE), from this process."""
     proxy = urllib.parse.urlsplit(env["HTTPS_PROXY"])
-    ctx = ssl.create_default_context(cafile=env["SSL_CERT_FILE"])
+    ctx = client_context(env["SSL_CERT_FILE"])
     c = http.client.HTTPSConnection(proxy.hostname or "127.0.0.1", proxy.port, context=ctx, timeout=60)
     try:
         c.set_tunnel(host, 443)

@@ -16,6 +16,7 @@ from typing import Any
 import requests
 
 from tests.support.proxy_proc import FAST, ProxyProc
+from tests.support.tlsclient import client_context
 from tests.support.upstream_proc import Certs, Upstream, resolve_table
 
 ProxyFactory = Callable[..., ProxyProc]
@@ -80,8 +81,7 @@ def tls_through_proxy(port: int, host: str, cafile: Path | str) -> ssl.SSLSocket
     """A TLS connection to ``host:443`` through the proxy, verified against ``cafile`` only."""
     s, head = connect_tunnel(port, f"{host}:443")
     assert head.startswith(b"HTTP/1.1 200"), head
-    ctx = ssl.create_default_context(cafile=str(cafile))
-    return ctx.wrap_socket(s, server_hostname=host)
+    return client_context(cafile).wrap_socket(s, server_hostname=host)
 
 
 def exchange(sock: socket.socket, request: bytes, method: str = "GET") -> http.client.HTTPResponse:
