@@ -89,9 +89,10 @@ def on_a_terminal(*args: str) -> tuple[subprocess.Popen[bytes], int]:
     caller reads the terminal's side from the returned descriptor and closes it."""
     master, slave = os.openpty()
     # A terminal tall enough for the whole view: on openpty's default size the pipelines table is below the
-    # last row, and a wait for it ran to its timeout (20 s).
+    # last row, and a wait for it ran to its timeout (20 s). LINES too: under pytest-xdist the environment
+    # the child inherits says LINES=24 (and COLUMNS=80), which rich prefers to the terminal's own size.
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 150, 0, 0))
-    env = {**os.environ, "COLUMNS": "150", "TERM": "xterm"}
+    env = {**os.environ, "COLUMNS": "150", "LINES": "60", "TERM": "xterm"}
     proc = subprocess.Popen(
         [*POLITEPROXY, "status", *args], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave,
         preexec_fn=interactive,
