@@ -152,7 +152,7 @@ def _report(answers: list[Answer], arrivals: list[float], a: argparse.Namespace,
         ["refused only at max_wait (held >= 24.5 s)", str(len(at_max))],
         ["  of them 'the wait exceeded max_wait' (no slot came)", str(len(never))],
         [
-            "  of them 'this request would wait' (the head's slot fell past its deadline)",
+            "  of them the head's slot fell just past its deadline",
             str(len(at_max) - len(never)),
         ],
         ["  of them told Retry-After: 1", str(len(ra1_at_max))],
@@ -164,7 +164,7 @@ def _report(answers: list[Answer], arrivals: list[float], a: argparse.Namespace,
     ]
     reasons: dict[str, int] = {}
     for x in refused:
-        key = x.why.split(" would wait")[0].split(" exceeded")[0][:60]
+        key = x.why.split(" would wait")[0].split(" exceeded")[0].split("'s slot came")[0][:60]
         reasons[key] = reasons.get(key, 0) + 1
     worst = sorted(at_max + ra1_long, key=lambda x: -x.held)[:10]
     text = head + "\n\n" + table(["", "count"], rows)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from politeproxy.pacing.base import PacingSettings
+from politeproxy.pacing.dispatcher import SWEEP_EVERY
 from politeproxy.pacing.state import QueueState, Waiter
 from politeproxy.policy.fairness import FAIR_NAMES, PipelineNames, least_served
 from politeproxy.policy.services import service_key
@@ -90,6 +91,7 @@ class Simulation:
         self.pipelines: dict[str, Tally] = {}
         self.end = T0
         self.pruned = T0
+        self.swept = T0
         self.calls = 0  # store calls made (with Redis, each is a round trip)
         # Exempt places (pacing.exempt.ExemptPlaces): a read holds one of its service's places from before
         # its slot until it is sent; beyond exempt.max_in_flight it waits for one (pacer._exempt_enter).
@@ -329,6 +331,12 @@ class Simulation:
         if now - self.pruned >= 1.0:
             self.pruned = now
             self.state.prune(now)
+        if now - self.swept >= SWEEP_EVERY:  # Dispatcher._refuse_behind
+            self.swept = now
+            for w, _wait in self.state.behind(now, s.gap, s.interval_for):
+                if not w.ticket.finished:
+                    w.ticket.finished = True
+                    self._refused(w.ticket.arrival)
         head, soonest = self.state.next_line(now)
         if head is None:
             if soonest is not None:  # asleep on the wake event, with a timeout at the soonest ready line
@@ -356,6 +364,7 @@ class Simulation:
         self.state.remove(head)
         self._wrote(head.host)
         self.reserved = head
+        self.state.under_way = self.now + max(0.0, c.wait)
         if c.wait > 0:
             self.dispatch_busy = True
             self._wake(self.now + c.wait)

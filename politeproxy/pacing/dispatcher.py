@@ -23,6 +23,7 @@ log = logging.getLogger("politeproxy.pacing.pacer")
 ERROR_BACKOFF_FIRST = 0.1  # seconds; doubled on each consecutive error
 ERROR_BACKOFF_CAP = 2.0  # a recovered store is used again within this long
 PRUNE_EVERY = 1.0  # seconds between sweeps of passed ready hints
+SWEEP_EVERY = 0.5  # seconds between looks for waiters that can no longer go within max_wait
 
 
 class Dispatcher:
@@ -44,6 +45,7 @@ class Dispatcher:
         self.errors = RepeatLog(log, monotonic)
         self.failures = 0  # consecutive dispatch errors, for the backoff
         self._pruned = 0.0
+        self._swept = 0.0
         # host -> until when its request window was last found full: a refusal then names the window
         self._window_full: dict[str, float] = {}
 
@@ -67,6 +69,9 @@ class Dispatcher:
         if now - self._pruned >= PRUNE_EVERY:
             self._pruned = now
             self.state.prune(now)
+        if now - self._swept >= SWEEP_EVERY:
+            self._swept = now
+            self._refuse_behind(now)
         head, soonest = self.state.next_line(now)
         if head is None:
             self.wake.clear()
@@ -96,6 +101,7 @@ class Dispatcher:
 
     async def _grant(self, host: str, head: Waiter[asyncio.Future[float]], slot: float, wait: float) -> None:
         self.state.remove(head)
+        self.state.under_way = slot  # the estimate counts it (QueueState.lead)
         head.slot = slot  # granted within its max_wait: the waiter waits for it even if this wakes late
         if wait > 0:
             await asyncio.sleep(wait)
@@ -139,15 +145,20 @@ class Dispatcher:
         self.state.remove(head)
         if not head.ticket.done():
             self.events.rejected(host, "max_wait", head.pipeline)
-            head.ticket.set_exception(WaitTooLong(c.wait, self._why(host, c, now)))
+            # Its slot, a moment past its deadline, goes to the next in line: a retry queues behind the
+            # others, so Retry-After says when a request let in now would go, never "1 s" after a long hold.
+            s = self.settings()
+            again = self.state.estimate(host, now, s.gap, s.interval_for(host), head.pipeline)
+            late = f"{host} is paced and this request's slot came {c.wait:.1f}s after its max_wait"
+            head.ticket.set_exception(WaitTooLong(max(c.wait, again), self._why(host, c, now, late)))
         if c.wait > 0:
             self.state.hold(host, now + min(c.wait, 0.05), now)
 
-    def _why(self, host: str, c: Claim, now: float) -> str:
-        """What a refusal says: the window when it is why the request waited, else the wait."""
+    def _why(self, host: str, c: Claim, now: float, text: str = "") -> str:
+        """What a refusal says: the window when it is why the request waited, else ``text`` or the wait."""
         full = c.window or now <= self._window_full.get(host, 0.0) + 1.0
         why = window_full(self.settings(), host, c.wait) if full else ""
-        return why or f"{host} is paced and this request would wait {c.wait:.1f}s"
+        return why or text or f"{host} is paced and this request would wait {c.wait:.1f}s"
 
     def _refuse_hopeless(self, host: str, c: Claim, now: float) -> None:
         """The host cannot go for ``c.wait`` (a backoff, a block, a full window): whoever must go before
@@ -157,6 +168,19 @@ class Dispatcher:
             if not w.ticket.done():
                 self.events.rejected(host, "max_wait", w.pipeline)
                 w.ticket.set_exception(WaitTooLong(c.wait, self._why(host, c, now)))
+
+    def _refuse_behind(self, now: float) -> None:
+        """Whoever arrived behind requests that came later but go first (another pipeline's fair share) and
+        can no longer go within max_wait is told now, with its wait as Retry-After (issue 25 item 7)."""
+        s = self.settings()
+        for w, wait in self.state.behind(now, s.gap, s.interval_for):
+            if not w.ticket.done():
+                self.events.rejected(w.host, "max_wait", w.pipeline)
+                full = now <= self._window_full.get(w.host, 0.0) + 1.0
+                why = window_full(s, w.host, wait) if full else ""
+                w.ticket.set_exception(
+                    WaitTooLong(wait, why or f"{w.host} is paced and this request would wait {wait:.1f}s")
+                )
 
     def refuse_all(self, why: str) -> None:
         """Shutdown: every waiter gets a refusal instead of hanging."""

@@ -37,6 +37,7 @@ class PacerSnapshot:
     store: str = ""  # the schedule store answering now (a failover store names the active one)
     degraded: bool = False  # the shared store does not answer: this proxy paces on its fallback
     reasons: dict[str, str] = field(default_factory=dict)  # host -> why this proxy last held it (issue 24)
+    lead: float = 0.0  # seconds before the first slot free for the lines (the slot under way, a gap on)
 
     @property
     def gap(self) -> float:
@@ -59,17 +60,18 @@ class PacerSnapshot:
 
         The pacer's own admission estimate: the waiters that go before it on the global schedule (its
         pipeline's own, and of the others only those whose fair-queuing start tag comes first) times the
-        gap, or the host's local ready hint plus the waiters ahead for that host times
-        ``max(gap, interval)``, whichever is longer. ``interval`` is the host's effective interval
+        gap (after the slot under way), or the host's local ready hint plus the waiters ahead for that
+        host times ``max(gap, interval)``, whichever is longer. ``interval`` is the host's effective interval
         (adaptive, from the store); the configured one when None. A lower bound: other proxies on the
         shared store take slots too.
         """
         s = self.settings
         iv = max(s.interval_for(host), interval or 0.0)
         if not self.lines:
-            return max(0.0, self.ready_in.get(host, 0.0))
+            return max(self.lead, self.ready_in.get(host, 0.0))
         # ready_in holds seconds left, so "now" is 0 here
-        wait = estimate(self.lines.items(), self.ready_in, 0.0, self.tags, host, s.gap, iv, pipeline)
+        lines = self.lines.items()
+        wait = estimate(lines, self.ready_in, 0.0, self.tags, host, s.gap, iv, pipeline, lead=self.lead)
         return max(0.0, wait)
 
 
@@ -101,4 +103,5 @@ def take(
         store=store[0],
         degraded=store[1],
         reasons=reasons or {},
+        lead=state.lead(now, settings.gap),
     )

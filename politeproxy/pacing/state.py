@@ -22,6 +22,7 @@ from politeproxy.policy.fairness import DEFAULT_PIPELINE, FairTags
 HINT_CAP = 256  # hosts with a local ready hint at most
 # A passed hint stays a few seconds, so the backoff gauge's refresh sees the host once more at zero.
 HINT_GRACE = 5.0
+SWEEP_BUDGET = 20_000  # (waiter, line) pairs one sweep for hopeless waiters may look at (QueueState.behind)
 
 
 class Ticket(Protocol):
@@ -56,6 +57,10 @@ class QueueState(Generic[T]):
         self.by_pipeline: dict[str, int] = {}  # waiters per pipeline, across hosts
         self.tags = FairTags()
         self.on_line = on_line
+        # The slot the dispatcher holds for a head it took out of its line (monotonic; 0 when none): the
+        # estimate counts it, else a request let in at the max_wait boundary came up one slot late, and
+        # was held to its deadline and told Retry-After 1 (issue 25 item 7, the outside re-run).
+        self.under_way = 0.0
 
     # -- lines ----------------------------------------------------------------------------------------
 
@@ -204,10 +209,53 @@ class QueueState(Generic[T]):
     ) -> float:
         """A lower bound on the wait of a request of ``pipeline`` for ``host`` queued now (``estimate``)."""
         # Nobody waits in this process (the usual case when pacing is off): only the host's own wait counts.
+        lead = self.lead(now, gap)
         if not self.queues:
-            return max(0.0, self.ready.get(host, 0.0) - now)
+            return max(lead, self.ready.get(host, 0.0) - now)
         lines = ((key, len(q)) for key, q in self.queues.items())
-        return estimate(lines, self.ready, now, self.tags, host, gap, interval, pipeline)
+        return estimate(lines, self.ready, now, self.tags, host, gap, interval, pipeline, lead=lead)
+
+    def lead(self, now: float, gap: float) -> float:
+        """Seconds before the first slot free for the lines: after the one under way, a gap later."""
+        return self.under_way - now + gap if gap > 0 and self.under_way > now else 0.0
+
+    def behind(
+        self,
+        now: float,
+        gap: float,
+        interval_for: Callable[[str], float],
+        budget: int = SWEEP_BUDGET,
+    ) -> list[tuple[Waiter[T], float]]:
+        """Take out every waiter whose own place in the lines puts its slot past its deadline, with that
+        wait. The place is a lower bound: its own line ahead of it, the other
+        pipelines' waiters with earlier fair tags, the slot under way. Waiters that came later but go first
+        (another pipeline's fair share) made it hopeless: it is told now, not at its deadline. ``budget``
+        bounds one sweep's work (waiters times lines); the rest wait for the next sweep or their deadline."""
+        out: list[tuple[Waiter[T], float]] = []
+        lead = self.lead(now, gap)
+        counts = [(key, len(q)) for key, q in self.queues.items()]
+        for key in list(self.queues):
+            q = self.queues[key]
+            pipeline, host = key
+            interval = interval_for(host)
+            ahead = 0
+            for w in list(q):
+                budget -= len(counts)
+                if budget < 0:
+                    return self._taken(out)
+                wait = estimate(
+                    counts, self.ready, now, self.tags, host, gap, interval, pipeline, ahead, lead
+                )
+                if now + wait > w.deadline and not w.ticket.done():
+                    out.append((w, wait))
+                else:
+                    ahead += 1
+        return self._taken(out)
+
+    def _taken(self, out: list[tuple[Waiter[T], float]]) -> list[tuple[Waiter[T], float]]:
+        for w, _wait in out:
+            self.remove(w)
+        return out
 
 
 def estimate(
@@ -219,6 +267,8 @@ def estimate(
     gap: float,
     interval: float,
     pipeline: str,
+    own_ahead: int | None = None,
+    lead: float = 0.0,
 ) -> float:
     """A lower bound on the wait of a request of ``pipeline`` for ``host`` queued now, from what this
     process sees: its fair position, not the length of every line. Pure: the pacer asks it of its live
@@ -227,6 +277,8 @@ def estimate(
     Only lines that could go now count as ahead on the global schedule (a line behind a host's backoff
     must not get another, ready host refused for max_wait). Of another pipeline's ready waiters, only
     those whose fair-queuing start tag comes first count (``FairTags.ahead``); of its own pipeline, all.
+    ``own_ahead``: for a request already waiting, the waiters of its own line before it (instead of all of
+    its pipeline's); ``lead``: seconds before the first slot free for the lines (``QueueState.lead``).
     """
     ready_by_pipe: dict[str, int] = {}
     host_by_pipe: dict[str, int] = {}
@@ -235,10 +287,10 @@ def estimate(
             ready_by_pipe[p] = ready_by_pipe.get(p, 0) + n
         if h == host:
             host_by_pipe[p] = host_by_pipe.get(p, 0) + n
-    own = ready_by_pipe.get(pipeline, 0)
+    own = ready_by_pipe.get(pipeline, 0) if own_ahead is None else own_ahead
     ahead = tags.ahead(pipeline, own, ready_by_pipe)
-    own_host = host_by_pipe.get(pipeline, 0)
+    own_host = host_by_pipe.get(pipeline, 0) if own_ahead is None else own_ahead
     host_ahead = own_host + sum(min(n, host_by_pipe.get(q, 0)) for q, n in ahead.items())
     host_wait = max(0.0, ready.get(host, 0.0) - now)
-    global_wait = (own + sum(ahead.values())) * gap
+    global_wait = lead + (own + sum(ahead.values())) * gap
     return max(global_wait, host_wait + host_ahead * max(gap, interval))

@@ -76,8 +76,9 @@ def test_status_document_shows_hosts_pipelines_and_overall(live: Live) -> None:
     )
     for r in (a, b):
         assert r["next_host"] == D
-        # Its own waiters go first, and at most every waiter does (plus the slot under way).
-        assert r["queued"] * GAP - 0.01 <= r["expected_wait_s"] <= (o["queued"] + 1) * GAP + 0.01, r
+        # Its own waiters go first, and at most every waiter does, after the slot under way (up to a gap
+        # away) and a gap more.
+        assert r["queued"] * GAP - 0.01 <= r["expected_wait_s"] <= (o["queued"] + 2) * GAP + 0.01, r
     assert sum(r["grants_last_minute"] for r in rows.values()) >= 1
     assert sum(r["share"] for r in rows.values()) == pytest.approx(1.0, abs=0.01)
     served = [r for r in rows.values() if r["grants_last_minute"]]

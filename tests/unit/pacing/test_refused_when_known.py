@@ -73,3 +73,34 @@ async def test_a_granted_slot_is_kept_when_the_dispatcher_wakes_late(
         assert times[2] >= 1.0, times  # the third slot is at 1.0: granted, delivered late
     finally:
         await pacer.close()
+
+
+async def test_waiters_a_later_pipeline_pushes_past_max_wait_are_refused_then(vclock: VirtualClock) -> None:
+    """x queues 30 requests (let in: 30 slots of 0.2 s fit its 8 s max_wait); y then queues 30 and takes
+    every other slot. x's last ones cannot go within max_wait any more: they are refused within a sweep
+    (0.5 s), with the wait their place says, instead of at 8 s with "1 s" (issue 25's outside re-run);
+    every request that was not refused went within its max_wait."""
+    store = MemoryStore(clock=vclock, rand=lambda: 0.0)
+    pacer = Pacer(store, PacingSettings(gap=0.2, max_wait=8.0, host_intervals=()), monotonic=vclock)
+    refused: list[tuple[str, float, float]] = []
+    went: list[float] = []
+
+    async def send(pipeline: str) -> None:
+        t0 = vclock()
+        try:
+            async with pacer.permit(A, Klass.PACED, pipeline=pipeline):
+                went.append(vclock() - t0)
+        except WaitTooLong as e:
+            refused.append((pipeline, vclock() - t0, e.wait))
+
+    try:
+        xs = [asyncio.create_task(send("x")) for _ in range(30)]
+        await asyncio.sleep(0.1)
+        ys = [asyncio.create_task(send("y")) for _ in range(30)]
+        await asyncio.gather(*xs, *ys)
+        late_x = [r for r in refused if r[0] == "x"]
+        assert 5 <= len(late_x) <= 15 and not [r for r in refused if r[1] >= 1.2], refused
+        assert all(held < 1.2 and wait > 8.0 - held for _p, held, wait in late_x), late_x
+        assert max(went) <= 8.0 + 1e-6
+    finally:
+        await pacer.close()
