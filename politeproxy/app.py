@@ -16,8 +16,9 @@ from aiohttp import web
 from politeproxy.config import loading as config_mod
 from politeproxy.config.loading import Config, ConfigError, changes, parse_hostport
 from politeproxy.config.startup import announce_pacing, format_gap, probe_store
-from politeproxy.config.storebuild import StartupError, make_notes, make_store
+from politeproxy.config.storebuild import StartupError, make_beats, make_notes, make_store
 from politeproxy.observe import admin as admin_mod
+from politeproxy.observe.announce import Announcer
 from politeproxy.observe.logs import AccessLog
 from politeproxy.observe.metrics import Metrics
 from politeproxy.observe.release_route import ReleasingAdmin
@@ -108,6 +109,7 @@ class App:
         # One of the processes of `run --workers N` (commands/supervisor.py), or None: the only one.
         self.workers = WorkerSet.from_env()
         self._worker_runner: web.BaseRunner | None = None
+        self.announcer: Announcer | None = None
 
     def _stat(self) -> tuple[int, int] | None:
         """(mtime, size) of the config file: a change in either is a change to look at."""
@@ -175,6 +177,9 @@ class App:
                 raise StartupError(f"cannot serve metrics on {cfg['metrics_listen']}: {e.strerror}") from None
         self._spawn(self._refresh_gauges(), "gauges")
         self._spawn(self.status.run(), "status history")
+        self.announcer = Announcer(make_beats(cfg, store), self.pacer, store, f"{host}:{port}")
+        self.status.proxies = self.announcer.rows
+        self._spawn(self.announcer.run(), "heartbeat")
         if self.config_path:
             self._spawn(self._watch_config(), "config watch")
         self._announce(settings.gap, ca.cert_path)
@@ -354,6 +359,8 @@ class App:
         # Awaited, so none of them still runs (or logs) against closed parts below.
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.announcer is not None:
+            await self.announcer.stop()
         if self.proxy:
             await self.proxy.close()
         if self.cache is not None:

@@ -15,6 +15,7 @@ from politeproxy.config.loading import Config, env_number
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
+from politeproxy.stores.heartbeats import Beats, FileBeats, MemoryBeats, RedisBeats
 from politeproxy.stores.holdnotes import FileNotes, HoldNotes, MemoryNotes, RedisNotes
 from politeproxy.stores.memory import MemoryStore
 
@@ -68,3 +69,14 @@ def make_notes(cfg: Config, store: Store) -> HoldNotes:
     if backend == "redis" and client is not None:
         return RedisNotes(client, cfg["schedule"]["redis_prefix"], time.time)
     return MemoryNotes()
+
+
+def make_beats(cfg: Config, store: Store) -> Beats:
+    """Heartbeats where the schedule is shared, as hold notes are."""
+    backend = cfg["schedule"]["backend"]
+    if backend == "file":
+        return FileBeats(cfg.data_dir)
+    client = getattr(getattr(store, "primary", None), "client", None)
+    if backend == "redis" and client is not None:
+        return RedisBeats(client, cfg["schedule"]["redis_prefix"])
+    return MemoryBeats()

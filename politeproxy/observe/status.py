@@ -215,6 +215,7 @@ class StatusBoard:
         self.history = History(step or history_step())
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._lock = asyncio.Lock()
+        self.proxies: Callable[[], list[dict[str, Any]]] | None = None  # live proxies (observe.announce)
 
     async def run(self) -> None:
         self.sample()  # the first point comes one step after start
@@ -259,6 +260,7 @@ class StatusBoard:
             "windows": await self._windows(snap),
             "pipelines": pipelines[:MAX_PIPELINE_ROWS],
             "pipelines_omitted": max(0, len(pipelines) - MAX_PIPELINE_ROWS),
+            "proxies": self.proxies() if self.proxies else [],
             "history": {
                 "step_s": self.history.step,
                 "span_s": HISTORY_SPAN,

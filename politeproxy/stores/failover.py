@@ -1,7 +1,8 @@
 """Never fail open: when the primary store fails, pace on a local fallback with a wider gap.
 
 N proxies that lose their shared store together each pace alone, so each multiplies the gap by
-``gap_multiplier`` (``schedule.expected_proxies``) to keep the sum within the budget. The primary is
+``gap_multiplier`` to keep the sum within the budget: the live count of proxies last seen while the
+primary answered (their heartbeats, ``note_live``), never below ``schedule.expected_proxies``. The primary is
 probed in the background and used again as soon as it answers.
 
 Both switches are guarded, because the proxies do not switch at the same instant, and because a slot is
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
+from politeproxy.policy.heartbeat import MAX_PROXIES, multiplier
 from politeproxy.policy.slots import Claim, Outcome, duration
 from politeproxy.policy.window import WindowRule, divided
 from politeproxy.stores.base import HostView, Store, StoreError, WarnOnce
@@ -49,7 +51,8 @@ class FailoverStore(Store):
     ) -> None:
         self.primary = primary
         self.fallback = fallback
-        self.gap_multiplier = max(1.0, duration(gap_multiplier, 1000.0))
+        self.floor_multiplier = max(1.0, duration(gap_multiplier, 1000.0))  # schedule.expected_proxies
+        self.live_seen = 0  # proxies live on the primary when last counted (heartbeats)
         self.probe_interval = probe_interval
         self.on_change = on_change
         self.monotonic = monotonic
@@ -70,6 +73,16 @@ class FailoverStore(Store):
     @property
     def name(self) -> str:
         return self.active.name
+
+    @property
+    def gap_multiplier(self) -> float:
+        return multiplier(self.floor_multiplier, self.live_seen)
+
+    def note_live(self, count: int) -> None:
+        """The live proxies counted on the primary; ignored while degraded (the count seen last, when the
+        primary answered, is the one that says how many proxies now pace alone)."""
+        if not self.degraded:
+            self.live_seen = max(0, min(int(count), MAX_PROXIES))
 
     @property
     def _wide(self) -> float:
