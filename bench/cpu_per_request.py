@@ -45,7 +45,7 @@ def hey(url: str, proxy: str, n: int, c: int, headers: list[str], keepalive: boo
     return float(m.group(1)) if m else 0.0
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("trees", nargs="+", type=Path)
     p.add_argument("--mode", choices=("off", "exempt", "bulk"), default="off")
@@ -53,7 +53,10 @@ def main() -> None:
     p.add_argument("-n", type=int, default=4000)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--no-keepalive", action="store_true")
-    a = p.parse_args()
+    p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.n, a.rounds, a.conc = min(a.n, 200), 1, "4"
     conc = [int(c) for c in a.conc.split(",")]
     if a.mode == "off":
         path, headers, extra = "/size/1024", [], PACING_OFF
@@ -69,7 +72,7 @@ def main() -> None:
         names = [str(t) for t in a.trees]
         pxs = [start_politeproxy(b, up, extra, src=t.resolve()) for t in a.trees]
         for px in pxs:
-            hey(url, px.url, 2 if a.mode == "bulk" else 1000, 16, headers, True)
+            hey(url, px.url, 2 if a.mode == "bulk" else min(1000, a.n), 16, headers, True)
         us: dict[tuple[str, int], list[float]] = {}
         for r in range(a.rounds):
             for c in conc:
@@ -80,14 +83,20 @@ def main() -> None:
                     per = 1e6 * (cpu_seconds(px.pid) - c0) / a.n
                     us.setdefault((name, c), []).append(per)
                     print(f"round {r} c={c} {name}: {per:.0f} us/req, {rps:.0f} req/s", flush=True)
-        print(f"\nmode {a.mode}, n={a.n}, {a.rounds} rounds, keepalive={not a.no_keepalive}")
-        print("| conc | tree | µs/req median (range) | ratio vs first, median (range) |\n|---|---|---|---|")
-        for c in conc:
-            base = us[(names[0], c)]
-            for name in names:
-                v = us[(name, c)]
-                rs = [x / y for x, y in zip(v, base, strict=True)]
-                print(f"| {c} | {name} | {spread(v)} | {spread(rs, 3)} |")
+    unit = "µs per 64 MiB" if a.mode == "bulk" else "µs/req"
+    keep = not a.no_keepalive
+    lines = [f"Proxy CPU per request: mode {a.mode}, n={a.n}, {a.rounds} rounds, keepalive={keep}", "",
+             f"| conc | tree | {unit} median (range) | ratio vs first, median (range) |",
+             "|---|---|---|---|"]  # fmt: skip
+    for c in conc:
+        base = us[(names[0], c)]
+        for name in names:
+            v = us[(name, c)]
+            rs = [x / y for x, y in zip(v, base, strict=True)]
+            lines.append(f"| {c} | {name} | {spread(v)} | {spread(rs, 3)} |")
+    text = "\n".join(lines)
+    print("\n" + text)
+    return text
 
 
 if __name__ == "__main__":

@@ -218,7 +218,7 @@ def bulk_mode(a: argparse.Namespace) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--duration", type=float, default=4.0)
@@ -232,7 +232,9 @@ def main(argv: list[str] | None = None) -> None:
         a.bulk = min(a.bulk, 8 << 20)
     a.conc = [int(x) for x in a.conc.split(",")]
     text = held_mode(a) if a.held else bulk_mode(a) if a.bulk else throughput(a)
-    print(f"Machine: {common.machine_note()}\n\n{text}")
+    out = f"Machine: {common.machine_note()}\n\n{text}"
+    print(out)
+    return out
 
 
 if __name__ == "__main__":
