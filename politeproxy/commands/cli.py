@@ -240,7 +240,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             url = statusview.admin_url(*_config(args).listen)
         except ConfigError as e:
             return _fail(str(e))
-    return statusview.run(url, watch=args.watch, interval=args.interval, as_json=args.json)
+    return statusview.run(
+        url, watch=args.watch, interval=args.interval, as_json=args.json, all_proxies=args.all
+    )
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -330,6 +332,7 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
     st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (0.5-60)")
     st.add_argument("--json", action="store_true", help="print the /status document as JSON")
+    st.add_argument("--all", action="store_true", help="one row per proxy sharing the store (heartbeats)")
     st.set_defaults(func=cmd_status)
     cache = sub.add_parser("cache", help="the shared disk cache: stats, or clear it")
     cache.add_argument("action", choices=("stats", "clear"))

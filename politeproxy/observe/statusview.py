@@ -234,8 +234,35 @@ def _pipelines(doc: Any) -> Table:
     return t
 
 
-def render(doc: Any, footer: str = "") -> Group:
-    """The whole view of one document; anything malformed shows as "-"."""
+def _proxies(doc: Any) -> Table:
+    """One row per live proxy sharing the store (``status --all``): the heartbeats' records."""
+    t = Table(title="proxies sharing the store", title_justify="left", expand=False)
+    for name in ("proxy", "listen", "version", "last beat", "up", "queued", "pipelines (queued)"):
+        right = name in ("last beat", "up", "queued")
+        t.add_column(name, justify="right" if right else "left", no_wrap=name != "pipelines (queued)")
+    rows = _get(doc, "proxies")
+    for p in rows if isinstance(rows, list) else []:
+        pipes = _get(p, "pipelines")
+        names = [f"{plain(_get(x, 'pipeline'), 64).plain} {fmt(_get(x, 'queued'), '', 0)}"
+                 for x in (pipes if isinstance(pipes, list) else [])[:20]]  # fmt: skip
+        more = _num(_get(p, "pipelines_omitted"))
+        if more:
+            names.append(f"+{more:.0f} more")
+        t.add_row(
+            plain(_get(p, "id"), 80).append(" (this one)" if _get(p, "self") is True else ""),
+            plain(_get(p, "listen")),
+            plain(_get(p, "version"), 20),
+            fmt(_get(p, "last_beat_s"), " s", 1),
+            duration(_get(p, "uptime_s")),
+            fmt(_get(p, "queued"), "", 0),
+            Text(", ".join(names) or "-"),
+        )
+    return t
+
+
+def render(doc: Any, footer: str = "", all_proxies: bool = False) -> Group:
+    """The whole view of one document; anything malformed shows as "-". ``all_proxies``: the proxies
+    sharing the store, one row each, in place of this proxy's hosts, windows and pipelines."""
     o = _get(doc, "overall")
     st = _get(o, "store")
     conf = _num(_get(o, "configured_rate"))
@@ -263,14 +290,15 @@ def render(doc: Any, footer: str = "") -> Group:
     spark = sparkline(_get(hist, "points"))
     head.append(f"\nachieved rate, last 15 min (one mark per {fmt(_get(hist, 'step_s'), ' s', 0)}): ")
     head.append(spark or "(collecting)", style="cyan")
-    parts: list[Any] = [head, _hosts(doc), _windows(doc), _pipelines(doc)]
+    tables = [_proxies(doc)] if all_proxies else [_hosts(doc), _windows(doc), _pipelines(doc)]
+    parts: list[Any] = [head, *tables]
     if footer:
         parts.append(Text(footer, style="dim"))
     return Group(*parts)
 
 
 def run(url: str, watch: bool = False, interval: float = DEFAULT_INTERVAL, as_json: bool = False,
-        console: Console | None = None) -> int:  # fmt: skip
+        console: Console | None = None, all_proxies: bool = False) -> int:  # fmt: skip
     """Print the status once, or (``watch``) until Ctrl-C. Exit 1 with one line when the proxy does not
     answer the first time; later misses show in the view while it keeps asking."""
     # A pipe or a file gets 140 columns (rich's default there is 80), unless COLUMNS says otherwise.
@@ -290,16 +318,16 @@ def run(url: str, watch: bool = False, interval: float = DEFAULT_INTERVAL, as_js
         console.print_json(data=doc)
         return 0
     if not watch:
-        console.print(render(doc))
+        console.print(render(doc, all_proxies=all_proxies))
         return 0
     try:
-        _watch(url, doc, interval, console)
+        _watch(url, doc, interval, console, all_proxies)
     except KeyboardInterrupt:
         pass
     return 0
 
 
-def _watch(url: str, doc: dict[str, Any], interval: float, console: Console) -> None:
+def _watch(url: str, doc: dict[str, Any], interval: float, console: Console, every: bool = False) -> None:
     from rich.live import Live
 
     def frame(doc: dict[str, Any], miss: str = "") -> Group:
@@ -307,7 +335,7 @@ def _watch(url: str, doc: dict[str, Any], interval: float, console: Console) -> 
         foot = f"{url}  every {interval:g} s  Ctrl-C quits  " + (
             f"NO ANSWER at {stamp}: {miss}" if miss else stamp
         )
-        return render(doc, foot)
+        return render(doc, foot, every)
 
     if not console.is_terminal:  # a pipe or a file: one frame after another
         while True:

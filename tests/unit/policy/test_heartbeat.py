@@ -56,20 +56,38 @@ def test_summary_is_bounded_and_clean() -> None:
 
 
 def test_damaged_records_are_none_or_bounded() -> None:
-    for bad in (None, [], "x", {"id": 1}, {"id": "a", "at": math.nan, "started": 0},
-                {"id": "a", "at": -1, "started": 0}, {"id": "", "at": 1, "started": 1},
-                {"id": "a", "at": True, "started": 1}):
+    for bad in (
+        None,
+        [],
+        "x",
+        {"id": 1},
+        {"id": "a", "at": math.nan, "started": 0},
+        {"id": "a", "at": -1, "started": 0},
+        {"id": "", "at": 1, "started": 1},
+        {"id": "a", "at": True, "started": 1},
+    ):
         assert decode(bad) is None
-    b = decode({"id": "a/../../etc", "at": 5, "started": 1, "queued": -4,
-                "pipelines": [["ok", 2], ["x", "y"], [3, 4], "z"] * 20})
+    b = decode(
+        {
+            "id": "a/../../etc",
+            "at": 5,
+            "started": 1,
+            "queued": -4,
+            "pipelines": [["ok", 2], ["x", "y"], [3, 4], "z"] * 20,
+        }
+    )
     assert b is not None and b.queued == 0 and len(b.pipelines) <= MAX_PIPELINES
     assert ("ok", 2) in b.pipelines and ("x", 0) in b.pipelines
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=300),
-                    lambda c: st.lists(c, max_size=5) | st.dictionaries(st.text(max_size=10), c, max_size=8),
-                    max_leaves=30))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=300),
+        lambda c: st.lists(c, max_size=5) | st.dictionaries(st.text(max_size=10), c, max_size=8),
+        max_leaves=30,
+    )
+)
 def test_decode_never_raises(raw: Any) -> None:
     b = decode(raw) if not isinstance(raw, dict) else decode({"id": "a", "at": 1, "started": 1, **raw})
     if b is not None:
