@@ -35,6 +35,7 @@ class Announcer:
         listen: str,
         clock: Callable[[], float] = time.time,
         every: float = BEAT_EVERY,
+        ident: str | None = None,
     ) -> None:
         self.beats = beats
         self.pacer = pacer
@@ -43,7 +44,7 @@ class Announcer:
         self.clock = clock
         self.every = every
         self.started = clock()
-        self.id = proxy_id(socket.gethostname(), os.getpid(), self.started)
+        self.id = ident or proxy_id(socket.gethostname(), os.getpid(), self.started)
         self.peers: list[Beat] = []
         self._warn = WarnOnce()
 
