@@ -85,7 +85,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("egress.name", "egress name", "", "the name Common Crawl counts requests under (one IP): proxies sharing a store and this name share one request window; give every machine behind one NAT the same name; empty: this machine's host name", env="POLITEPROXY_EGRESS_NAME"),
     S("egress.window", "duration", 300.0, "the trailing window requests are counted in (Common Crawl's WAF blocks an IP above 6,000 requests in 300 s)", bounds=(1.0, DAY), unit=_D, reload=True),
     S("egress.limit", "int", 4800, "requests per window per service, every class together (80% of Common Crawl's 6,000); 0 turns the window off, with a warning at start", bounds=(0, 10_000_000), reload=True),
-    S("schedule.expected_proxies", "int", 1, "gap multiplier while the shared store is down", bounds=(1, 1000)),
+    S("schedule.expected_proxies", "int", 1, "floor of the gap multiplier while the shared store is down (else the live proxies last seen)", bounds=(1, 1000)),
     S("pacing.max_wait", "duration", 25.0, "longest a request is held; beyond it 503 + Retry-After", bounds=(0.0, HOUR), unit=_D, reload=True),
     S("pacing.retries", "int", 2, "transparent retries of a throttled GET/HEAD", bounds=(0, 10), reload=True),
     S("pacing.max_queue", "int", 1024, "requests one proxy holds waiting at most (paced and exempt)", bounds=(1, 1_000_000), reload=True),
