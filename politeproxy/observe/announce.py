@@ -82,6 +82,7 @@ class Announcer:
     async def stop(self) -> None:
         """A clean stop removes its record at once, so the others count one fewer now, not in 6 s."""
         try:
-            await self.beats.drop(self.id)
+            async with asyncio.timeout(1.0):  # a store that hangs must not hold up the stop
+                await self.beats.drop(self.id)
         except Exception as e:  # noqa: BLE001 - advisory; the record expires anyway
             self._warn("drop", "could not remove this proxy's heartbeat: %r", e)

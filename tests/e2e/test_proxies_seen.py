@@ -61,3 +61,16 @@ def test_two_proxies_see_each_other_and_a_dead_one_drops_out(tmp_path: Path) -> 
     finally:
         a.stop()
         b.kill()
+
+
+@pytest.mark.slow  # a supervisor and two worker processes
+def test_each_worker_beats_as_its_own_entry(tmp_path: Path) -> None:
+    p = start_proxy(tmp_path, None, None, NO_ROBOTS, args=("--workers", "2"))
+    try:
+        wait_for(lambda: len(proxies(p)) == 2, 15, "both workers listed")
+        doc = json.loads(p.get("/status"))
+        pids = {str(w["pid"]) for w in doc["workers"]}
+        assert {r["id"].split(":")[1] for r in doc["proxies"]} == pids
+        assert {r["listen"] for r in doc["proxies"]} == {f"127.0.0.1:{p.port}"}
+    finally:
+        p.stop()
