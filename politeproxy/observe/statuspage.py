@@ -164,6 +164,13 @@ function render(doc) {
     cell(tr, fmt(p.wait_p50_s, " s"), true);
     cell(tr, fmt(p.expected_wait_s, " s"), true); cell(tr, p.next_host);
   });
+  fillRows("proxies", Array.isArray(doc.proxies) ? doc.proxies : [], (tr, x) => {
+    cell(tr, text(x.id) + (x.self === true ? " (this one)" : "")); cell(tr, x.listen); cell(tr, x.version);
+    cell(tr, fmt(x.last_beat_s, " s", 1), true); cell(tr, fmt(x.uptime_s, " s", 0), true);
+    cell(tr, x.queued, true);
+    const ps = Array.isArray(x.pipelines) ? x.pipelines : [];
+    cell(tr, ps.map((q) => text(q && q.pipeline) + " " + text(q && q.queued)).join(", "));
+  });
   chart(doc);
 }
 async function refresh() {
@@ -213,6 +220,10 @@ BODY = """<!doctype html>
 <th class="n">share</th><th class="n">weight</th><th class="n">wait p50</th><th class="n">next wait</th>
 <th>next host</th></tr></thead>
 <tbody id="pipelines"></tbody></table>
+<h2>Proxies sharing the store (heartbeats)</h2>
+<table><thead><tr><th>proxy</th><th>listen</th><th>version</th><th class="n">last beat</th>
+<th class="n">up</th><th class="n">queued</th><th>pipelines (queued)</th></tr></thead>
+<tbody id="proxies"></tbody></table>
 </main>
 <script>%SCRIPT%</script>
 </body></html>
