@@ -16,6 +16,9 @@ import pytest
 from politeproxy.policy.heartbeat import BEAT_EVERY, LIVE_FOR
 from tests.support.processes import POLITEPROXY, ROOT, wait_for
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
+from tests.support.redis_server import RedisServer, redis_fixture
+
+redis_one = redis_fixture("redis_one", scope="module")
 
 
 def proxies(p: ProxyProc) -> list[dict[str, Any]]:
@@ -74,3 +77,19 @@ def test_each_worker_beats_as_its_own_entry(tmp_path: Path) -> None:
         assert {r["listen"] for r in doc["proxies"]} == {f"127.0.0.1:{p.port}"}
     finally:
         p.stop()
+
+
+@pytest.mark.slow  # two proxy processes
+def test_two_proxies_on_one_redis_see_each_other(tmp_path: Path, redis_one: RedisServer) -> None:
+    """Separate data dirs, one Redis: the records are Redis's, not the disk's."""
+    toml = NO_ROBOTS + f'[schedule]\nbackend = "redis"\nredis_url = "{redis_one.url}"\n'
+    toml += f'redis_prefix = "pp-seen-{tmp_path.name[-12:]}:"\n'
+    a = start_proxy(tmp_path, None, None, toml)
+    b = start_proxy(tmp_path, None, None, toml)
+    both = {f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"}
+    try:
+        wait_for(lambda: listens(a) == both and listens(b) == both, 10, "both proxies on Redis")
+        assert not (a.data_dir / "proxies").exists()
+    finally:
+        a.stop()
+        b.stop()
