@@ -29,6 +29,7 @@ from politeproxy.policy.heartbeat import DROP_AFTER, LIVE_FOR, MAX_PROXIES, MAX_
 
 MAX_FILES = 4 * MAX_PROXIES  # directory entries looked at per read
 _NAME = re.compile(r"[0-9a-f]{32}\.json")
+_HASH = re.compile(r"[0-9a-f]{32}")
 
 
 def beat_key(ident: str) -> str:
@@ -154,9 +155,13 @@ class RedisBeats(Beats):
             hashes = await self.client.zrevrange(self.index, 0, MAX_PROXIES - 1)
             if not hashes:
                 return []
+            names = [h.decode("ascii", "replace") if isinstance(h, bytes) else str(h) for h in hashes]
+            names = [h for h in names if _HASH.fullmatch(h)]  # a member not of our making names no key
+            if not names:
+                return []
             pipe = self.client.pipeline(transaction=False)
-            for h in hashes:
-                key = self._key(h.decode("ascii", "replace") if isinstance(h, bytes) else str(h))
+            for h in names:
+                key = self._key(h)
                 pipe.get(key)
                 pipe.pttl(key)
             answers = await pipe.execute()

@@ -82,7 +82,7 @@ async def test_redis_age_comes_from_the_ttl(redis_one: RedisServer) -> None:
     now = time.time()
     await rb.put(make_beat("skewed", "l", "v", now - 3600, now - 3600, {}))
     await client.set(f"{rb.prefix}beat:{'9' * 32}", b"garbage")
-    await client.zadd(rb.index, {"9" * 32: now})
+    await client.zadd(rb.index, {"9" * 32: now, "../x" * 100: now + 1, "*": now + 2})
     assert [b.id for b in live(await rb.read(now), now)] == ["skewed"]
     await client.aclose()
 
