@@ -58,11 +58,12 @@ def frame_key(frame: str) -> str:
     return f"{path}:{name}"
 
 
+WRITES = ("Served.write", "StreamWriter._write", "StreamWriter._writelines")  # native TLS + send shows here
 # Areas of the proxy, each a test on a sample's frames (a sample may fall in several).
 AREAS: tuple[tuple[str, Callable[[list[str]], bool]], ...] = (
     (
-        "response writes to the client (aiohttp StreamWriter._write/_writelines: TLS + send)",
-        lambda ks: any(k.endswith(("StreamWriter._write", "StreamWriter._writelines")) for k in ks),
+        "response writes to the client (Served.write, aiohttp StreamWriter._write: TLS + send)",
+        lambda ks: any(k.endswith(WRITES) for k in ks),
     ),
     ("TLS decrypt (ssl.py SSLObject.read)", lambda ks: any(k.endswith("SSLObject.read") for k in ks)),
     (

@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> str:
         default="",
         help="comma-separated: small bulk duckdb held held-http floor cpu workers pacing cache profile",
     )
+    p.add_argument("--quiet-wait", type=float, default=60.0, help="longest wait for a quiet machine, s")
     a = p.parse_args(argv)
     only = set(a.only.split(",")) - {""}
     head = f"commit {os.popen(f'git -C {ROOT} rev-parse --short HEAD').read().strip() or '?'}"
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> str:
     for name, fn, args in steps(a.quick, not a.no_mitm):
         if only and name not in only:
             continue
-        before = cpu_busy(0.5) if a.quick else wait_quiet()
+        before = cpu_busy(0.5) if a.quick else wait_quiet(max_wait=a.quiet_wait)
         log(f"running {name} {' '.join(args)}")
         started = time.monotonic()
         text = fn(args) or ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,31 +54,45 @@ def rows(out: str, first_cell: str) -> list[list[str]]:
     ]
 
 
-def test_small_gets() -> None:
-    out = run("small_gets.py", "--no-mitm")
-    assert "mode off" in out and "mode exempt" in out
-    names = [r[1] for r in rows(out, "1")]
-    assert names == ["direct", "politeproxy"] * 2
-    assert all(r[-1] == "0" for r in rows(out, "1") + rows(out, "4")), out
+def steps(report: str) -> dict[str, str]:
+    """run_all.py's report cut into its steps: each step's text ends with its ``_name: N s; ...`` line (a
+    step that runs twice, the floor probe's three modes, keeps its texts in order, joined)."""
+    out: dict[str, str] = {}
+    report = report[report.rindex("Machine: ") :]  # the report, after each step's own printout
+    for m in re.finditer(r"(.*?)\n_([\w-]+): \d+ s;[^\n]*", report, re.S):
+        out[m.group(2)] = out.get(m.group(2), "") + m.group(1)
+    return out
+
+
+def test_run_all_quick() -> None:
+    """The one-run benchmark (issue 28 item 4) with tiny sizes: every target's step runs and its rows parse.
+    One process for all of them: cheaper than a script per figure."""
+    need_tool("hey")
+    need_tool("curl")
+    only = "small,bulk,duckdb,held,floor,cpu,workers"
+    got = steps(run("run_all.py", "--no-mitm", "--only", only, timeout=120))
+    assert set(got) == set(only.split(",")), list(got)
+    small = rows(got["small"], "1") + rows(got["small"], "4")
+    assert [r[1] for r in small] == ["direct", "politeproxy"] * 2, got["small"]
+    assert all(r[-1] == "0" for r in small), got["small"]
+    (pp,) = rows(got["bulk"], "politeproxy")
+    assert float(pp[1].replace(",", "")) > 0 and float(pp[4]) > 0
+    (direct,) = rows(got["duckdb"], "direct")
+    (pp,) = rows(got["duckdb"], "politeproxy")
+    assert int(direct[3]) > 0 and pp[3] == direct[3]  # the same range reads, all passed through
+    assert "| answers | 200: 200 |" in got["held"], got["held"]
+    floor = got["floor"]
+    assert [r[1] for r in rows(floor, "1")] == ["direct", "floor", "politeproxy"], floor
+    assert "| answers after release | 200: 20 |" in floor, floor
+    assert "One 8 MiB download" in floor and "| floor |" in floor, floor  # past 64 KiB: a streamed body
+    (cpu,) = rows(got["cpu"], "4")
+    assert float(cpu[2].split()[0]) > 0, got["cpu"]
+    assert [r[1] for r in rows(got["workers"], "4")] == ["direct", "workers=1", "workers=2"], got["workers"]
 
 
 def test_small_gets_python_loadgen() -> None:
     out = run("small_gets.py", "--no-mitm", "--loadgen", "python", "--mode", "off", "--concurrency", "2")
     assert [r[1] for r in rows(out, "2")] == ["direct", "politeproxy"]
-
-
-def test_bulk() -> None:
-    need_tool("curl")
-    out = run("bulk.py", "--no-mitm")
-    (pp,) = rows(out, "politeproxy")
-    assert float(pp[1].replace(",", "")) > 0 and float(pp[4]) > 0
-
-
-def test_duckdb_scan() -> None:
-    out = run("duckdb_scan.py", "--no-mitm")
-    (direct,) = rows(out, "direct")
-    (pp,) = rows(out, "politeproxy")
-    assert int(direct[3]) > 0 and pp[3] == direct[3]  # the same range reads, all passed through
 
 
 def test_cache_figures_from_duckdb_scan_and_bulk() -> None:
@@ -90,11 +105,6 @@ def test_cache_figures_from_duckdb_scan_and_bulk() -> None:
     assert second[-1] == "0" and int(scan_direct[-1]) > 0, out
     (hit,) = rows(out, "proxy, cached (hit)")
     assert hit[-1] == "0", out
-
-
-def test_held() -> None:
-    out = run("held.py", "--scheme", "http")
-    assert "| answers | 200: 200 |" in out
 
 
 def test_pacing() -> None:
@@ -125,18 +135,9 @@ def test_profile_summary(tmp_path: Path) -> None:
     assert "100.0% | `politeproxy/server.py:main`" in text
 
 
-def test_floor_probe() -> None:
-    need_tool("hey")
-    out = run("floor_probe.py")
-    assert [r[1] for r in rows(out, "1")] == ["direct", "floor", "politeproxy"], out
-    held = run("floor_probe.py", "--held", "20")
-    assert "| answers after release | 200: 20 |" in held, held
-    bulk = run("floor_probe.py", "--bulk")  # 8 MiB with --quick: the floor streams a body past 64 KiB
-    assert "One 8 MiB download" in bulk and "| floor |" in bulk and "| politeproxy |" in bulk, bulk
-
-
 @pytest.mark.parametrize(
-    "script", ["run_all.py", "profile_small_gets.py", "loadgen.py", "two_processes.py", "floor_probe.py"]
+    "script",
+    ["run_all.py", "profile_small_gets.py", "loadgen.py", "two_processes.py", "floor_probe.py", "workers.py"],
 )
 def test_help(script: str) -> None:
     r = subprocess.run(
