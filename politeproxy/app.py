@@ -177,7 +177,9 @@ class App:
                 raise StartupError(f"cannot serve metrics on {cfg['metrics_listen']}: {e.strerror}") from None
         self._spawn(self._refresh_gauges(), "gauges")
         self._spawn(self.status.run(), "status history")
-        self.announcer = Announcer(make_beats(cfg, store), self.pacer, store, f"{host}:{port}")
+        self.announcer = Announcer(
+            make_beats(cfg, store), self.pacer, store, f"{host}:{port}", on_count=self._count_proxies
+        )
         self.status.proxies = self.announcer.rows
         self._spawn(self.announcer.run(), "heartbeat")
         if self.config_path:
@@ -263,6 +265,10 @@ class App:
         self.metrics.set_store(active.name, degraded)
         why = "the shared store does not answer: pacing locally" if degraded else "the shared store answers"
         events_log.info("schedule store: now %s (%s)", active.name, why)
+
+    def _count_proxies(self, live: int, multiplier: float) -> None:
+        self.metrics.proxies_live.set(live)
+        self.metrics.fallback_multiplier.set(multiplier)
 
     def _health(self) -> dict[str, Any]:
         snap = self.pacer.snapshot()

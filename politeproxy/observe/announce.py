@@ -36,6 +36,7 @@ class Announcer:
         clock: Callable[[], float] = time.time,
         every: float = BEAT_EVERY,
         ident: str | None = None,
+        on_count: Callable[[int, float], None] | None = None,
     ) -> None:
         self.beats = beats
         self.pacer = pacer
@@ -46,6 +47,7 @@ class Announcer:
         self.started = clock()
         self.id = ident or proxy_id(socket.gethostname(), os.getpid(), self.started)
         self.peers: list[Beat] = []
+        self.on_count = on_count  # (live proxies, fallback gap multiplier) after each beat: the gauges
         self._warn = WarnOnce()
 
     def _mine(self, now: float) -> Beat:
@@ -65,8 +67,12 @@ class Announcer:
             self.peers = live([*self.peers, mine], now)
             return
         self.peers = live([*found, mine], now)
+        mult = 1.0
         if isinstance(self.store, FailoverStore):
             self.store.note_live(len(self.peers))
+            mult = self.store.gap_multiplier
+        if self.on_count:
+            self.on_count(len(self.peers), mult)
 
     async def run(self) -> None:
         while True:

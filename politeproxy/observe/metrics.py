@@ -239,6 +239,17 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
             registry=r,
         )
         self.store = Gauge("politeproxy_schedule_store", "1 for the store in use", ["store"], registry=r)
+        # issue 27: the heartbeats' live count, and the gap multiplier the fallback would pace with
+        self.proxies_live = Gauge(
+            "politeproxy_proxies_live",
+            "Proxies live on the shared store (heartbeats), this one included",
+            registry=r,
+        )
+        self.fallback_multiplier = Gauge(
+            "politeproxy_fallback_gap_multiplier",
+            "The gap multiplier while the shared store is down: max(expected_proxies, live count last seen)",
+            registry=r,
+        )
         self.reloads = Counter(
             "politeproxy_config_reloads", "Config reloads by result", ["result"], registry=r
         )

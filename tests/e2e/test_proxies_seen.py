@@ -53,6 +53,8 @@ def test_two_proxies_see_each_other_and_a_dead_one_drops_out(tmp_path: Path) -> 
         text = status_all(a)
         assert f"127.0.0.1:{a.port}" in text and f"127.0.0.1:{b.port}" in text and "(this one)" in text
         assert len(list((shared / "proxies").glob("*.json"))) == 2
+        wait_for(lambda: a.metric("politeproxy_proxies_live") == 2, BEAT_EVERY + 2, "the live gauge at 2")
+        assert a.metric("politeproxy_fallback_gap_multiplier") == 2  # expected_proxies 1, two live
         b.kill()  # no clean stop: its record stays until it is older than three beats
         t0 = time.monotonic()
         wait_for(lambda: listens(a) == {f"127.0.0.1:{a.port}"}, LIVE_FOR + 6, "the killed proxy gone")
