@@ -69,7 +69,9 @@ def test_a_cloudfront_block_shows_why_and_release_lifts_it_at_once(
     hold = r["hold"]
     assert r["state"] == "blocked" and hold["kind"] == "block" and hold["status"] == 403, r
     assert "CloudFront" in hold["reason"] and "probe" in hold["rule"], hold
-    assert t0 - 1 <= hold["since"] <= time.time() and abs(hold["until"] - hold["since"] - HOLD) < 1.5, hold
+    # since is shown to 0.1 s (observe/hostrows.py), so it may read up to 0.05 s ahead of this clock.
+    assert t0 - 1 <= hold["since"] <= time.time() + 0.1, hold
+    assert abs(hold["until"] - hold["since"] - HOLD) < 1.5, hold
     assert hold["next_probe_in_s"] > HOLD - 10, hold  # the probe goes when the hold ends
     windows = {w["service"]: w for w in status(p)["windows"]}
     assert windows[DATA]["requests"] >= 1 and windows[DATA]["limit"] == 4800, windows
