@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable
 
 from politeproxy.pacing.base import PacerEvents, PacingSettings, RepeatLog, WaitTooLong, window_full
 from politeproxy.pacing.state import QueueState, Waiter
+from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.base import Store, StoreError
 
@@ -24,6 +26,7 @@ ERROR_BACKOFF_FIRST = 0.1  # seconds; doubled on each consecutive error
 ERROR_BACKOFF_CAP = 2.0  # a recovered store is used again within this long
 PRUNE_EVERY = 1.0  # seconds between sweeps of passed ready hints
 SWEEP_EVERY = 0.5  # seconds between looks for waiters that can no longer go within max_wait
+TURN_WAIT_MAX = 5.0  # seconds, at most, between asks while other pipelines have the turn
 
 
 class Dispatcher:
@@ -48,6 +51,8 @@ class Dispatcher:
         self._swept = 0.0
         # host -> until when its request window was last found full: a refusal then names the window
         self._window_full: dict[str, float] = {}
+        self.proxy_id = secrets.token_hex(4)  # this proxy's marks in the shared store's fair turns
+        self._turn: str | None = None  # the pipeline whose turn the store said it is, served first
 
     async def run(self) -> None:
         while True:
@@ -72,7 +77,7 @@ class Dispatcher:
         if now - self._swept >= SWEEP_EVERY:
             self._swept = now
             self._refuse_behind(now)
-        head, soonest = self.state.next_line(now)
+        head, soonest = self.state.next_line(now, self._turn)
         if head is None:
             self.wake.clear()
             timeout = None if soonest is None else max(0.0, soonest - now)
@@ -85,10 +90,15 @@ class Dispatcher:
         host = head.host
         s = self.settings()
         left = max(0.0, head.deadline - now)
-        c = await self.store.claim(host, s.gap, s.interval_for(host), left, window=s.window_for(host))
+        fair = self._fair_ask(head, now) if s.gap > 0 else None
+        w = s.window_for(host)
+        c = await self.store.claim(host, s.gap, s.interval_for(host), left, window=w, fair=fair)
         now = self.monotonic()
         if c.outcome is Outcome.GRANTED:
+            self._turn = None
             await self._grant(host, head, now + c.wait, c.wait)
+        elif c.outcome is Outcome.NOT_YOUR_TURN:
+            await self._not_my_turn(c, now)
         elif c.outcome is Outcome.HOST_NOT_READY:
             self.state.set_ready(host, now + c.wait, now)
             if c.window:
@@ -98,6 +108,20 @@ class Dispatcher:
             self._refuse_hopeless(host, c, now)
         else:
             self._too_late(host, head, c, now)
+
+    def _fair_ask(self, head: Waiter[asyncio.Future[float]], now: float) -> FairAsk:
+        """The head's pipeline and weight, and every pipeline this proxy has ready: the shared store marks
+        them backlogged, so the turns hold whichever proxy a pipeline's requests enter (issue 27)."""
+        p = head.pipeline
+        return FairAsk(p, self.state.tags.weight(p), self.proxy_id, self.state.ready_pipelines(now))
+
+    async def _not_my_turn(self, c: Claim, now: float) -> None:
+        """Another pipeline's turn: serve it next if this proxy has it ready, else ask again after the
+        store's wait (bounded here too: a store's answer is not trusted to be sane)."""
+        self._turn = c.turn or None
+        if c.turn and c.turn in self.state.ready_pipelines(now):
+            return
+        await asyncio.sleep(min(TURN_WAIT_MAX, max(0.0, c.wait)))
 
     async def _grant(self, host: str, head: Waiter[asyncio.Future[float]], slot: float, wait: float) -> None:
         self.state.remove(head)

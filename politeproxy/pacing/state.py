@@ -143,14 +143,16 @@ class QueueState(Generic[T]):
             del self.queues[key]  # an empty line costs nothing: a line lives as long as it has waiters
         self._count(w, -1, len(q))
 
-    def next_line(self, now: float) -> tuple[Waiter[T] | None, float | None]:
+    def next_line(self, now: float, prefer: str | None = None) -> tuple[Waiter[T] | None, float | None]:
         """The head to serve next, and the soonest time a line not ready now becomes ready.
 
         Among lines whose host is ready: the pipeline with the least start tag (SFQ), and within it the
-        head that waited longest (FIFO per host, oldest first across hosts)."""
+        head that waited longest (FIFO per host, oldest first across hosts). ``prefer``: the pipeline
+        whose turn the shared store said it is (``policy.fairclaim``), first when it has a ready line."""
         best: Waiter[T] | None = None
         best_tag = 0.0
         soonest: float | None = None
+        mine: Waiter[T] | None = None
         for key in list(self.queues):
             q = self.queues[key]
             while q and q[0].ticket.done():  # left already (client gone, timed out)
@@ -161,10 +163,23 @@ class QueueState(Generic[T]):
             if ready > now:
                 soonest = ready if soonest is None else min(soonest, ready)
                 continue
+            if key[0] == prefer and (mine is None or q[0].arrived < mine.arrived):
+                mine = q[0]
             tag = self.tags.start(key[0])
             if best is None or (tag, q[0].arrived) < (best_tag, best.arrived):
                 best, best_tag = q[0], tag
-        return best, soonest
+        return mine or best, soonest
+
+    def ready_pipelines(self, now: float, limit: int = 32) -> tuple[str, ...]:
+        """The pipelines with a line whose host could go now (this proxy's backlog, for the shared
+        store's fair turns), at most ``limit``."""
+        out: dict[str, None] = {}
+        for (pipeline, host), q in self.queues.items():
+            if q and pipeline not in out and self.ready.get(host, 0.0) <= now:
+                out[pipeline] = None
+                if len(out) >= limit:
+                    break
+        return tuple(out)
 
     def next_ready(self, now: float) -> tuple[str | None, float | None]:
         """The host of the next head to serve (see ``next_line``), and the soonest other ready time."""

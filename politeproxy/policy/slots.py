@@ -38,6 +38,7 @@ class Outcome(StrEnum):
     GRANTED = "granted"
     HOST_NOT_READY = "host_not_ready"
     TOO_LATE = "too_late"
+    NOT_YOUR_TURN = "not_your_turn"  # another pipeline's fair turn (policy.fairclaim): ask again after wait
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Claim:
     at: float  # the slot, or the earliest time the request could go
     probe: bool = False  # granted as the probe after a block: its answer must reach the store at once
     window: bool = False  # not granted because the service's request window is full (policy.window)
+    turn: str = ""  # NOT_YOUR_TURN: the pipeline whose turn it is
 
     @property
     def granted(self) -> bool:

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
+from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.slots import Claim, HostState, Outcome, adaptive_interval
 from politeproxy.policy.window import WindowRule
 
@@ -99,6 +100,7 @@ class Store(ABC):
         max_wait: float | None,
         not_before: float = 0.0,
         window: WindowRule | None = None,
+        fair: FairAsk | None = None,
     ) -> Claim:
         """Atomically reserve the next global slot and the host's next time, or nothing.
 
@@ -106,7 +108,10 @@ class Store(ABC):
         ``max_wait``: reserve nothing if the request would go later than this many seconds from now;
         ``not_before``: the slot is at least this many seconds from now (the failover store's grace);
         ``window``: the host's service's request window, checked and counted in the same step
-        (``policy.window``): a slot it has no room for reserves nothing (``Claim.window``).
+        (``policy.window``): a slot it has no room for reserves nothing (``Claim.window``);
+        ``fair``: the asking pipeline and this proxy's backlog (``policy.fairclaim``), for a store shared by
+        several proxies: a claim out of the pipeline's fair turn reserves nothing (``NOT_YOUR_TURN``, with
+        whose turn it is). Only with a gap: without a global schedule there is no slot to share.
         """
 
     async def exempt_claim(

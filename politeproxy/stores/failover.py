@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
+from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.heartbeat import MAX_PROXIES, multiplier
 from politeproxy.policy.slots import Claim, Outcome, duration
 from politeproxy.policy.window import WindowRule, divided
@@ -159,7 +160,10 @@ class FailoverStore(Store):
         max_wait: float | None,
         not_before: float = 0.0,
         window: WindowRule | None = None,
+        fair: FairAsk | None = None,
     ) -> Claim:
+        """The shared store's fair turn holds while it answers; the fallback and the grace after an
+        outage keep no turns (each proxy then paces alone, its own dispatcher sharing fairly)."""
         gap = duration(gap)
         paced = gap > 0  # a gap of 0 is no global schedule, so there is nothing to guard
         if paced:
@@ -170,7 +174,7 @@ class FailoverStore(Store):
             try:
                 if paced and self.monotonic() < self._grace_until:
                     return await self._grace_claim(host, gap, interval, max_wait, not_before, window)
-                c = await self.primary.claim(host, gap, interval, max_wait, not_before, window)
+                c = await self.primary.claim(host, gap, interval, max_wait, not_before, window, fair)
             except FAILS as e:
                 self._degrade(e)
                 if paced and (held := self._held()) is not None:

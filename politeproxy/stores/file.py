@@ -2,8 +2,9 @@
 
 ``ratelimit.lock`` holds the global record in ccrawl's format: 16 bytes, big-endian uint64 UnixNano of the
 next free slot, then big-endian uint64 count of grants, read and written under ``flock(LOCK_EX)`` held only
-for that read and write. Per-host state lives in ``hosts/<host>``, read and written under the same lock,
-so one claim checks and reserves both atomically.
+for that read and write. Per-host state lives in ``hosts/<host>``, the request windows in ``windows/``, the
+pipelines' fair turns in ``fair``, all read and written under the same lock, so one claim checks and
+reserves them atomically.
 
 Records are untrusted (ccrawl, a crash, a disk): decoding never raises, and a time no legitimate wait gives
 is treated as now (``slots.Bounds``), logged once. Only a name that passes ``valid_hostname`` becomes a
@@ -15,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,9 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
-from politeproxy.policy.slots import MAX_BACKOFF, Claim, HostState, duration
+from politeproxy.policy.fairclaim import FairAsk, FairState, fair_charge, fair_gate, sane_state
+from politeproxy.policy.slots import MAX_BACKOFF, Claim, HostState, Outcome, duration
 from politeproxy.policy.window import WindowRule, WindowState
-from politeproxy.stores import window_records
+from politeproxy.stores import fair_records, window_records
 from politeproxy.stores.base import HostView, Store, StoreError, jitter_source, other_ceiling
 from politeproxy.stores.file_records import (
     GLOBAL,
@@ -38,81 +39,8 @@ from politeproxy.stores.file_records import (
     encode_host,
     host_file_name,
 )
+from politeproxy.stores.flock import Held, LockWait
 from politeproxy.stores.memory import StateMachine
-
-
-class _Held:
-    """``FileStore._held()``'s context: this process's turn (one coroutine at a time), then the flock. A small
-    class rather than an @asynccontextmanager: no generator frames per claim, which every request makes."""
-
-    __slots__ = ("_store",)
-
-    def __init__(self, store: FileStore) -> None:
-        self._store = store
-
-    async def __aenter__(self) -> None:
-        store = self._store
-        if store._inproc is None:
-            store._inproc = asyncio.BoundedSemaphore(1)
-        inproc = store._inproc
-        if inproc.locked():  # only a wait needs a timer: a free lock is taken at once (hot path)
-            try:
-                async with asyncio.timeout(store.lock_timeout):
-                    await inproc.acquire()
-            except TimeoutError as e:
-                raise StoreError(f"cannot lock {store.path}: busy in this process") from e
-        else:
-            await inproc.acquire()
-        try:
-            await store._lock()
-        except BaseException:
-            inproc.release()
-            raise
-
-    async def __aexit__(self, *exc: object) -> None:
-        store = self._store
-        try:
-            store._unlock()
-        finally:
-            assert store._inproc is not None
-            store._inproc.release()
-
-
-class _LockWait:
-    """One wait for the flock in the lock thread. It polls LOCK_NB until its deadline rather than blocking
-    in flock(), so the thread never outlives its waiter by more than one poll; and a lock it gets after its
-    waiter left is released at once (``abandon``), so nobody is locked out by a thread nobody awaits."""
-
-    def __init__(self, fd: int, deadline: float) -> None:
-        self.fd = fd
-        self.deadline = deadline
-        self.mu = threading.Lock()
-        self.abandoned = False
-        self.acquired = False
-
-    def run(self) -> bool:
-        pause = 0.001
-        while True:
-            with self.mu:  # the waiter's abandon() cannot slip between the check and the flock
-                if self.abandoned:
-                    return False
-                try:
-                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    self.acquired = True
-                    return True
-                except BlockingIOError:
-                    pass
-            if time.monotonic() >= self.deadline:
-                return False
-            time.sleep(pause)
-            pause = min(0.01, pause * 2)
-
-    def abandon(self) -> None:
-        with self.mu:
-            self.abandoned = True
-            if self.acquired:
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
-                self.acquired = False
 
 
 class FileStore(Store):
@@ -145,6 +73,7 @@ class FileStore(Store):
             raise StoreError(f"cannot open {self.path}: {e}") from e
         self.host_fds: OrderedDict[str, int] = OrderedDict()
         self.window_fds: dict[str, int] = {}  # one per named service: a handful
+        self.fair_fd: int | None = None  # ``fair``: the pipelines' turns (stores/fair_records.py)
         self.lock_timeout = 5.0
         # flock belongs to the open file description, which every coroutine here shares: two of them
         # "holding" it at once would let the first one's unlock end the second one's critical section
@@ -169,7 +98,7 @@ class FileStore(Store):
             return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="politeproxy-flock")
-        wait = _LockWait(self.fd, time.monotonic() + self.lock_timeout)
+        wait = LockWait(self.fd, time.monotonic() + self.lock_timeout)
         fut = asyncio.get_running_loop().run_in_executor(self._executor, wait.run)
         try:
             # The thread stops at its own deadline; this bound only covers a thread still finishing the
@@ -187,9 +116,9 @@ class FileStore(Store):
     def _unlock(self) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
 
-    def _held(self) -> _Held:
+    def _held(self) -> Held:
         """The flock, held for one synchronous read-modify-write (``async with self._held(): ...``)."""
-        return _Held(self)
+        return Held(self)
 
     # -- records ----------------------------------------------------------------------------------
 
@@ -259,12 +188,25 @@ class FileStore(Store):
         max_wait: float | None,
         not_before: float = 0.0,
         window: WindowRule | None = None,
+        fair: FairAsk | None = None,
     ) -> Claim:
         async with self._held():
             nxt, count = self._read_global()
             st = self._read_host(host)
             c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait, not_before)
+            turns = None
+            if fair is not None and c.granted and duration(gap) > 0:  # the fair turn, under the same flock
+                now = self.sm.clock()
+                turns = self._read_fair(now, duration(gap))
+                c = fair_gate(turns, c, fair, duration(gap), now)
+                if c.outcome is Outcome.NOT_YOUR_TURN:  # the marks written, nothing reserved
+                    self._write_fair(turns)
+                    return c
             c, counted = self._windowed(c, window, max_wait)
+            if turns is not None and fair is not None:
+                if c.granted:
+                    fair_charge(turns, fair)
+                self._write_fair(turns)
             if not c.granted and c.window:  # the window has no room: nothing reserved, nothing written
                 return c
             if c.granted:
@@ -289,6 +231,22 @@ class FileStore(Store):
         if counted is not None:
             self._write_window(rule, counted)
         return c, counted
+
+    def _read_fair(self, now: float, gap: float) -> FairState:
+        if self.fair_fd is None:
+            self.fair_fd = os.open(self.dir / "fair", os.O_RDWR | os.O_CREAT, 0o644)
+        state, ok = fair_records.decode(os.pread(self.fair_fd, fair_records.MAX_SIZE, 0))
+        state, sane = sane_state(state, now, gap)
+        if not (ok and sane):
+            msg = "file store: %s is not a fair-queuing record; its bad parts dropped"
+            self.sm.warn("fair", msg, self.dir / "fair")
+        return state
+
+    def _write_fair(self, state: FairState) -> None:
+        assert self.fair_fd is not None
+        data = fair_records.encode(state)
+        os.pwrite(self.fair_fd, data, 0)
+        os.ftruncate(self.fair_fd, len(data))
 
     def _window_fd(self, rule: WindowRule) -> int:
         name = host_file_name(rule.service)
@@ -392,12 +350,14 @@ class FileStore(Store):
             return self._read_global()[1]
 
     async def close(self) -> None:
-        for fd in [self.fd, *self.host_fds.values(), *self.window_fds.values()]:
+        fair = [] if self.fair_fd is None else [self.fair_fd]
+        for fd in [self.fd, *self.host_fds.values(), *self.window_fds.values(), *fair]:
             try:
                 os.close(fd)
             except OSError:
                 pass
         self.host_fds.clear()
         self.window_fds.clear()
+        self.fair_fd = None
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

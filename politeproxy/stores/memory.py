@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from politeproxy.policy import backoff, slots, window
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
-from politeproxy.policy.slots import MAX_BACKOFF, MAX_DURATION, Bounds, Claim, HostState, duration
+from politeproxy.policy.fairclaim import FairAsk, FairState, fair_charge, fair_gate
+from politeproxy.policy.slots import MAX_BACKOFF, MAX_DURATION, Bounds, Claim, HostState, Outcome, duration
 from politeproxy.policy.window import WindowRule, WindowState
 from politeproxy.stores.base import HostView, Store, WarnOnce, jitter_source, other_ceiling
 
@@ -194,6 +195,7 @@ class MemoryStore(Store):
         self.count = 0
         self.hosts: dict[str, HostState] = {}
         self.windows: dict[str, WindowState] = {}  # service -> its request window (a few named services)
+        self.fair = FairState()  # pipelines' turns, for dispatchers sharing this object (tests, simulate)
 
     async def claim(
         self,
@@ -203,10 +205,14 @@ class MemoryStore(Store):
         max_wait: float | None,
         not_before: float = 0.0,
         window: WindowRule | None = None,
+        fair: FairAsk | None = None,
     ) -> Claim:
         c, new_next, new_host = self.sm.claim(
             self.global_next, self.hosts.get(host, HostState()), gap, interval, max_wait, not_before
         )
+        c = fair_gate(self.fair, c, fair, duration(gap), self.sm.clock())
+        if c.outcome is Outcome.NOT_YOUR_TURN:  # nothing reserved, nothing counted
+            return c
         c, counted = self._windowed(c, window, max_wait)
         if counted is not None and window is not None:
             self.windows[window.service] = counted  # the slot counted, or a stray record bounded
@@ -216,6 +222,8 @@ class MemoryStore(Store):
         if c.granted:
             self.count += 1
             self.note_probe(host, c)
+            if fair is not None and duration(gap) > 0:
+                fair_charge(self.fair, fair)
         return c
 
     def _windowed(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from politeproxy.policy import slots
 from politeproxy.policy.backoff import FAIL_BLOCK
+from politeproxy.stores.redis_fair_lua import FAIR_FUNCTIONS
 from politeproxy.stores.redis_window_lua import WINDOW_FUNCTIONS
 
 US = 1_000_000
@@ -126,13 +127,18 @@ end
     + WINDOW_FUNCTIONS
 )
 
-# KEYS: global, host, window (the service's request window for this egress). ARGV: gap_us, interval_us,
-# max_wait_us ('' = none), key_ttl_ms, max_backoff_us, not_before_us (the slot is no earlier than now +
-# this), last_next_us (the next this proxy wrote last), window_us, window_limit (0 = no window).
-# Returns {outcome (0 granted, 1 host not ready, 2 too late), wait_us, at_us, corrupt (1 global, 2 host,
-# 4 window), probe (1: granted as the probe after a block), window (1: the window had no room)}.
+# The claim's prelude also carries the fair turn (the other scripts do not need it).
+_CLAIM_PRELUDE = PRELUDE + FAIR_FUNCTIONS
+
+# KEYS: global, host, window (the service's request window for this egress), fair (the pipelines' turns).
+# ARGV: gap_us, interval_us, max_wait_us ('' = none), key_ttl_ms, max_backoff_us, not_before_us (the slot
+# is no earlier than now + this), last_next_us (the next this proxy wrote last), window_us, window_limit
+# (0 = no window), then the fair ask: proxy ('' = none), pipeline, weight, the proxy's backlog names...
+# Returns {outcome (0 granted, 1 host not ready, 2 too late, 3 not this pipeline's turn), wait_us, at_us,
+# corrupt (1 global, 2 host, 4 window, 8 fair), probe (1: granted as the probe after a block), window (1:
+# the window had no room), turn (3: whose turn it is)}.
 CLAIM = (
-    PRELUDE
+    _CLAIM_PRELUDE
     + """
 local now = now_us()
 local gap = tonumber(ARGV[1])
@@ -174,9 +180,28 @@ if h[6] > 0 and h[8] > now then  -- blocked, and the probe is out: look again so
   return {1, poll, now + poll, corrupt}
 end
 if deadline ~= nil and slot > deadline then return {2, slot - now, slot, corrupt} end
+local fair = nil
+if ARGV[10] ~= nil and ARGV[10] ~= '' and gap > 0 then  -- the fair turn (policy.fairclaim.fair_gate)
+  fair = fair_load(KEYS[4], now, gap)
+  if not fair.ok then corrupt = corrupt + 8 end
+  local names = {}
+  for i = 13, #ARGV do names[#names + 1] = ARGV[i] end
+  local fwait, turn = fair_turn(fair, ARGV[10], ARGV[11], names, now, slot - now - gap, gap)
+  if fwait > 0 then
+    fair_save(KEYS[4], fair, gap)
+    return {3, fwait, now + fwait, corrupt, 0, 0, turn}
+  end
+end
 local full, wok = win_gate(KEYS[3], slot, now, deadline, tonumber(ARGV[8]), tonumber(ARGV[9]))
 if not wok then corrupt = corrupt + 4 end
-if full ~= nil then return {full[1], full[2], full[3], corrupt, 0, 1} end
+if full ~= nil then
+  if fair ~= nil then fair_save(KEYS[4], fair, gap) end
+  return {full[1], full[2], full[3], corrupt, 0, 1}
+end
+if fair ~= nil then
+  fair_charge(fair, ARGV[11], tonumber(ARGV[12]))
+  fair_save(KEYS[4], fair, gap)
+end
 
 local new_next = gnext
 if gap > 0 then new_next = slot + gap end
@@ -341,54 +366,5 @@ if num(r[3]) ~= 0 and num(r[4]) <= now_us() then
   redis.call('HSET', KEYS[1], 'blocks', 0, 'probe_until', 0)
 end
 return 1
-"""
-)
-
-# KEYS: host. A release (politeproxy release): the hold, the counts and the raised interval cleared,
-# without creating a key (a key without a TTL would live forever).
-RELEASE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HSET', KEYS[1], 'backoff_until', 0, 'throttles', 0, 'blocks', 0, 'fails', 0, 'probe_until', 0,
-    'adapt_interval', 0, 'adapt_from', 0, 'adapt_until', 0)
-end
-return 1
-"""
-
-# KEYS: host. ARGV: crawl_delay_us, robots_ttl_us, key_ttl_ms.
-SET_CRAWL_DELAY = (
-    PRELUDE
-    + """
-local now = now_us()
-redis.call('HSET', KEYS[1], 'crawl_delay', fmt(tonumber(ARGV[1])),
-  'robots_expires', fmt(now + tonumber(ARGV[2])))
-keep(KEYS[1], now, tonumber(ARGV[3]), host_furthest(KEYS[1]))
-return 1
-"""
-)
-
-# KEYS: window. ARGV: window_us. The requests the window holds now (reserved slots included).
-WINDOW_USED = (
-    PRELUDE
-    + """
-local now = now_us()
-local W = tonumber(ARGV[1])
-local b, ok, w = win_live(KEYS[1], now, W)
-local lo = math.floor((now - W) / w)
-local n = 0
-for _, e in ipairs(b) do if e[1] >= lo then n = n + e[2] end end
-return n
-"""
-)
-
-# KEYS: host. ARGV: max_backoff_us. Returns {now, the 12 fields of sane_host, corrupt}, every field within
-# its (loose) bound: a view never returns a stray value.
-HOST_VIEW = (
-    PRELUDE
-    + """
-local now = now_us()
-local h, ok = sane_host(KEYS[1], now, 0, LOOSE_STEP, tonumber(ARGV[1]))
-local corrupt = 0
-if not ok then corrupt = 2 end
-return {now, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], corrupt}
 """
 )

@@ -26,15 +26,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
+from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_CRAWL_DELAY, MAX_ROBOTS_TTL, Claim, Outcome, duration
 from politeproxy.policy.window import WindowRule
-from politeproxy.stores import redis_lua
+from politeproxy.stores import redis_lua, redis_view_lua
 from politeproxy.stores.base import HostView, Store, StoreError, WarnOnce, jitter_source
 
 T = TypeVar("T")
 US = 1_000_000
 
-_OUTCOMES = {0: Outcome.GRANTED, 1: Outcome.HOST_NOT_READY, 2: Outcome.TOO_LATE}
+_OUTCOMES = {0: Outcome.GRANTED, 1: Outcome.HOST_NOT_READY, 2: Outcome.TOO_LATE, 3: Outcome.NOT_YOUR_TURN}
 
 
 def _us(seconds: float) -> int:
@@ -51,11 +52,20 @@ def _window_args(rule: WindowRule | None) -> list[int]:
     return [_us(duration(rule.seconds)), max(0, int(rule.limit))]
 
 
+def _fair_args(fair: FairAsk | None, gap_us: int) -> list[int | str]:
+    """The claim script's fair ask: proxy, pipeline, weight, backlog names (none: no fair turn)."""
+    if fair is None or gap_us <= 0:
+        return []
+    return [fair.proxy or "-", fair.pipeline, repr(fair.w()), *fair.marks()[1:]]
+
+
 def _claim(code: int, wait: float, rest: Sequence[Any]) -> Claim:
-    """A claim from a script's answer: its optional tail is the probe flag, then the window flag."""
+    """A claim from a script's answer: its optional tail is the probe flag, the window flag, whose turn."""
     probe = bool(rest and int(rest[0]))
     full = bool(len(rest) > 1 and int(rest[1]))
-    return Claim(_OUTCOMES[code], wait, time.time() + wait, probe, full)
+    turn = rest[2] if len(rest) > 2 else b""
+    name = turn.decode("utf-8", "replace") if isinstance(turn, bytes) else str(turn)
+    return Claim(_OUTCOMES.get(code, Outcome.HOST_NOT_READY), wait, time.time() + wait, probe, full, name)
 
 
 class RedisStore(Store):
@@ -95,14 +105,19 @@ class RedisStore(Store):
         self._exempt = self.client.register_script(redis_lua.EXEMPT)
         self._hold = self.client.register_script(redis_lua.HOLD)
         self._succeeded = self.client.register_script(redis_lua.SUCCEEDED)
-        self._set_crawl_delay = self.client.register_script(redis_lua.SET_CRAWL_DELAY)
-        self._host_view = self.client.register_script(redis_lua.HOST_VIEW)
-        self._window_used = self.client.register_script(redis_lua.WINDOW_USED)
-        self._release = self.client.register_script(redis_lua.RELEASE)
+        self._set_crawl_delay = self.client.register_script(redis_view_lua.SET_CRAWL_DELAY)
+        self._host_view = self.client.register_script(redis_view_lua.HOST_VIEW)
+        self._window_used = self.client.register_script(redis_view_lua.WINDOW_USED)
+        self._release = self.client.register_script(redis_view_lua.RELEASE)
 
     @property
     def global_key(self) -> str:
         return f"{self.prefix}global"
+
+    @property
+    def fair_key(self) -> str:
+        """The pipelines' fair turns (stores/redis_fair_lua.py): one per store, as the global slot."""
+        return f"{self.prefix}fair"
 
     def host_key(self, host: str) -> str:
         return f"{self.prefix}host:{host}"
@@ -139,6 +154,8 @@ class RedisStore(Store):
         if flags & 4:
             msg = "redis store: the request window of %s's service holds counts no use gives; bounded"
             self.warn("window", msg, host)
+        if flags & 8:
+            self.warn("fair", "redis store: the fair-queuing record holds values no use gives; bounded")
 
     async def claim_with_server_time(
         self,
@@ -148,13 +165,15 @@ class RedisStore(Store):
         max_wait: float | None,
         not_before: float = 0.0,
         window: WindowRule | None = None,
+        fair: FairAsk | None = None,
     ) -> tuple[Claim, float]:
         """Like :meth:`claim`, plus the slot in the server's clock (exact; for tests and diagnostics)."""
         wait_arg = "" if max_wait is None else round(duration(max_wait) * US)
         gap_us = _us(duration(gap))
         args = [gap_us, _us(duration(interval)), wait_arg, self.key_ttl_ms, _us(self.max_backoff)]
         args += [_us(duration(not_before)), self._last_next_us, *_window_args(window)]
-        keys = [self.global_key, self.host_key(host), self.window_key(window)]
+        args += _fair_args(fair, gap_us)
+        keys = [self.global_key, self.host_key(host), self.window_key(window), self.fair_key]
         code, wait_us, at_us, corrupt, *rest = await self._script("claim", self._claim, keys, args)
         self._corrupt(int(corrupt), host)
         if int(code) == 0 and gap_us > 0:
@@ -173,8 +192,10 @@ class RedisStore(Store):
         max_wait: float | None,
         not_before: float = 0.0,
         window: WindowRule | None = None,
+        fair: FairAsk | None = None,
     ) -> Claim:
-        return (await self.claim_with_server_time(host, gap, interval, max_wait, not_before, window))[0]
+        c, _ = await self.claim_with_server_time(host, gap, interval, max_wait, not_before, window, fair)
+        return c
 
     async def window_used(self, rule: WindowRule) -> int:
         if not rule.on:

@@ -144,10 +144,11 @@ class FlakyPrimary(MemoryStore):
         max_wait: float | None,
         not_before: float = 0.0,
         window=None,
+        fair=None,
     ):
         if self.down:
             raise StoreError("down")
-        return await super().claim(host, gap, interval, max_wait, not_before, window)
+        return await super().claim(host, gap, interval, max_wait, not_before, window, fair)
 
     async def grants(self) -> int:
         if self.odd:

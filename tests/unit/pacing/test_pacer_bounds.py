@@ -287,7 +287,7 @@ async def test_a_failing_store_logs_once_and_the_dispatcher_backs_off(
 
 
 # On the real clock: another open file description holds a real flock, and the store waits for it in a real
-# thread against time.monotonic() (stores/file.py, _LockWait); virtual time would not move that thread.
+# thread against time.monotonic() (stores/flock.py, LockWait); virtual time would not move that thread.
 @pytest.mark.slow  # holds the lock 2 s, then waits for the recovery
 async def test_a_file_store_locked_elsewhere_logs_one_line_and_recovers(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, closing: list[Pacer]

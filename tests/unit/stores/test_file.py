@@ -15,6 +15,7 @@ import pytest
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.slots import Outcome
 from politeproxy.stores import file as file_mod
+from politeproxy.stores import flock as flock_mod
 from politeproxy.stores.base import StoreError
 from politeproxy.stores.file import FileStore
 from tests.support.store_helpers import NOJITTER, T0, Clock, H
@@ -143,10 +144,10 @@ async def test_one_coroutine_at_a_time_takes_the_flock(
     s = FileStore(tmp_path)
     holder = os.open(tmp_path / "ratelimit.lock", os.O_RDWR)  # another process, as far as flock is concerned
     fcntl.flock(holder, fcntl.LOCK_EX)
-    real_run = file_mod._LockWait.run
+    real_run = flock_mod.LockWait.run
     waiting, peak = 0, 0
 
-    def counting_run(self: file_mod._LockWait) -> bool:  # a contended wait, in the lock thread
+    def counting_run(self: flock_mod.LockWait) -> bool:  # a contended wait, in the lock thread
         nonlocal waiting, peak
         waiting += 1
         peak = max(peak, waiting)
@@ -155,7 +156,7 @@ async def test_one_coroutine_at_a_time_takes_the_flock(
         finally:
             waiting -= 1
 
-    monkeypatch.setattr(file_mod._LockWait, "run", counting_run)
+    monkeypatch.setattr(flock_mod.LockWait, "run", counting_run)
     policy = BackoffPolicy(jitter=0.0)
     ops = [s.claim("data.commoncrawl.org", 0.01, 0.0, None) for _ in range(3)]
     ops += [s.throttled("index.commoncrawl.org", 0.0, policy), s.host_view("data.commoncrawl.org")]

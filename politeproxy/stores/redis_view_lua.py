@@ -1,0 +1,55 @@
+"""The Redis store's scripts that read a record or edit it by hand: a host's view, a window's count, a
+Crawl-delay, a release. The prelude (``redis_lua.PRELUDE``) gives them its bounds and helpers."""
+
+from __future__ import annotations
+
+from politeproxy.stores.redis_lua import PRELUDE
+
+# KEYS: host. A release (politeproxy release): the hold, the counts and the raised interval cleared,
+# without creating a key (a key without a TTL would live forever).
+RELEASE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'backoff_until', 0, 'throttles', 0, 'blocks', 0, 'fails', 0, 'probe_until', 0,
+    'adapt_interval', 0, 'adapt_from', 0, 'adapt_until', 0)
+end
+return 1
+"""
+
+# KEYS: host. ARGV: crawl_delay_us, robots_ttl_us, key_ttl_ms.
+SET_CRAWL_DELAY = (
+    PRELUDE
+    + """
+local now = now_us()
+redis.call('HSET', KEYS[1], 'crawl_delay', fmt(tonumber(ARGV[1])),
+  'robots_expires', fmt(now + tonumber(ARGV[2])))
+keep(KEYS[1], now, tonumber(ARGV[3]), host_furthest(KEYS[1]))
+return 1
+"""
+)
+
+# KEYS: window. ARGV: window_us. The requests the window holds now (reserved slots included).
+WINDOW_USED = (
+    PRELUDE
+    + """
+local now = now_us()
+local W = tonumber(ARGV[1])
+local b, ok, w = win_live(KEYS[1], now, W)
+local lo = math.floor((now - W) / w)
+local n = 0
+for _, e in ipairs(b) do if e[1] >= lo then n = n + e[2] end end
+return n
+"""
+)
+
+# KEYS: host. ARGV: max_backoff_us. Returns {now, the 12 fields of sane_host, corrupt}, every field within
+# its (loose) bound: a view never returns a stray value.
+HOST_VIEW = (
+    PRELUDE
+    + """
+local now = now_us()
+local h, ok = sane_host(KEYS[1], now, 0, LOOSE_STEP, tonumber(ARGV[1]))
+local corrupt = 0
+if not ok then corrupt = 2 end
+return {now, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], corrupt}
+"""
+)
