@@ -20,22 +20,10 @@ import pytest
 import requests
 
 from tests.support.measure import over_budget, run_clients
-from tests.support.pipelines import D, Factory, config, metric_lines
+from tests.support.pipelines import D, Factory, arrivals, config, metric_lines, named
 from tests.support.processes import wait_for
 from tests.support.proxy_proc import ProxyProc
 from tests.support.upstream_proc import Certs, Upstream, start_upstream
-
-
-def named(p: ProxyProc, name: str) -> dict[str, str]:
-    """The client environment of ``p`` with the pipeline ``name`` in every proxy URL."""
-    url = f"http://{name}:@127.0.0.1:{p.port}"  # requests sends no user name without the ':'
-    return {**p.env, "HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url}
-
-
-def arrivals(up: Upstream, prefix: str = "/p/") -> list[tuple[float, str]]:
-    """(time, pipeline) of every arrival whose path is /p/PIPELINE/..., in order."""
-    out = [(a["t"], a["path"].split("/")[2]) for a in up.log() if a["path"].startswith(prefix)]
-    return sorted(out)
 
 
 async def warm_plain(p: ProxyProc, up: Upstream, n: int = 4) -> None:
