@@ -171,6 +171,18 @@ function render(doc) {
     const ps = Array.isArray(x.pipelines) ? x.pipelines : [];
     cell(tr, ps.map((q) => text(q && q.pipeline) + " " + text(q && q.queued)).join(", "));
   });
+  // run --workers N: one row per worker (the figures above are their sum); none for a single process.
+  const ws = Array.isArray(doc.workers) ? doc.workers : [];
+  $("workers-part").hidden = ws.length === 0;
+  fillRows("workers", ws, (tr, w) => {
+    const up = w && w.answering === true;
+    cell(tr, text(w && w.worker), true);
+    cell(tr, up ? "answering" : "not answering", false, up ? "state-ok" : "state-blocked");
+    cell(tr, up ? w.pid : "", true); cell(tr, up ? w.restarts : "", true);
+    cell(tr, up ? fmt(w.uptime_s, " s", 0) : "", true); cell(tr, up ? fmt(w.achieved_rate, "/s") : "", true);
+    cell(tr, up ? w.grants_since_start : "", true); cell(tr, up ? w.queued : "", true);
+    cell(tr, up ? w.exempt_in_flight : "", true);
+  });
   chart(doc);
 }
 async function refresh() {
@@ -224,6 +236,13 @@ BODY = """<!doctype html>
 <table><thead><tr><th>proxy</th><th>listen</th><th>version</th><th class="n">last beat</th>
 <th class="n">up</th><th class="n">queued</th><th>pipelines (queued)</th></tr></thead>
 <tbody id="proxies"></tbody></table>
+<section id="workers-part" hidden>
+<h2>Workers of this proxy (the figures above are their sum)</h2>
+<table><thead><tr><th class="n">worker</th><th>state</th><th class="n">pid</th><th class="n">restarts</th>
+<th class="n">up</th><th class="n">achieved</th><th class="n">grants</th><th class="n">queued</th>
+<th class="n">exempt in flight</th></tr></thead>
+<tbody id="workers"></tbody></table>
+</section>
 </main>
 <script>%SCRIPT%</script>
 </body></html>

@@ -234,6 +234,31 @@ def _pipelines(doc: Any) -> Table:
     return t
 
 
+def _workers(doc: Any) -> Table | None:
+    """One row per worker of ``run --workers N`` (``workers`` of /status, observe/workermerge.py); None for
+    a proxy of one process, whose document has no such list."""
+    rows = _get(doc, "workers")
+    if not isinstance(rows, list) or not rows:
+        return None
+    t = Table(title="workers (the lines above are their sum)", title_justify="left", expand=False)
+    for name in ("worker", "state", "pid", "restarts", "up", "achieved", "grants", "queued", "exempt"):
+        t.add_column(name, justify="left" if name == "state" else "right", no_wrap=True)
+    for w in rows[:256]:  # a supervisor runs at most as many workers as cores; the list is not trusted
+        up = _get(w, "answering") is True
+        t.add_row(
+            fmt(_get(w, "worker"), "", 0),
+            Text("answering" if up else "NOT ANSWERING", style="" if up else "bold red"),
+            fmt(_get(w, "pid"), "", 0),
+            fmt(_get(w, "restarts"), "", 0),
+            duration(_get(w, "uptime_s")),
+            fmt(_get(w, "achieved_rate"), "/s"),
+            fmt(_get(w, "grants_since_start"), "", 0),
+            fmt(_get(w, "queued"), "", 0),
+            fmt(_get(w, "exempt_in_flight"), "", 0),
+        )
+    return t
+
+
 def _proxies(doc: Any) -> Table:
     """One row per live proxy sharing the store (``status --all``): the heartbeats' records."""
     t = Table(title="proxies sharing the store", title_justify="left", expand=False)
@@ -292,6 +317,9 @@ def render(doc: Any, footer: str = "", all_proxies: bool = False) -> Group:
     head.append(spark or "(collecting)", style="cyan")
     tables = [_proxies(doc)] if all_proxies else [_hosts(doc), _windows(doc), _pipelines(doc)]
     parts: list[Any] = [head, *tables]
+    workers = _workers(doc)
+    if workers is not None:
+        parts.append(workers)
     if footer:
         parts.append(Text(footer, style="dim"))
     return Group(*parts)

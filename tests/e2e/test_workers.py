@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -162,6 +163,33 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+@pytest.mark.slow  # two workers and a headless browser
+def test_the_terminal_view_and_the_status_page_show_each_worker(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream, tmp_path: Path
+) -> None:
+    a = proxy_factory(upstream, CONFIG, args=("--workers", "2"))
+    both_up(a)
+    pids = [str(w["pid"]) for w in status(a)["workers"]]
+    view = subprocess.run(
+        [*POLITEPROXY, "status", "--admin", a.url], cwd=ROOT, capture_output=True, text=True, timeout=30,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    assert view.returncode == 0, view.stderr
+    part = view.stdout.split("workers (the lines above are their sum)")[1]
+    rows = [line for line in part.splitlines() if "answering" in line]
+    assert len(rows) == 2 and all(any(pid in row for row in rows) for pid in pids), view.stdout
+
+    from tests.support.chromium import browse  # needs chromium (skips without): imported where used
+
+    dom = browse(a.url + "/", tmp_path, "--virtual-time-budget=4000", "--dump-dom").stdout
+    part_tag = re.search(r'<section id="workers-part"([^>]*)>', dom)
+    assert part_tag and "hidden" not in part_tag.group(1), dom[-3000:]  # shown: this proxy has workers
+    body = re.search(r'<tbody id="workers">(.*?)</tbody>', dom, re.S)
+    assert body and body.group(1).count("<tr>") == 2, dom[-3000:]
+    assert all(f'<td class="n">{pid}</td>' in body.group(1) for pid in pids), body.group(1)
+    assert body.group(1).count(">answering</td>") == 2, body.group(1)
 
 
 def test_workers_refuse_the_memory_store(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ def test_the_page_renders_the_status_in_chromium(live: Live, tmp_path: Path, whe
     pipes = tbody(dom, "pipelines")
     assert "<td>alpha</td>" in pipes and "<td>beta</td>" in pipes
     assert "(this one)</td>" in tbody(dom, "proxies")  # the heartbeats' list: this proxy at least
+    assert '<section id="workers-part" hidden' in dom  # one process: no workers table
     chart = re.search(r'<svg id="chart".*?</svg>', dom, re.S)
     assert chart and '<polyline points="' in chart.group(0) and 'class="ach"' in chart.group(0)
     assert re.search(r'class="ach"[^>]*>|points="[0-9.]+,[0-9.]+ [0-9.]+', chart.group(0))

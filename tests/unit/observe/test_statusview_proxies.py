@@ -30,3 +30,28 @@ def test_one_row_per_proxy() -> None:
 def test_damage_never_raises() -> None:
     for doc in ({}, {"proxies": "x"}, {"proxies": [None, 3, {"pipelines": "y", "id": ["z"]}]}):
         assert "proxies sharing the store" in text(doc)
+
+
+def plain_view(doc: object) -> str:
+    c = Console(width=200, record=True, no_color=True)
+    c.print(render(doc))
+    return c.export_text()
+
+
+def test_one_row_per_worker_and_none_for_a_single_process() -> None:
+    doc = {
+        "workers": [
+            {"worker": 0, "answering": True, "pid": 4242, "restarts": 1, "uptime_s": 65,
+             "achieved_rate": 4.5, "grants_since_start": 90, "queued": 3, "exempt_in_flight": 0},
+            {"worker": 1, "answering": False},
+        ]
+    }  # fmt: skip
+    out = plain_view(doc)
+    part = out.split("workers (the lines above are their sum)")[1]
+    assert "4242" in part and "4.50/s" in part and "1m05s" in part and "NOT ANSWERING" in part
+    assert "workers (" not in plain_view({"overall": {}})  # one process: no workers table
+
+
+def test_damaged_workers_never_raise() -> None:
+    for doc in ({"workers": "x"}, {"workers": [None, 3, {"pid": "9\x1b[2J", "worker": ["z"]}]}):
+        plain_view(doc)
