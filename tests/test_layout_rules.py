@@ -161,3 +161,35 @@ def test_the_suite_collects_without_its_optional_libraries() -> None:
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "error" not in out.stdout.splitlines()[-1], out.stdout[-3000:]
+
+
+def _hidden_package_imports(tree: ast.AST) -> list[str]:
+    """Modules of this package imported only under ``if TYPE_CHECKING:``: such an import hides a circle
+    from the import contracts (and from a reader), so a Protocol in the lower module is used instead."""
+    found = []
+    for node in ast.walk(tree):
+        test = node.test if isinstance(node, ast.If) else None
+        name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
+        if name != "TYPE_CHECKING":
+            continue
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.ImportFrom) and (sub.module or "").startswith("politeproxy"):
+                found.append(sub.module or "")
+            elif isinstance(sub, ast.Import):
+                found += [a.name for a in sub.names if a.name.startswith("politeproxy")]
+    return found
+
+
+def test_no_module_hides_an_import_of_the_package_behind_type_checking() -> None:
+    hidden = {
+        str(p.relative_to(ROOT)): mods
+        for p in sorted((ROOT / "politeproxy").rglob("*.py"))
+        if (mods := _hidden_package_imports(ast.parse(p.read_text())))
+    }
+    assert not hidden, hidden
+
+
+def test_the_type_checking_rule_sees_a_hidden_import() -> None:
+    src = "if TYPE_CHECKING:\n    from politeproxy.stores.file import FileStore\n"
+    assert _hidden_package_imports(ast.parse(src)) == ["politeproxy.stores.file"]
+    assert _hidden_package_imports(ast.parse("if TYPE_CHECKING:\n    from aiohttp import web\n")) == []

@@ -7,12 +7,22 @@ import asyncio
 import fcntl
 import threading
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from politeproxy.stores.base import StoreError
 
-if TYPE_CHECKING:
-    from politeproxy.stores.file import FileStore
+
+class LockOwner(Protocol):
+    """What ``Held`` needs of the file store (a Protocol, so this module does not import the store's)."""
+
+    _inproc: asyncio.BoundedSemaphore | None
+    lock_timeout: float
+    path: Path
+
+    async def _lock(self) -> None: ...
+
+    def _unlock(self) -> None: ...
 
 
 class Held:
@@ -21,7 +31,7 @@ class Held:
 
     __slots__ = ("_store",)
 
-    def __init__(self, store: FileStore) -> None:
+    def __init__(self, store: LockOwner) -> None:
         self._store = store
 
     async def __aenter__(self) -> None:
