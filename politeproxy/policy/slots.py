@@ -34,6 +34,9 @@ class HostState:
         return max(self.next_allowed, self.backoff_until)
 
 
+EMPTY_HOST = HostState()  # a host with nothing recorded: the usual record, shared (frozen)
+
+
 class Outcome(StrEnum):
     GRANTED = "granted"
     HOST_NOT_READY = "host_not_ready"
@@ -253,7 +256,7 @@ def _within(h: HostState, now: float, b: Bounds) -> bool:
 
 def sane_host(h: HostState, now: float, b: Bounds) -> tuple[HostState, bool]:
     """The host record with every field within its bound; and whether it already was."""
-    if b.gap >= 0.0 and b.backoff >= 0.0 and _within(h, now, b):
+    if b.gap >= 0.0 and b.backoff >= 0.0 and ((h is EMPTY_HOST and now >= 0.0) or _within(h, now, b)):
         return h, True  # the usual record, past or a legitimate wait ahead: nothing to bound (hot path)
     return bounded_host(h, now, b)
 

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.fairclaim import FairAsk, FairState, fair_charge, fair_gate, sane_state
@@ -39,8 +40,10 @@ from politeproxy.stores.file_records import (
     encode_host,
     host_file_name,
 )
-from politeproxy.stores.flock import Held, LockWait
+from politeproxy.stores.flock import Held, LockWait, run_held
 from politeproxy.stores.memory import StateMachine
+
+T = TypeVar("T")
 
 
 class FileStore(Store):
@@ -120,6 +123,9 @@ class FileStore(Store):
         """The flock, held for one synchronous read-modify-write (``async with self._held(): ...``)."""
         return Held(self)
 
+    async def _locked(self, fn: Callable[[], T]) -> T:
+        return await run_held(self, fn)
+
     # -- records ----------------------------------------------------------------------------------
 
     def _read_global(self) -> tuple[float, int]:
@@ -190,36 +196,49 @@ class FileStore(Store):
         window: WindowRule | None = None,
         fair: FairAsk | None = None,
     ) -> Claim:
-        async with self._held():
-            nxt, count = self._read_global()
-            st = self._read_host(host)
-            c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait, not_before)
-            turns = None
-            if fair is not None and c.granted and duration(gap) > 0:  # the fair turn, under the same flock
-                now = self.sm.clock()
-                turns = self._read_fair(now, duration(gap))
-                c = fair_gate(turns, c, fair, duration(gap), now)
-                if c.outcome is Outcome.NOT_YOUR_TURN:  # the marks written, nothing reserved
-                    self._write_fair(turns)
-                    return c
-            c, counted = self._windowed(c, window, max_wait)
-            if turns is not None and fair is not None:
-                if c.granted:
-                    fair_charge(turns, fair)
+        return await self._locked(
+            lambda: self._claim_held(host, gap, interval, max_wait, not_before, window, fair)
+        )
+
+    def _claim_held(
+        self,
+        host: str,
+        gap: float,
+        interval: float,
+        max_wait: float | None,
+        not_before: float,
+        window: WindowRule | None,
+        fair: FairAsk | None,
+    ) -> Claim:
+        nxt, count = self._read_global()
+        st = self._read_host(host)
+        c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait, not_before)
+        turns = None
+        if fair is not None and c.granted and duration(gap) > 0:  # the fair turn, under the same flock
+            now = self.sm.clock()
+            turns = self._read_fair(now, duration(gap))
+            c = fair_gate(turns, c, fair, duration(gap), now)
+            if c.outcome is Outcome.NOT_YOUR_TURN:  # the marks written, nothing reserved
                 self._write_fair(turns)
-            if not c.granted and c.window:  # the window has no room: nothing reserved, nothing written
                 return c
+        c, counted = self._windowed(c, window, max_wait)
+        if turns is not None and fair is not None:
             if c.granted:
-                self._write_global(new_next, count + 1)
-            elif new_next != nxt:  # a corrupt record, treated as now: write that back
-                self._write_global(new_next, count)
-            # Granted with a step, or a corrupt record replaced by its sane form; or the host's first grant
-            # here: its record is created then, so later reads find it open instead of trying os.open on a
-            # missing file per request (a refused claim of a new name still leaves no file).
-            if new_st != st or (c.granted and host_file_name(host) not in self.host_fds):
-                self._write_host(host, new_st)
-            self.note_probe(host, c)
+                fair_charge(turns, fair)
+            self._write_fair(turns)
+        if not c.granted and c.window:  # the window has no room: nothing reserved, nothing written
             return c
+        if c.granted:
+            self._write_global(new_next, count + 1)
+        elif new_next != nxt:  # a corrupt record, treated as now: write that back
+            self._write_global(new_next, count)
+        # Granted with a step, or a corrupt record replaced by its sane form; or the host's first grant
+        # here: its record is created then, so later reads find it open instead of trying os.open on a
+        # missing file per request (a refused claim of a new name still leaves no file).
+        if (new_st is not st and new_st != st) or (c.granted and host_file_name(host) not in self.host_fds):
+            self._write_host(host, new_st)
+        self.note_probe(host, c)
+        return c
 
     def _windowed(
         self, c: Claim, rule: WindowRule | None, max_wait: float | None
@@ -286,17 +305,28 @@ class FileStore(Store):
         window: WindowRule | None = None,
     ) -> Claim:
         key = other_ceiling(host, ceiling)
-        async with self._held():
-            st = self._read_host(host)
-            other = None if key is None else self._read_host(key)
-            c, new, new_other = self.sm.exempt_claim(st, rate, burst, max_wait, hold, other)
-            c, _ = self._windowed(c, window, max_wait)
-            if c.granted and new != st:
-                self._write_host(host, new)
-            if c.granted and key is not None and new_other is not None and new_other != other:
-                self._write_host(key, new_other)
-            self.note_probe(host, c)
-            return c
+        return await self._locked(lambda: self._exempt_held(host, key, rate, burst, max_wait, hold, window))
+
+    def _exempt_held(
+        self,
+        host: str,
+        key: str | None,
+        rate: float,
+        burst: int,
+        max_wait: float | None,
+        hold: bool,
+        window: WindowRule | None,
+    ) -> Claim:
+        st = self._read_host(host)
+        other = None if key is None else self._read_host(key)
+        c, new, new_other = self.sm.exempt_claim(st, rate, burst, max_wait, hold, other)
+        c, _ = self._windowed(c, window, max_wait)
+        if c.granted and new is not st and new != st:
+            self._write_host(host, new)
+        if c.granted and key is not None and new_other is not None and new_other != other:
+            self._write_host(key, new_other)
+        self.note_probe(host, c)
+        return c
 
     async def throttled(
         self,

@@ -12,7 +12,7 @@ import struct
 from functools import lru_cache
 
 from politeproxy.policy.hosts import normalize_host, valid_hostname
-from politeproxy.policy.slots import MAX_THROTTLES, HostState
+from politeproxy.policy.slots import EMPTY_HOST, MAX_THROTTLES, HostState
 
 GLOBAL = struct.Struct(">QQ")
 # next_allowed, backoff_until, robots_expires (UnixNano), throttles, crawl_delay (ns): the 40-byte record
@@ -22,6 +22,7 @@ HOST_V1 = struct.Struct(">QQQQQ")
 HOST = struct.Struct(">QQQQQQQQQQQQ")
 NS = 1_000_000_000
 U64 = 2**64 - 1
+ZERO_HOST = bytes(HOST.size)  # the record of a host with nothing recorded (every field 0)
 MAX_HOST_FDS = 64  # open host files kept (LRU); a name a client chose must not cost an fd for good
 
 
@@ -48,6 +49,8 @@ def decode_global(data: bytes) -> tuple[float, int] | None:
 def decode_host(data: bytes) -> HostState | None:
     """The host state of a 96-byte record (or an earlier 40-byte one: the new fields absent), or None for
     a short one. Never raises; the counts are cut just past their bound, so the sanity check sees them."""
+    if data == ZERO_HOST:  # the usual record (no step, no backoff): read on every claim, decoded once
+        return EMPTY_HOST
     if len(data) < HOST_V1.size:
         return None
     if len(data) < HOST.size:

@@ -7,10 +7,13 @@ import asyncio
 import fcntl
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from politeproxy.stores.base import StoreError
+
+T = TypeVar("T")
 
 
 class LockOwner(Protocol):
@@ -21,6 +24,8 @@ class LockOwner(Protocol):
     path: Path
 
     async def _lock(self) -> None: ...
+
+    def _lock_nb(self) -> bool: ...
 
     def _unlock(self) -> None: ...
 
@@ -60,6 +65,20 @@ class Held:
         finally:
             assert store._inproc is not None
             store._inproc.release()
+
+
+async def run_held(store: LockOwner, fn: Callable[[], T]) -> T:
+    """``fn`` (synchronous) under the store's lock. The usual case awaits nothing: no coroutine of this
+    process holds or waits for the lock and the flock comes at once, so nothing can run between the lock
+    and the unlock (the claim every request makes: no semaphore, no context manager). Else ``Held``."""
+    inproc = store._inproc
+    if (inproc is None or not inproc.locked()) and store._lock_nb():
+        try:
+            return fn()
+        finally:
+            store._unlock()
+    async with Held(store):
+        return fn()
 
 
 class LockWait:

@@ -35,6 +35,7 @@ class StateMachine:
         self.max_backoff = MAX_BACKOFF
         self.warn = WarnOnce()
         self.last_next = 0.0  # the global next this process wrote last (see slots.sane_global)
+        self._bounds = Bounds()  # the last claim's bounds, kept while the settings stay
 
     def check_global(self, global_next: float, now: float, b: Bounds) -> float:
         sane, ok = slots.sane_global(global_next, now, b, self.last_next)
@@ -65,7 +66,9 @@ class StateMachine:
     ) -> tuple[Claim, float, HostState]:
         now = self.clock()
         gap, interval = duration(gap), duration(interval)
-        b = Bounds(gap, interval, self.max_backoff)
+        b = self._bounds
+        if (b.gap, b.step, b.backoff) != (gap, interval, self.max_backoff):  # a frozen dataclass per claim
+            b = self._bounds = Bounds(gap, interval, self.max_backoff)  # otherwise: the settings' one
         global_next = self.check_global(global_next, now, b)
         host = self.check_host(host, now, b)
         deadline = None if max_wait is None else now + duration(max_wait)
