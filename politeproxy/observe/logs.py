@@ -1,8 +1,11 @@
 """Logging: the handler setup, the JSON formatter, and the access line.
 
 The forwarder hands over its typed ``Exchange`` once the exchange is done (through ``ProxyEvents.access``).
-``AccessLog`` logs it with a plain message and the record attached; the plain formatter prints the
-message, ``JsonFormatter`` writes the record's fields. Nothing re-parses a line another part produced.
+When the handler ``setup_logging`` made is the only one, ``AccessLog`` formats the line itself (the same
+text the formatters give) and that handler writes it: no ``LogRecord``, no walk of the handlers, no
+formatter per request. Any other handler (a test's, an embedding program's) gets
+the record through ``logging``: a plain message with the record attached, which ``JsonFormatter`` reads
+for its fields. Nothing re-parses a line another part produced.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ access_log = logging.getLogger("politeproxy.access")
 # (backoffs, blocks, probes, refusals, store switch-overs; proxy/eventlog.py, rate-limited there).
 ALWAYS_INFO = ("politeproxy.access", "politeproxy.start", "politeproxy.events")
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+ACCESS_FORMAT = "%s %s %s%s %s wait=%.3fs status=%s bytes=%d duration=%.3fs retries=%d%s pipeline=%s%s"
 
 
 def access_fields(r: Exchange) -> dict[str, Any]:
@@ -55,25 +59,59 @@ class AccessLog(NoProxyEvents):
     def access(self, record: Exchange) -> None:
         if not self.logger.isEnabledFor(logging.INFO):
             return
-        # Formatted only when a handler writes it; the JSON formatter reads ``extra["access"]`` instead.
         # The path follows the host with no space (host/path reads as the URL); it has no spaces itself.
-        self.logger.info(
-            "%s %s %s%s %s wait=%.3fs status=%s bytes=%d duration=%.3fs retries=%d%s pipeline=%s%s",
-            record.client,
-            record.method,
-            record.host,
-            record.path,
-            record.klass,
-            record.wait,
-            record.status,
-            record.bytes,
-            record.duration,
-            record.retries,
+        args = (
+            record.client, record.method, record.host, record.path, record.klass, record.wait,
+            record.status, record.bytes, record.duration, record.retries,
             f" note={record.note}" if record.note is not None else "",
             record.pipeline,
             f" cache={record.cache}" if record.cache is not None else "",
-            extra={"access": record},
-        )
+        )  # fmt: skip
+        direct = _direct_handler(self.logger)
+        if direct is None:  # another handler listens: the record through logging, formatted by it
+            self.logger.info(ACCESS_FORMAT, *args, extra={"access": record})
+        else:
+            direct.line(self.logger.name, ACCESS_FORMAT % args, record)
+
+
+class DirectHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The root handler ``setup_logging`` makes: a StreamHandler that also takes access lines already
+    formatted (``line``), written at once as every other line is: when a client has its answer, the
+    answer's line is written (a batch would make it late: an earlier one raced a reader of the log)."""
+
+    def __init__(self, stream: Any, fmt: str) -> None:
+        super().__init__(stream)
+        self.json = fmt == "json"
+        self.plain = PlainFormatter()
+
+    def line(self, name: str, message: str, record: Exchange) -> None:
+        now = time.time()
+        if self.json:
+            out: dict[str, Any] = {"ts": round(now, 3), "level": "info", "logger": name}
+            out.update(access_fields(record))
+            text = json.dumps(out)
+        else:
+            text = f"{self.plain.stamp(now)} INFO {name}: {message}"
+        with self.lock:  # type: ignore[union-attr]  # as Handler.handle: one writer at a time
+            try:
+                self.stream.write(text + "\n")
+                self.stream.flush()
+            except Exception:  # noqa: BLE001 - a log write never takes the proxy down (logging's own rule)
+                pass
+
+
+def _direct_handler(logger: logging.Logger) -> DirectHandler | None:
+    """The direct handler when it alone would see the logger's records, else None."""
+    root = logging.root.handlers
+    h = root[0] if len(root) == 1 else None
+    if not isinstance(h, DirectHandler) or h.filters or logger.filters or not logger.propagate:
+        return None
+    parent = logger.parent
+    while parent is not None and parent is not logging.root:
+        if parent.handlers or not parent.propagate:
+            return None
+        parent = parent.parent
+    return None if logger.handlers else h
 
 
 class JsonFormatter(logging.Formatter):
@@ -107,12 +145,18 @@ class PlainFormatter(logging.Formatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
         if datefmt is not None:
             return super().formatTime(record, datefmt)
-        second = int(record.created)
+        return self.stamp(record.created, record.msecs)
+
+    def stamp(self, created: float, msecs: float | None = None) -> str:
+        """The asctime of a record made at ``created`` (``msecs`` as LogRecord computes it)."""
+        second = int(created)
         if second != self._second:  # formatters run under the handler's lock: one thread at a time
-            self._text = time.strftime(self.default_time_format, self.converter(record.created))
+            self._text = time.strftime(self.default_time_format, self.converter(created))
             self._second = second
         msec = self.default_msec_format  # None: no milliseconds, as logging.Formatter.formatTime does
-        return msec % (self._text, record.msecs) if msec else self._text
+        if msecs is None:
+            msecs = int((created - second) * 1000) + 0.0  # as LogRecord computes it (gh-89047)
+        return msec % (self._text, msecs) if msec else self._text
 
 
 def error_line(message: str, fmt: str) -> str:
@@ -129,7 +173,7 @@ def setup_logging(verbose: int, fmt: str) -> None:
 
     In JSON mode Python's warnings and an uncaught exception go through the handler too, so nothing the
     process writes to stderr is plain text."""
-    handler = logging.StreamHandler(sys.stderr)
+    handler = DirectHandler(sys.stderr, fmt)
     handler.setFormatter(JsonFormatter() if fmt == "json" else PlainFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
