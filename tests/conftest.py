@@ -31,8 +31,10 @@ pytest.register_assert_rewrite(
 from tests.support.proxy_proc import (  # noqa: E402
     FAST,
     NO_ROBOTS,
+    STARTED,
     ProxyProc,
     for_this_test,
+    leftover_proxies,
     start_proxy,
 )
 from tests.support.upstream_proc import (  # noqa: E402
@@ -62,6 +64,16 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("PYTHONPYCACHEPREFIX", str(pycache))
         sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
         sys.dont_write_bytecode = False
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_proxy_left_running() -> Iterator[None]:
+    """Every proxy a module's tests and fixtures start is stopped by the module's end: one left running
+    eats the CPU later tests' timings need (the fair-turn tests once left twelve)."""
+    since = len(STARTED)
+    yield
+    left = leftover_proxies(since)
+    assert not left, f"proxies left running (stopped now), started by: {left}"
 
 
 @pytest.fixture(scope="session")

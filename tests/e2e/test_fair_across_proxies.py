@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ import requests
 from tests.support.measure import run_clients
 from tests.support.pipelines import D, arrivals, named
 from tests.support.processes import wait_for
-from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
+from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
 from tests.support.redis_server import RedisServer, redis_fixture
 from tests.support.upstream_proc import Certs, Upstream
 
@@ -39,11 +39,11 @@ def two_proxies(
     yield request.param, tmp_path / "shared", redis
 
 
-def start_two(tmp: Path, up: Upstream, certs: Certs, toml: str, shared: Path) -> tuple[ProxyProc, ProxyProc]:
-    return (
-        start_proxy(tmp, up, certs, toml, data_dir=shared),
-        start_proxy(tmp, up, certs, toml, data_dir=shared),
-    )
+def start_two(
+    make: Callable[..., ProxyProc], up: Upstream, toml: str, shared: Path
+) -> tuple[ProxyProc, ProxyProc]:
+    """Two proxies on one store, stopped when the test ends (``proxy_factory``)."""
+    return make(up, toml, data_dir=shared), make(up, toml, data_dir=shared)
 
 
 def shares(up: Upstream, names: str, slots: int) -> Counter[str]:
@@ -69,13 +69,16 @@ def flood(up: Upstream, procs: list[tuple[ProxyProc, str]], names: str, need: in
 
 @pytest.mark.slow  # fair shares measured over a flood of paced slots (seconds)
 def test_x_alone_on_one_proxy_and_y_z_on_another_get_a_third_each(
-    two_proxies: tuple[str, Path, RedisServer | None], tmp_path: Path, upstream: Upstream, certs: Certs
+    two_proxies: tuple[str, Path, RedisServer | None],
+    tmp_path: Path,
+    upstream: Upstream,
+    proxy_factory: Callable[..., ProxyProc],
 ) -> None:
     """Shared by proxy, x would get half the slots (A's) and y, z a quarter each. By pipeline: 30/30/30
     of 90. Jitter tolerated: 8 slots of 30 (a proxy's claim reaches the store late on a busy box and the
     turn passes; the count drifts by a slot or two per round, never by 15)."""
     kind, shared, redis = two_proxies
-    a, b = start_two(tmp_path, upstream, certs, schedule(kind, 0.04, tmp_path, redis), shared)
+    a, b = start_two(proxy_factory, upstream, schedule(kind, 0.04, tmp_path, redis), shared)
     flood(upstream, [(a, "x"), (b, "y"), (b, "z")], "xyz", 150)
     got = shares(upstream, "xyz", 90)
     print(kind, dict(got))  # the measured shares, for the issue's note (-s)
@@ -84,13 +87,16 @@ def test_x_alone_on_one_proxy_and_y_z_on_another_get_a_third_each(
 
 @pytest.mark.slow  # fair shares measured over a flood of paced slots (seconds)
 def test_weights_1_2_across_two_proxies(
-    two_proxies: tuple[str, Path, RedisServer | None], tmp_path: Path, upstream: Upstream, certs: Certs
+    two_proxies: tuple[str, Path, RedisServer | None],
+    tmp_path: Path,
+    upstream: Upstream,
+    proxy_factory: Callable[..., ProxyProc],
 ) -> None:
     """x (weight 1) on A, y (weight 2) on B: 1/3 and 2/3 of 90 slots within 10% of each share (shared by
     proxy it would be half each)."""
     kind, shared, redis = two_proxies
     toml = schedule(kind, 0.04, tmp_path, redis, "[pipelines.y]\nweight = 2\n")
-    a, b = start_two(tmp_path, upstream, certs, toml, shared)
+    a, b = start_two(proxy_factory, upstream, toml, shared)
     flood(upstream, [(a, "x"), (b, "y")], "xy", 150)
     got = shares(upstream, "xy", 90)
     print(kind, dict(got))
@@ -99,7 +105,10 @@ def test_weights_1_2_across_two_proxies(
 
 @pytest.mark.slow  # a polite pipeline's latency behind a flood on another proxy (seconds)
 def test_a_polite_request_on_one_proxy_waits_under_a_second_behind_a_greedy_one_on_another(
-    two_proxies: tuple[str, Path, RedisServer | None], tmp_path: Path, upstream: Upstream, certs: Certs
+    two_proxies: tuple[str, Path, RedisServer | None],
+    tmp_path: Path,
+    upstream: Upstream,
+    proxy_factory: Callable[..., ProxyProc],
 ) -> None:
     """5/s, a greedy pipeline with 40 requests in flight on A, a polite one on B sending one at a time: each
     polite request goes within a slot or two (0.4 s), well under the second allowed. Jitter tolerated: the
@@ -107,7 +116,7 @@ def test_a_polite_request_on_one_proxy_waits_under_a_second_behind_a_greedy_one_
     slot at a time, so this holds without the fair turn too; it guards the turn against holding a
     newcomer back (a pipeline that was idle starts at V, never behind the greedy one's tags)."""
     kind, shared, redis = two_proxies
-    a, b = start_two(tmp_path, upstream, certs, schedule(kind, 0.2, tmp_path, redis), shared)
+    a, b = start_two(proxy_factory, upstream, schedule(kind, 0.2, tmp_path, redis), shared)
     polite = requests.Session()
     polite.proxies = {"https": f"http://polite:@127.0.0.1:{b.port}"}
     bundle = b.env["REQUESTS_CA_BUNDLE"]

@@ -109,6 +109,20 @@ def client_env(proxy_port: int, data_dir: Path) -> dict[str, str]:
     return env
 
 
+# Every proxy process a test started, with the test that started it: each module's end stops and names any
+# still running (``leftover_proxies``), so a test that forgets its proxies is seen, not left to eat the CPU.
+STARTED: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+
+def leftover_proxies(since: int = 0) -> list[str]:
+    """Stop every proxy started since ``STARTED[since]`` that still runs; the tests that started them."""
+    mine = STARTED[since:]
+    left = [who for who, proc in mine if proc.poll() is None]
+    for _who, proc in mine:
+        stop_process(proc)
+    return left
+
+
 def start_proxy(
     tmp: Path,
     up: Upstream | None,
@@ -148,6 +162,7 @@ def start_proxy(
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=penv)
     p = ProxyProc(proc, port, data_dir, cfg, log_path)
+    STARTED.append((os.environ.get("PYTEST_CURRENT_TEST", "?"), proc))
     if wait:
         wait_for(lambda: proc.poll() is not None or p.healthy(), 30, "proxy /healthz")
         if proc.poll() is not None:
