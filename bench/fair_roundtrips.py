@@ -16,15 +16,14 @@ import argparse
 import asyncio
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
-import aiohttp
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import loadgen  # noqa: E402
 from bench.common import DATA_HOST, Bench, log, make_certs, start_politeproxy, start_upstream  # noqa: E402
 from tests.support.redis_server import running_redis  # noqa: E402
 
@@ -32,16 +31,12 @@ OWNED = {"A": ["x"], "B": ["y", "z"]}
 
 
 async def _flood(port: int, name: str, seconds: float, inflight: int) -> None:
-    end = time.monotonic() + seconds
-    proxy = f"http://{name}@127.0.0.1:{port}"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s:
-
-        async def one(i: int) -> None:
-            while time.monotonic() < end:
-                async with s.get(f"http://{DATA_HOST}/p/{name}/{i}", proxy=proxy) as r:
-                    await r.read()
-
-        await asyncio.gather(*(one(i) for i in range(inflight)))
+    """One pipeline's closed-loop flood through its proxy (``loadgen.run``), its errors said."""
+    r = await loadgen.run(
+        f"http://{DATA_HOST}/p/{name}/", inflight, seconds, f"http://{name}@127.0.0.1:{port}", None, {}
+    )
+    if r.get("errors"):
+        log(f"{name}: {r['errors']} of its requests failed")
 
 
 async def _all(ports: dict[str, int], seconds: float) -> None:

@@ -7,9 +7,10 @@ from rich.console import Console
 from politeproxy.observe.statusview import render
 
 
-def text(doc: object) -> str:
+def text(doc: object, all_proxies: bool = True) -> str:
+    """The terminal view as plain text (``politeproxy status``, ``--all`` unless told otherwise)."""
     c = Console(width=200, record=True, no_color=True)
-    c.print(render(doc, all_proxies=True))
+    c.print(render(doc, all_proxies=all_proxies))
     return c.export_text()
 
 
@@ -32,12 +33,6 @@ def test_damage_never_raises() -> None:
         assert "proxies sharing the store" in text(doc)
 
 
-def plain_view(doc: object) -> str:
-    c = Console(width=200, record=True, no_color=True)
-    c.print(render(doc))
-    return c.export_text()
-
-
 def test_one_row_per_worker_and_none_for_a_single_process() -> None:
     doc = {
         "workers": [
@@ -46,12 +41,12 @@ def test_one_row_per_worker_and_none_for_a_single_process() -> None:
             {"worker": 1, "answering": False},
         ]
     }  # fmt: skip
-    out = plain_view(doc)
+    out = text(doc, all_proxies=False)
     part = out.split("workers (the lines above are their sum)")[1]
     assert "4242" in part and "4.50/s" in part and "1m05s" in part and "NOT ANSWERING" in part
-    assert "workers (" not in plain_view({"overall": {}})  # one process: no workers table
+    assert "workers (" not in text({"overall": {}}, all_proxies=False)  # one process: no workers table
 
 
 def test_damaged_workers_never_raise() -> None:
     for doc in ({"workers": "x"}, {"workers": [None, 3, {"pid": "9\x1b[2J", "worker": ["z"]}]}):
-        plain_view(doc)
+        text(doc, all_proxies=False)
