@@ -196,49 +196,41 @@ class FileStore(Store):
         window: WindowRule | None = None,
         fair: FairAsk | None = None,
     ) -> Claim:
-        return await self._locked(
-            lambda: self._claim_held(host, gap, interval, max_wait, not_before, window, fair)
-        )
-
-    def _claim_held(
-        self,
-        host: str,
-        gap: float,
-        interval: float,
-        max_wait: float | None,
-        not_before: float,
-        window: WindowRule | None,
-        fair: FairAsk | None,
-    ) -> Claim:
-        nxt, count = self._read_global()
-        st = self._read_host(host)
-        c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait, not_before)
-        turns = None
-        if fair is not None and c.granted and duration(gap) > 0:  # the fair turn, under the same flock
-            now = self.sm.clock()
-            turns = self._read_fair(now, duration(gap))
-            c = fair_gate(turns, c, fair, duration(gap), now)
-            if c.outcome is Outcome.NOT_YOUR_TURN:  # the marks written, nothing reserved
+        # The read-modify-write, run synchronously under the flock by ``run_held`` (a closure over the
+        # claim's arguments).
+        def held() -> Claim:
+            nxt, count = self._read_global()
+            st = self._read_host(host)
+            c, new_next, new_st = self.sm.claim(nxt, st, gap, interval, max_wait, not_before)
+            turns = None
+            if fair is not None and c.granted and duration(gap) > 0:  # the fair turn, under this flock
+                now = self.sm.clock()
+                turns = self._read_fair(now, duration(gap))
+                c = fair_gate(turns, c, fair, duration(gap), now)
+                if c.outcome is Outcome.NOT_YOUR_TURN:  # the marks written, nothing reserved
+                    self._write_fair(turns)
+                    return c
+            c, counted = self._windowed(c, window, max_wait)
+            if turns is not None and fair is not None:
+                if c.granted:
+                    fair_charge(turns, fair)
                 self._write_fair(turns)
+            if not c.granted and c.window:  # the window has no room: nothing reserved, nothing written
                 return c
-        c, counted = self._windowed(c, window, max_wait)
-        if turns is not None and fair is not None:
             if c.granted:
-                fair_charge(turns, fair)
-            self._write_fair(turns)
-        if not c.granted and c.window:  # the window has no room: nothing reserved, nothing written
+                self._write_global(new_next, count + 1)
+            elif new_next != nxt:  # a corrupt record, treated as now: write that back
+                self._write_global(new_next, count)
+            # Granted with a step, or a corrupt record replaced by its sane form; or the host's first grant
+            # here: its record is created then, so later reads find it open instead of trying os.open on a
+            # missing file per request (a refused claim of a new name still leaves no file).
+            changed = new_st is not st and new_st != st
+            if changed or (c.granted and host_file_name(host) not in self.host_fds):
+                self._write_host(host, new_st)
+            self.note_probe(host, c)
             return c
-        if c.granted:
-            self._write_global(new_next, count + 1)
-        elif new_next != nxt:  # a corrupt record, treated as now: write that back
-            self._write_global(new_next, count)
-        # Granted with a step, or a corrupt record replaced by its sane form; or the host's first grant
-        # here: its record is created then, so later reads find it open instead of trying os.open on a
-        # missing file per request (a refused claim of a new name still leaves no file).
-        if (new_st is not st and new_st != st) or (c.granted and host_file_name(host) not in self.host_fds):
-            self._write_host(host, new_st)
-        self.note_probe(host, c)
-        return c
+
+        return await self._locked(held)
 
     def _windowed(
         self, c: Claim, rule: WindowRule | None, max_wait: float | None
