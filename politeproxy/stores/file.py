@@ -21,7 +21,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.fairclaim import FairAsk, FairState, fair_charge, fair_gate, sane_state
@@ -42,8 +41,6 @@ from politeproxy.stores.file_records import (
 )
 from politeproxy.stores.flock import Held, LockWait, run_held
 from politeproxy.stores.memory import StateMachine
-
-T = TypeVar("T")
 
 
 class FileStore(Store):
@@ -122,9 +119,6 @@ class FileStore(Store):
     def _held(self) -> Held:
         """The flock, held for one synchronous read-modify-write (``async with self._held(): ...``)."""
         return Held(self)
-
-    async def _locked(self, fn: Callable[[], T]) -> T:
-        return await run_held(self, fn)
 
     # -- records ----------------------------------------------------------------------------------
 
@@ -230,7 +224,7 @@ class FileStore(Store):
             self.note_probe(host, c)
             return c
 
-        return await self._locked(held)
+        return await run_held(self, held)
 
     def _windowed(
         self, c: Claim, rule: WindowRule | None, max_wait: float | None
@@ -297,28 +291,20 @@ class FileStore(Store):
         window: WindowRule | None = None,
     ) -> Claim:
         key = other_ceiling(host, ceiling)
-        return await self._locked(lambda: self._exempt_held(host, key, rate, burst, max_wait, hold, window))
 
-    def _exempt_held(
-        self,
-        host: str,
-        key: str | None,
-        rate: float,
-        burst: int,
-        max_wait: float | None,
-        hold: bool,
-        window: WindowRule | None,
-    ) -> Claim:
-        st = self._read_host(host)
-        other = None if key is None else self._read_host(key)
-        c, new, new_other = self.sm.exempt_claim(st, rate, burst, max_wait, hold, other)
-        c, _ = self._windowed(c, window, max_wait)
-        if c.granted and new is not st and new != st:
-            self._write_host(host, new)
-        if c.granted and key is not None and new_other is not None and new_other != other:
-            self._write_host(key, new_other)
-        self.note_probe(host, c)
-        return c
+        def held() -> Claim:  # the read-modify-write under the flock, as the paced claim's
+            st = self._read_host(host)
+            other = None if key is None else self._read_host(key)
+            c, new, new_other = self.sm.exempt_claim(st, rate, burst, max_wait, hold, other)
+            c, _ = self._windowed(c, window, max_wait)
+            if c.granted and new is not st and new != st:
+                self._write_host(host, new)
+            if c.granted and key is not None and new_other is not None and new_other != other:
+                self._write_host(key, new_other)
+            self.note_probe(host, c)
+            return c
+
+        return await run_held(self, held)
 
     async def throttled(
         self,
