@@ -50,6 +50,22 @@ def access_fields(r: Exchange) -> dict[str, Any]:
     return out
 
 
+def access_args(r: Exchange) -> tuple[object, ...]:
+    """The values ``ACCESS_FORMAT`` takes. The path follows the host with no space (host/path reads as the
+    URL); it has no spaces itself."""
+    return (
+        r.client, r.method, r.host, r.path, r.klass, r.wait, r.status, r.bytes, r.duration, r.retries,
+        f" note={r.note}" if r.note is not None else "",
+        r.pipeline,
+        f" cache={r.cache}" if r.cache is not None else "",
+    )  # fmt: skip
+
+
+def json_head(created: float, level: str, name: str) -> dict[str, Any]:
+    """The keys every JSON line starts with (an access line's fields follow them at the top level)."""
+    return {"ts": round(created, 3), "level": level, "logger": name}
+
+
 class AccessLog(NoProxyEvents):
     """The ProxyEvents sink of the access log: one INFO line per exchange on ``politeproxy.access``."""
 
@@ -59,14 +75,7 @@ class AccessLog(NoProxyEvents):
     def access(self, record: Exchange) -> None:
         if not self.logger.isEnabledFor(logging.INFO):
             return
-        # The path follows the host with no space (host/path reads as the URL); it has no spaces itself.
-        args = (
-            record.client, record.method, record.host, record.path, record.klass, record.wait,
-            record.status, record.bytes, record.duration, record.retries,
-            f" note={record.note}" if record.note is not None else "",
-            record.pipeline,
-            f" cache={record.cache}" if record.cache is not None else "",
-        )  # fmt: skip
+        args = access_args(record)
         direct = _direct_handler(self.logger)
         if direct is None:  # another handler listens: the record through logging, formatted by it
             self.logger.info(ACCESS_FORMAT, *args, extra={"access": record})
@@ -87,7 +96,7 @@ class DirectHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def line(self, name: str, message: str, record: Exchange) -> None:
         now = time.time()
         if self.json:
-            out: dict[str, Any] = {"ts": round(now, 3), "level": "info", "logger": name}
+            out = json_head(now, "info", name)
             out.update(access_fields(record))
             text = json.dumps(out)
         else:
@@ -118,11 +127,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line; an access line's fields sit at the top level, next to ts and level."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 3),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-        }
+        out = json_head(record.created, record.levelname.lower(), record.name)
         access = getattr(record, "access", None)
         if isinstance(access, Exchange):
             out.update(access_fields(access))

@@ -94,17 +94,9 @@ def test_any_record_gives_the_line_logging_gives(
 ) -> None:
     rec = Exchange("c", method, "h", path, Klass.EXEMPT, "p", wait, status, 1, wait, note=note)
     out = io.StringIO()
-    DirectHandler(out, "plain").line("politeproxy.access", logs.ACCESS_FORMAT % _args(rec), rec)
+    DirectHandler(out, "plain").line("politeproxy.access", logs.ACCESS_FORMAT % logs.access_args(rec), rec)
     theirs = through_logging(rec, PlainFormatter())
     assert out.getvalue().split(" ", 2)[2] == theirs.split(" ", 2)[2]
-
-
-def _args(r: Exchange) -> tuple[object, ...]:
-    return (
-        r.client, r.method, r.host, r.path, r.klass, r.wait, r.status, r.bytes, r.duration, r.retries,
-        f" note={r.note}" if r.note is not None else "", r.pipeline,
-        f" cache={r.cache}" if r.cache is not None else "",
-    )  # fmt: skip
 
 
 async def test_lines_are_written_at_once_and_keep_their_order() -> None:
