@@ -22,7 +22,6 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     disable_created_metrics,
     generate_latest,
 )
@@ -31,6 +30,7 @@ from prometheus_client.registry import Collector
 
 from politeproxy import __version__
 from politeproxy.cache.base import RESULTS, CacheEvents
+from politeproxy.observe.inplace import CountTable, HistogramTable, InPlace
 from politeproxy.observe.metricparts import (
     FREE_HOST_LABELS,
     OTHER,
@@ -48,6 +48,7 @@ from politeproxy.proxy.events import NoProxyEvents, ProxyEvents
 
 __all__ = ["FREE_HOST_LABELS", "OTHER", "PINNED_HOSTS", "Metrics", "RateWindow", "code_class"]
 
+LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 30, 60)
 STATUS_GROUPS = ("2xx", "3xx", "4xx", "5xx", "error")  # the code label of requests_total
 HELD_CLASSES = (Klass.PACED.value, Klass.EXEMPT.value)  # the classes a configured host's requests take
@@ -112,50 +113,33 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
         self.registry.register(_RateCollector(self))
 
     def _host_metrics(self, r: CollectorRegistry, lab: HostLabels) -> None:
-        self.requests = HostLabelled(
-            Counter(
-                "politeproxy_requests",
-                "Answered requests by upstream status class",
-                ["host", "class", "code", "pipeline"],
-                registry=r,
-            ),
-            lab,
-            self.pipeline_label.counted_as,
-        )
-        self.grants = HostLabelled(
-            Counter("politeproxy_grants", "Slots granted", ["host", "pipeline"], registry=r),
-            lab,
-            self.pipeline_label.counted_as,
-        )
+        # The per-request families are updated in place (observe/inplace.py) and built at each scrape.
+        pipe = self.pipeline_label.counted_as
+        self.requests = CountTable(
+            "politeproxy_requests", "Answered requests by upstream status class",
+            ["host", "class", "code", "pipeline"], lab, pipe,
+        )  # fmt: skip
+        self.grants = CountTable("politeproxy_grants", "Slots granted", ["host", "pipeline"], lab, pipe)
         self.retries = HostLabelled(
             Counter("politeproxy_retries", "Throttled requests retried by the proxy", ["host"], registry=r),
             lab,
         )
-        self.wait = HostLabelled(
-            Histogram(
-                "politeproxy_wait_seconds",
-                "Time held before going upstream",
-                ["host", "class", "pipeline"],
-                buckets=WAIT_BUCKETS,
-                registry=r,
-            ),
-            lab,
-            self.pipeline_label.counted_as,
-        )
+        self.wait = HistogramTable(
+            "politeproxy_wait_seconds", "Time held before going upstream",
+            ["host", "class", "pipeline"], WAIT_BUCKETS, lab, pipe,
+        )  # fmt: skip
+        self.lateness = HistogramTable(
+            "politeproxy_grant_lateness_seconds", "How late a grant was handed out after its slot",
+            ["host"], LATENESS_BUCKETS, lab,
+        )  # fmt: skip
+        self.bytes = CountTable("politeproxy_bytes", "Body bytes relayed", ["direction"])
+        # The two directions' cells, looked up once: bytes_relayed runs for every chunk.
+        self._bytes = {d: self.bytes.labels(d) for d in ("client_to_upstream", "upstream_to_client")}
+        r.register(InPlace([self.requests, self.grants, self.wait, self.lateness, self.bytes]))
         self._host_state_metrics(r, lab)
 
     def _host_state_metrics(self, r: CollectorRegistry, lab: HostLabels) -> None:
         """The schedule's side of each host: grant lateness, queue, throttles, backoff, refusals."""
-        self.lateness = HostLabelled(
-            Histogram(
-                "politeproxy_grant_lateness_seconds",
-                "How late a grant was handed out after its slot",
-                ["host"],
-                buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1),
-                registry=r,
-            ),
-            lab,
-        )
         self.queue_depth = HostLabelled(
             Gauge("politeproxy_queue_depth", "Requests waiting now", ["host", "pipeline"], registry=r), lab
         )
@@ -232,7 +216,6 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
         self.configured_rate = Gauge(
             "politeproxy_configured_rate", "The global budget in requests per second (0 when off)", registry=r
         )
-        self.bytes = Counter("politeproxy_bytes", "Body bytes relayed", ["direction"], registry=r)
         self.degraded = Gauge(
             "politeproxy_schedule_degraded",
             "1 while the shared store is down and pacing is local",
@@ -267,8 +250,6 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
             ["service"],
             registry=r,
         )
-        # The two directions' children, looked up once: bytes_relayed runs for every chunk.
-        self._bytes = {d: self.bytes.labels(d) for d in ("client_to_upstream", "upstream_to_client")}
         for result in ("ok", "error"):
             self.reloads.labels(result)
 
@@ -308,14 +289,14 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
 
     def answered(self, host: str, klass: str, status: int | None, pipeline: str = DEFAULT_PIPELINE) -> None:
         """One answered request; ``status`` None when the upstream failed."""
-        self.requests.child(host, klass, code_class(status), pipeline).inc()
+        self.requests.inc((host, klass, code_class(status), pipeline))
 
     # -- ProxyEvents (answered and rejected above and below serve both Protocols) -------------------
 
     def bytes_relayed(self, direction: str, n: int) -> None:
-        counter = self._bytes.get(direction)
-        if counter is not None:  # a direction nobody defined is not a new label
-            counter.inc(n)
+        cell = self._bytes.get(direction)
+        if cell is not None:  # a direction nobody defined is not a new label
+            cell[0] += n
 
     def tunnels_changed(self, open_now: int) -> None:
         self.tunnels_open.set(open_now)
@@ -341,8 +322,8 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
     # -- PacerEvents ------------------------------------------------------------------------------
 
     def granted(self, host: str, lateness: float, pipeline: str) -> None:
-        self.grants.child(host, pipeline).inc()
-        self.lateness.child(host).observe(lateness)
+        self.grants.inc((host, pipeline))
+        self.lateness.observe((host,), lateness)
         now = self.clock()
         self.rate.add(now)
         label = self.host_label(host)
@@ -352,7 +333,7 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
         window.add(now)
 
     def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None:
-        self.wait.child(host, klass.value, pipeline).observe(seconds)
+        self.wait.observe((host, klass.value, pipeline), seconds)
 
     def throttled(self, host: str, code: int, delay: float) -> None:
         self.throttles.labels(host, str(code) if code else "error").inc()
