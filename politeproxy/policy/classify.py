@@ -51,13 +51,15 @@ class ExemptRule:
     methods: tuple[str, ...] = ("GET", "HEAD")
 
     def matches(self, method: str, host: str, path: str, has_range: bool) -> bool:
-        if method.upper() not in self.methods:
+        return host_matches(host, self.host) and self.fits(method.upper(), path, has_range)
+
+    def fits(self, method: str, path: str, has_range: bool) -> bool:
+        """``matches`` for a host already known to match, ``method`` in upper case."""
+        if method not in self.methods:
             return False
         # A HEAD carries no body, so it is a size probe like "Range: bytes=0-0": duckdb and fsspec open a
         # parquet file with a HEAD, and a scan of N files must not wait N paced slots before its reads.
-        if self.range_required and not has_range and method.upper() != "HEAD":
-            return False
-        if not host_matches(host, self.host):
+        if self.range_required and not has_range and method != "HEAD":
             return False
         path = normalize_path(path)
         if any(c in self.path for c in "*?["):
@@ -77,14 +79,33 @@ DEFAULT_EXEMPT_RULES: tuple[ExemptRule, ...] = tuple(
 )
 
 
+MAX_HOSTS_REMEMBERED = 256  # hosts whose rules are remembered (client-chosen names: cleared when full)
+
+
 @dataclass
 class Classifier:
     hosts: HostSet
     rules: tuple[ExemptRule, ...] = field(default=DEFAULT_EXEMPT_RULES)
+    # The rules whose host matches, per host: classify runs on every request, and matching a host against
+    # each of the 16 default rules normalises both names each time. Built for ``_built_for`` only.
+    _by_host: dict[str, tuple[ExemptRule, ...]] = field(default_factory=dict, init=False, repr=False)
+    _built_for: tuple[ExemptRule, ...] = field(default=(), init=False, repr=False)
 
     def reload(self, rules: tuple[ExemptRule, ...]) -> None:
         """Apply [[exempt.rules]] from a reloaded config; the next request is classified by them."""
         self.rules = rules
+
+    def rules_for(self, host: str) -> tuple[ExemptRule, ...]:
+        """The rules whose host matches ``host``, remembered while ``rules`` stays the same object."""
+        if self._built_for is not self.rules:
+            self._by_host.clear()
+            self._built_for = self.rules
+        found = self._by_host.get(host)
+        if found is None:
+            if len(self._by_host) >= MAX_HOSTS_REMEMBERED:
+                self._by_host.clear()
+            found = self._by_host[host] = tuple(r for r in self.rules if host_matches(host, r.host))
+        return found
 
     def classify(self, method: str, host: str, path: str, has_range: bool) -> Klass:
         if not self.hosts.matches(host):
@@ -94,8 +115,9 @@ class Classifier:
             if as_bucket is None:
                 return Klass.PASSTHROUGH  # another bucket: relayed as it came, never paced
             host, path = as_bucket
-        for r in self.rules:  # a loop, not any(genexpr): classify runs on every request
-            if r.matches(method, host, path, has_range):
+        upper = method.upper()
+        for r in self.rules_for(host):  # a loop, not any(genexpr): classify runs on every request
+            if r.fits(upper, path, has_range):
                 return Klass.EXEMPT
         return Klass.PACED
 

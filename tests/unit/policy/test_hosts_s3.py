@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from politeproxy.config.loading import ConfigError, build
-from politeproxy.policy.classify import Classifier, Klass, bucket_request
+from politeproxy.policy.classify import MAX_HOSTS_REMEMBERED, Classifier, Klass, bucket_request
 from politeproxy.policy.hosts import (
     AWS_REGIONS,
     DEFAULT_PACED_HOSTS,
@@ -249,3 +249,54 @@ def test_remembered_answers_stay_the_answers() -> None:
     for host in names:
         assert hs.matches(host) == hs.matches(host) == hs._matches(host)
         assert host_matches(host, "*.commoncrawl.org") == host_matches(host, "*.commoncrawl.org")
+
+
+def _classify_plainly(c: Classifier, method: str, host: str, path: str, rng: bool) -> Klass:
+    """classify as its definition says, every rule asked in full (no rules remembered per host)."""
+    if not c.hosts.matches(host):
+        return Klass.PASSTHROUGH
+    if PATH_STYLE_ONLY.matches(host):
+        as_bucket = bucket_request(host, path)
+        if as_bucket is None:
+            return Klass.PASSTHROUGH
+        host, path = as_bucket
+    return Klass.EXEMPT if any(r.matches(method, host, path, rng) for r in c.rules) else Klass.PACED
+
+
+PATH_STYLE_ONLY = HostSet(S3_PATH_STYLE_HOSTS)
+NAMES = ["data.commoncrawl.org", "DATA.commoncrawl.org.", "commoncrawl.s3.amazonaws.com", "s3.amazonaws.com",
+         "commoncrawl.s3.us-east-1.amazonaws.com", "s3.eu-west-2.amazonaws.com"]  # fmt: skip
+PATHS = ["/cc-index/table/a", "/commoncrawl/cc-index/table/x", "/projects/host-index-v3/p", "/crawl-data/x",
+         "/cc-index/table/../../crawl-data/x"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    calls=st.lists(
+        st.tuples(
+            st.sampled_from(["GET", "get", "HEAD", "PUT"]),
+            st.one_of(st.sampled_from(NAMES), text),
+            st.sampled_from(PATHS),
+            st.booleans(),
+        ),
+        max_size=30,
+    ),
+    reload_at=st.integers(0, 30),
+)
+def test_remembered_rules_classify_as_every_rule_asked_in_full(
+    calls: list[tuple[str, str, str, bool]], reload_at: int
+) -> None:
+    """The rules remembered per host (Classifier.rules_for) give the class the plain definition gives,
+    across a reload that changes the rules."""
+    c = Classifier(PATH_STYLE)
+    for i, (method, host, path, rng) in enumerate(calls):
+        if i == reload_at:
+            c.reload(tuple(r for r in c.rules if r.path == "/cc-index/table/"))
+        assert c.classify(method, host, path, rng) is _classify_plainly(c, method, host, path, rng)
+
+
+def test_rules_remembered_for_client_chosen_names_stay_bounded() -> None:
+    c = Classifier(HostSet(["*.s3.amazonaws.com"]))
+    for i in range(3 * MAX_HOSTS_REMEMBERED):
+        c.classify("GET", f"b{i}.s3.amazonaws.com", "/x", False)
+    assert len(c._by_host) <= MAX_HOSTS_REMEMBERED
