@@ -79,7 +79,13 @@ AREAS: tuple[tuple[str, Callable[[list[str]], bool]], ...] = (
         lambda ks: any(k.startswith(("politeproxy/pacing/", "politeproxy/stores/")) for k in ks),
     ),
     ("access log (logging)", lambda ks: any(k.startswith("logging/") for k in ks)),
-    ("metrics (prometheus_client)", lambda ks: any(k.startswith("prometheus_client/") for k in ks)),
+    (
+        "metrics (observe/metrics.py, observe/inplace.py, prometheus_client)",
+        lambda ks: any(
+            k.startswith(("prometheus_client/", "politeproxy/observe/metrics", "politeproxy/observe/inplace"))
+            for k in ks
+        ),
+    ),
     (
         "event loop, native code (self time in Runner.run)",
         lambda ks: bool(ks) and ks[-1].endswith("Runner.run"),
