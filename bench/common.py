@@ -213,12 +213,14 @@ def start_politeproxy(
     verbose: bool = False,
     src: Path | None = None,
     run_args: Sequence[str] = (),
+    module: str = "politeproxy",
 ) -> Proxy:
+    """``module``: what ``python -m`` runs with politeproxy's arguments (bench.traced_run: tracemalloc)."""
     n = time.monotonic_ns()
     data_dir = data_dir or bench.tmp / f"data-{n}"
     cfg = bench.tmp / f"politeproxy-{n}.toml"
     port = free_port()
-    cmd = [PY, "-m", "politeproxy", "run", "--config", str(cfg), "--data-dir", str(data_dir)]
+    cmd = [PY, "-m", module, "run", "--config", str(cfg), "--data-dir", str(data_dir)]
     cmd += ["--listen", f"127.0.0.1:{port}", *run_args] + (["-v"] if verbose else [])
     # POLITEPROXY_BENCH_SRC: run politeproxy from another source tree, to measure a candidate change.
     src = src or Path(os.environ.get("POLITEPROXY_BENCH_SRC") or ROOT)

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -99,6 +102,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--store", choices=("memory", "file"), default="file")
     p.add_argument("--hold", type=float, default=0.0, help="Retry-After seconds (0: derived from -n)")
     p.add_argument("--candidate", type=Path, help="also measure politeproxy run from this source tree")
+    p.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="run the proxy under tracemalloc (bench/traced_run.py) and add its Python allocations per held"
+        " request by area (tracemalloc's own bookkeeping inflates the RSS figures of such a run)",
+    )
     p.add_argument("--rounds", type=int, default=1, help="with --candidate: round pairs (ABBA)")
     a = p.parse_args(argv)
     if a.quick:
@@ -106,8 +115,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def _hold_all(a: argparse.Namespace, pp: Proxy) -> tuple[dict[str, int], int, float, float]:
-    """Run the clients; (answers by status, peak queued, RSS at the peak, seconds to the peak)."""
+def _hold_all(
+    a: argparse.Namespace, pp: Proxy, at_peak: Callable[[], None] = lambda: None
+) -> tuple[dict[str, int], int, float, float]:
+    """Run the clients; (answers by status, peak queued, RSS at the peak, seconds to the peak).
+    ``at_peak`` runs once, when 95 % of the requests are queued."""
     url = f"{a.scheme}://{DATA_HOST}/size/100"
     per = [a.n // a.clients + (1 if i < a.n % a.clients else 0) for i in range(a.clients)]
     started = time.monotonic()
@@ -120,11 +132,14 @@ def _hold_all(a: argparse.Namespace, pp: Proxy) -> tuple[dict[str, int], int, fl
         )
         for i, k in enumerate(per)
     ]
-    peak_queued, rss_full, t_full = 0, float("nan"), float("nan")
+    peak_queued, rss_full, t_full, told = 0, float("nan"), float("nan"), False
     while any(pr.poll() is None for pr in procs):
         q = int(healthz(pp.port).get("queued", 0))
         if q > peak_queued:
             peak_queued, rss_full, t_full = q, rss_mib(pp.pid), time.monotonic() - started
+        if not told and q >= 0.95 * a.n:
+            told = True
+            at_peak()
         time.sleep(0.05)
     log(f"held: peak {peak_queued} queued after {t_full:.1f} s, RSS then {rss_full:.1f} MiB")
     statuses: dict[str, int] = {}
@@ -191,12 +206,17 @@ def _measure(a: argparse.Namespace, src: Path | None) -> tuple[str, float]:
             # the clients' timeout: the drain measured is the gap's, so the window is off.
             + WINDOW_OFF
         )
-        pp = start_politeproxy(b, up, toml, src=src)
+        trace = b.tmp / "tracemalloc.txt"
+        os.environ["POLITEPROXY_TRACE_OUT"] = str(trace)  # read by bench/traced_run.py only
+        module = "bench.traced_run" if a.tracemalloc else "politeproxy"
+        pp = start_politeproxy(b, up, toml, src=src, module=module)
         idle_rss = rss_mib(pp.pid)
+        snapshot = (lambda: os.kill(pp.pid, signal.SIGUSR2)) if a.tracemalloc else (lambda: None)
+        snapshot()  # the base, idle
         # One throttled answer puts the host in backoff for `hold` seconds: everything after it queues.
         up.control({"throttle": {"host": DATA_HOST, "count": 1, "status": 503, "retry_after": f"{hold:g}"}})
         before = hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds")
-        statuses, peak_queued, rss_full, _t = _hold_all(a, pp)
+        statuses, peak_queued, rss_full, _t = _hold_all(a, pp, snapshot)
         peak = hwm_mib(pp.pid)
         diff = bucket_diff(hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds"), before)
         h50, h99 = bucket_quantile(diff, 0.5), bucket_quantile(diff, 0.99)
@@ -225,7 +245,41 @@ def _measure(a: argparse.Namespace, src: Path | None) -> tuple[str, float]:
             f"Machine: {machine_note()}\n\n### {a.n:,} paced requests held at once "
             f"(gap {a.gap * 1e3:g} ms, store {a.store}, {a.scheme})\n\n" + table(["measure", "value"], rows)
         )
+        if a.tracemalloc:
+            text += "\n\n" + traced_areas(trace, peak_queued)
     return text, per_held
+
+
+# Where a Python allocation was made, by the file that made it: the first area with a marker in its path.
+TLS_BUFFERS = "aiofastnet's TLS buffers (2 x 263 KiB bytearrays a connection, mostly never touched)"
+AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (TLS_BUFFERS, ("api_start_tls.py",)),
+    ("aiofastnet's transports (socket and TLS transport objects)", ("/aiofastnet/",)),
+    ("politeproxy: the intercepted connection (h1server, served)", ("h1server.py", "served.py")),
+    ("politeproxy: the exchange (forward; upstream: the headers copy)", ("forward.py", "upstream.py")),
+    ("politeproxy: the front door (listener, front, routing)", ("listener.py", "front.py", "routing.py")),
+    ("politeproxy: the pacer's wait (pacing/)", ("/pacing/",)),
+    ("politeproxy: the rest", ("/politeproxy/",)),
+    ("asyncio: tasks, timeouts, coroutine frames", ("/asyncio/", "_weakrefset.py")),
+    ("yarl and multidict: the request's URL", ("/yarl/", "/multidict/")),
+)
+
+
+def traced_areas(trace: Path, held: int) -> str:
+    """bench/traced_run.py's growth between idle and the peak, as KiB per held request by area."""
+    if not trace.exists() or not held:
+        return "tracemalloc: no snapshot was written"
+    kib: dict[str, float] = {}
+    for line in trace.read_text().splitlines():
+        size, _count, path = line.split(" ", 2)
+        name = next((n for n, marks in AREAS if any(m in path for m in marks)), "other")
+        kib[name] = kib.get(name, 0.0) + int(size) / 1024 / held
+    python = sum(v for k, v in kib.items() if k != TLS_BUFFERS)
+    rows = [[k, fmt(v, 2)] for k, v in sorted(kib.items(), key=lambda kv: -kv[1])]
+    rows.append(["Python allocations but the TLS buffers, in all", fmt(python, 2)])
+    return f"### Python allocations per held request (tracemalloc, {held:,} held)\n\n" + table(
+        ["area", "KiB per held request"], rows
+    )
 
 
 if __name__ == "__main__":
