@@ -37,6 +37,7 @@ from tests.support.proxy_proc import (  # noqa: E402
     leftover_proxies,
     start_proxy,
 )
+from tests.support.suite_order import by_cost  # noqa: E402
 from tests.support.upstream_proc import (  # noqa: E402
     Certs,
     Upstream,
@@ -64,6 +65,12 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("PYTHONPYCACHEPREFIX", str(pycache))
         sys.pycache_prefix = os.environ["PYTHONPYCACHEPREFIX"]
         sys.dont_write_bytecode = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The costliest files first (tests/support/suite_order.py): under ``--dist loadfile`` each worker takes
+    the next file as it finishes one, so the long ones start at once and the run ends on short ones."""
+    items[:] = by_cost(items)
 
 
 @pytest.fixture(scope="module", autouse=True)
