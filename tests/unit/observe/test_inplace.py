@@ -20,7 +20,8 @@ values = st.one_of(
 
 
 def text(registry: CollectorRegistry) -> list[str]:
-    return sorted(line for line in generate_latest(registry).decode().splitlines() if not line.startswith("#"))
+    lines = generate_latest(registry).decode().splitlines()
+    return sorted(line for line in lines if not line.startswith("#"))
 
 
 @settings(max_examples=60, deadline=None)
