@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Generic, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -20,8 +20,8 @@ RATE_BUCKETS = 100  # the window's resolution: the gauge is within 1% of an exac
 OTHER = "other"  # the host label of every non-paced host, and of paced names beyond the cap
 PINNED_HOSTS = ("index.commoncrawl.org", "data.commoncrawl.org")
 FREE_HOST_LABELS = 50  # names beyond the pinned ones that get a label of their own, first come
-# Labelled children remembered per metric by the raw (host, ...) key: the raw host is client-chosen, so the
-# table is cleared when it reaches this size (the label values themselves are bounded already).
+# Cells an in-place table (observe.inplace) remembers by the raw (host, ...) key: the raw host is
+# client-chosen, so the table is cleared when it reaches this size (the label values are bounded already).
 MAX_CHILDREN = 1024
 
 
@@ -51,35 +51,16 @@ M = TypeVar("M", Counter, Gauge, Histogram)
 
 
 class HostLabelled(Generic[M]):
-    """A labelled metric whose first label is a host, capped by ``HostLabels``. ``pipe``, when given, maps
-    the last label (a pipeline name) in ``child``."""
+    """A labelled metric whose first label is a host, capped by ``HostLabels``. The per-request families
+    are ``observe.inplace`` tables instead; these are the ones updated now and then (throttles, backoff,
+    queue depth, refusals)."""
 
-    def __init__(self, metric: M, label: HostLabels, pipe: Callable[[str], str] | None = None) -> None:
+    def __init__(self, metric: M, label: HostLabels) -> None:
         self.metric: M = metric
         self.label = label
-        self.pipe = pipe
-        self._children: dict[tuple[str, ...], M] = {}
-        self._generation = label.generation
 
     def labels(self, host: str, *rest: str) -> M:
         return self.metric.labels(self.label(host), *rest)
-
-    def child(self, host: str, *rest: str) -> M:
-        """``labels(host, *rest)`` with the last label mapped by ``pipe``, remembered per raw key: the
-        per-request path then costs one dict lookup instead of two mappings and prometheus' ``labels``.
-        Exact, since a host's or pipeline's label only changes on ``pin`` (which clears the table)."""
-        key = (host, *rest)
-        if self._generation != self.label.generation:
-            self._children.clear()
-            self._generation = self.label.generation
-        found = self._children.get(key)
-        if found is None:
-            if len(self._children) >= MAX_CHILDREN:
-                self._children.clear()
-            if self.pipe is not None and rest:
-                rest = (*rest[:-1], self.pipe(rest[-1]))
-            found = self._children[key] = self.metric.labels(self.label(host), *rest)
-        return found
 
 
 class RateWindow:
