@@ -85,9 +85,6 @@ class CountTable(_Table):
             cell = self.labels(*key)
         cell[0] += amount
 
-    def value(self, *raw: str) -> float:
-        return self.labels(*raw)[0]
-
     def family(self) -> Metric:
         f = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
         for values, cell in self.cells.items():
