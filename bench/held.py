@@ -207,7 +207,8 @@ def _measure(a: argparse.Namespace, src: Path | None) -> tuple[str, float]:
             + WINDOW_OFF
         )
         trace = b.tmp / "tracemalloc.txt"
-        os.environ["POLITEPROXY_TRACE_OUT"] = str(trace)  # read by bench/traced_run.py only
+        if a.tracemalloc:
+            os.environ["POLITEPROXY_TRACE_OUT"] = str(trace)  # read by bench/traced_run.py only
         module = "bench.traced_run" if a.tracemalloc else "politeproxy"
         pp = start_politeproxy(b, up, toml, src=src, module=module)
         idle_rss = rss_mib(pp.pid)
