@@ -45,6 +45,7 @@ from politeproxy.proxy.clientside import ClientSide, Own
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.flight import Flight, follow
 from politeproxy.proxy.passage import stamp
+from politeproxy.proxy.speak import standard_fields
 
 log = logging.getLogger("politeproxy")
 T = TypeVar("T")
@@ -316,6 +317,7 @@ class CacheFront:
         headers: CIMultiDict[str] = CIMultiDict(meta.headers)
         headers["Age"] = str(age_seconds(meta.stored, time.time()))
         stamp(headers)
+        standard_fields(headers, ex)
         ex.status = meta.status
         client.start(meta.status, None, headers)
         ahead: asyncio.Task[bytes] | None = None

@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 from politeproxy.proxy.clientside import ClientSide
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.passage import stamp
+from politeproxy.proxy.speak import standard_fields
 
 T = TypeVar("T")
 FOLLOW_CHUNK = 1 << 20  # bytes a follower reads per thread hop (as a hit)
@@ -117,6 +118,7 @@ async def follow(
     headers: CIMultiDict[str] = CIMultiDict(flight.headers)
     headers["Age"] = "0"
     stamp(headers)
+    standard_fields(headers, ex)  # a hit (``served`` recorded it), with the quota read before the cache
     ex.status = flight.status
     client.start(flight.status, None, headers)
     try:
