@@ -212,16 +212,17 @@ class Pacer:
         arrived: float | None = None,
         pipeline: str = DEFAULT_PIPELINE,
         bound: float | None = None,
+        again: bool = False,
     ) -> float:
         """Wait for a slot for ``host`` in ``pipeline``'s fair share, at most ``bound`` (None: max_wait)
         from ``arrived``; return seconds waited. Raises WaitTooLong, at once when the wait is known to be
-        longer."""
+        longer. ``again``: a client's retry of a refused request, queued ahead of first tries."""
         self.start()
         s = self._settings
         now = self.monotonic()
         arrived = now if arrived is None else arrived
         deadline = arrived + (s.max_wait if bound is None else bound)
-        est = self._state.estimate(host, now, s.gap, s.interval_for(host), pipeline)
+        est = self._state.estimate(host, now, s.gap, s.interval_for(host), pipeline, again)
         if now + est > deadline:
             self._events.rejected(host, "max_wait", pipeline)
             raise WaitTooLong(est, f"{host} is paced and this request would wait {est:.1f}s")
@@ -229,7 +230,7 @@ class Pacer:
             if await self._claim_here(host, now, deadline, pipeline):
                 return self._waited(host, Klass.PACED, arrived, pipeline)
         self._refuse_if_full(host, pipeline)
-        w = Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future(), pipeline)
+        w = Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future(), pipeline, again=again)
         self._state.add(w)
         self._dispatcher.wake.set()
         try:
@@ -310,13 +311,15 @@ class Pacer:
         arrived: float | None = None,
         pipeline: str | None = None,
         bound: float | None = None,
+        again: bool = False,
     ) -> Permit:
         """Hold the request until it may go (a slot, or an exempt place); raises WaitTooLong on entering.
 
         ``pipeline`` names who asks (the proxy user name, else the client address); it is mapped to a
         bounded name (``Pacer.pipeline``), and slots and exempt places are shared fairly between them.
-        ``bound``: the longest it may be held (its client's rule, ``settings.bound_for``); None: max_wait."""
-        return Permit(self, host, klass, 0.0, self.pipeline_of(pipeline), arrived, bound)
+        ``bound``: the longest it may be held (its client's rule, ``settings.bound_for``); None: max_wait.
+        ``again``: the client's retry of a refused request (``policy.clients.sdk_attempt``)."""
+        return Permit(self, host, klass, 0.0, self.pipeline_of(pipeline), arrived, bound, again)
 
     def _rest_note(self, host: str) -> str:
         """The "; <host> is blocked until <time>" (or backing off) note, when this proxy knows it rests:

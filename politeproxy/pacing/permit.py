@@ -31,7 +31,7 @@ class Turns(Protocol):
     @property
     def settings(self) -> PacingSettings: ...
     async def _wait_paced(
-        self, host: str, arrived: float | None, pipeline: str, bound: float | None = None
+        self, host: str, arrived: float | None, pipeline: str, bound: float | None = None, again: bool = False
     ) -> float: ...
     async def _exempt_enter(
         self, host: str, arrived: float | None, pipeline: str, bound: float | None = None
@@ -53,7 +53,8 @@ class Permit:
     leaving gives an exempt place back."""
 
     __slots__ = (
-        "_arrived", "_delay", "_held", "_pacer", "bound", "host", "klass", "pipeline", "probe", "waited"
+        "_arrived", "_delay", "_held", "_pacer", "again", "bound", "host", "klass", "pipeline", "probe",
+        "waited",
     )  # fmt: skip
 
     def __init__(
@@ -65,9 +66,11 @@ class Permit:
         pipeline: str = DEFAULT_PIPELINE,
         arrived: float | None = None,
         bound: float | None = None,
+        again: bool = False,
     ) -> None:
         self._pacer = pacer
         self.bound = bound  # the longest this request may be held (its client's rule); None: max_wait
+        self.again = again  # the client's retry of a refused request: ahead of first tries in its line
         self.host = host
         self.klass = klass
         self.waited = waited
@@ -88,7 +91,9 @@ class Permit:
                 self.waited = await pacer._exempt_enter(self.host, self._arrived, self.pipeline, self.bound)
                 self._held = True
             else:
-                self.waited = await pacer._wait_paced(self.host, self._arrived, self.pipeline, self.bound)
+                self.waited = await pacer._wait_paced(
+                    self.host, self._arrived, self.pipeline, self.bound, self.again
+                )
         except WaitTooLong as e:
             e.note = pacer._rest_note(self.host)  # why the host rests, for the body of the refusal
             raise

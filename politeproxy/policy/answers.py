@@ -170,29 +170,35 @@ def _printable(text: str) -> str:
 class Stagger:
     """When each refused request of a service should come back, so that refusals don't return together.
 
-    A refusal's own turn would fall inside its bound after ``wait - bound`` seconds; refusals of one service
-    are spread ``spacing`` apart from there (one slot each), and a time past ``cap`` folds back into the
-    second half of the cap (such a request will be refused again anyway, and must not come back in a herd).
-    Pure: the caller passes the clock. At most ``max_keys`` services are remembered."""
+    A refusal's own turn would fall inside its bound after ``wait - bound`` seconds; refusals of one
+    service are spread ``spacing`` apart from there (one slot each). A time past ``cap`` is folded into the
+    second half of the cap, ``FOLDS`` distinct times in turn: such a request will be refused again anyway,
+    and must not come back in a herd. Pure: the caller passes the clock. At most ``max_keys`` services are
+    remembered."""
+
+    FOLDS = 32
 
     def __init__(self, cap: float = RETRY_AFTER_CAP_MS / 1000, max_keys: int = 64) -> None:
         self.cap = cap
         self.max_keys = max_keys
         self._next: dict[str, float] = {}
+        self._folded = 0
 
     def advise(self, key: str, now: float, wait: float, bound: float, spacing: float) -> float:
         """Seconds until this refused request should be asked again (0 < result <= cap)."""
         if not math.isfinite(wait) or wait < 0:
             wait = 0.0
-        spacing = spacing if math.isfinite(spacing) and spacing > 0 else 0.01
+        if not math.isfinite(bound) or bound < 0:
+            bound = 0.0
+        spacing = min(spacing, self.cap) if math.isfinite(spacing) and spacing > 0 else 0.01
         target = now + max(0.0, wait - bound)
         at = max(target, self._next.get(key, 0.0))
         self._next.pop(key, None)
-        self._next[key] = at + spacing
+        self._next[key] = min(at + spacing, now + 2 * self.cap)  # a cursor never runs far ahead
         while len(self._next) > self.max_keys:
             del self._next[next(iter(self._next))]
         after = at - now
         if after > self.cap:
-            half = self.cap / 2
-            after = self.cap - ((after - self.cap) % half)
-        return min(self.cap, max(spacing, after))
+            self._folded = (self._folded + 1) % self.FOLDS
+            after = self.cap - (self.cap / 2) * self._folded / self.FOLDS
+        return min(self.cap, max(0.001, after))

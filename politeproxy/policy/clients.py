@@ -60,3 +60,20 @@ def _match(rules: tuple[ClientRule, ...], user_agent: str) -> float | None:
         if user_agent.startswith(r.user_agent):
             return r.max_wait
     return None
+
+
+def sdk_attempt(value: str | None) -> int:
+    """Which try of one operation a request is, from an AWS SDK's ``amz-sdk-request`` header
+    (``attempt=2; max=3``, maybe with a ``ttl=``); 0 when absent or unreadable. Never raises.
+
+    A retry of a refused request (attempt 2 and later) goes ahead of first tries in its line (issue 41): the
+    proxy told it when to come back, and behind the first tries that came meanwhile it would be refused again
+    until its client's attempts ran out."""
+    if not value or len(value) > MAX_USER_AGENT:
+        return 0
+    for part in value.split(";"):
+        name, sep, number = part.strip().partition("=")
+        if sep and name.strip().lower() == "attempt":
+            number = number.strip()
+            return int(number) if number.isdigit() and len(number) <= 4 else 0
+    return 0

@@ -23,6 +23,7 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.answers import POOL_FULL, error_type
 from politeproxy.policy.backoff import Delay
 from politeproxy.policy.classify import Classifier, Klass
+from politeproxy.policy.clients import sdk_attempt
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.signals import PEEK, Signal, read_signal, wants_body
 from politeproxy.proxy.cached import CacheFront
@@ -61,6 +62,12 @@ class _Try:
     expect: bool
     bound: float  # the longest this request may be held: its client's rule, else pacing.max_wait
     path: str  # the target as sent upstream (which service: the bucket's path-style names need it)
+    attempt: int  # which try an AWS SDK says this is (amz-sdk-request); 0: not said
+
+    @property
+    def again(self) -> bool:
+        """An SDK's retry of a refused request: it goes ahead of first tries in its line."""
+        return self.attempt > 1
     continued: bool = False
 
 
@@ -191,13 +198,15 @@ class Forwarder:
             expect=has_body and client.headers.get("Expect", "").lower() == "100-continue",
             bound=self.pacer.settings.bound_for(client.headers.get("User-Agent")),
             path=url.raw_path_qs,
+            attempt=sdk_attempt(client.headers.get("amz-sdk-request")),
         )
         while True:
             try:
                 if klass is Klass.PASSTHROUGH:
                     out = await self._attempt(client, None, t, ex)
                 else:
-                    async with self.pacer.permit(host, klass, arrived, ex.pipeline, t.bound) as p:
+                    permit = self.pacer.permit(host, klass, arrived, ex.pipeline, t.bound, t.again)
+                    async with permit as p:
                         ex.wait = p.waited
                         ex.quota = await self.pacer.quotas.quota(host) or ex.quota
                         out = await self._attempt(client, p, t, ex)
@@ -215,9 +224,12 @@ class Forwarder:
         ex.wait = now - arrived  # held this long before the refusal
         ex.quota = await self.pacer.quotas.quota(t.host) or ex.quota
         why = e.message  # the host's rest when it rests: one cause, one text
-        self.oplog.refused(ex.pipeline, 503, why)
+        self.oplog.refused(ex.pipeline, 503, why, e.reason)
         gap = max(self.pacer.settings.gap, self.pacer.settings.interval_for(t.host))
-        refusal = self.speaker.refusal(ex, t.path, why, e.wait, t.bound, gap, now)
+        # An SDK's retry goes ahead of first tries: its turn falls inside its bound as soon as the retries
+        # ahead of it have gone, so a first try is told to come back at once (staggered, one slot apart).
+        wait = 0.0 if t.attempt == 1 else e.wait
+        refusal = self.speaker.refusal(ex, t.path, why, wait, t.bound, gap, now)
         # the client holds its body back: this connection cannot go on
         refusal.close = t.expect and not t.continued
         return refusal

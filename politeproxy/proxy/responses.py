@@ -82,6 +82,10 @@ class BurstLimitedLog:
         if self.allow(key):
             self.logger.info(msg, *args)
 
+    def warning(self, key: str, msg: str, *args: object) -> None:
+        if self.allow(key):
+            self.logger.warning(msg, *args)
+
 
 class BadRequestOneLine(logging.Filter):
     """aiohttp logs a client's malformed request with a traceback at ERROR; make it one INFO line,

@@ -57,7 +57,13 @@ class Refusing:
         return f"b-{name}"
 
     def permit(
-        self, host: str, klass: Klass, arrived: float | None, pipeline: str, bound: float | None = None
+        self,
+        host: str,
+        klass: Klass,
+        arrived: float | None,
+        pipeline: str,
+        bound: float | None = None,
+        again: bool = False,
     ) -> Any:
         self.permits.append(pipeline)
         refusal = WaitTooLong(7.0, "would wait 7.0s", "max_wait")
