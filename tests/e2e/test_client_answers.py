@@ -171,7 +171,8 @@ def slow_gap(module_proxy_factory: ProxyFactory, module_upstream: Upstream, cert
     """One paced request every 40 s and the default 25 s bound (pacing.max_wait) for clients no rule names."""
     text = (
         NO_ROBOTS
-        + '[schedule]\nbackend = "memory"\nglobal_rate = "40s"\n[pacing]\nretries = 0\n[cache]\nenabled = false\n'
+        + '[schedule]\nbackend = "memory"\nglobal_rate = "40s"\n'
+        + "[pacing]\nretries = 0\n[cache]\nenabled = false\n"
         + upstream_toml(module_upstream, certs)
     )
     return module_proxy_factory(None, text)
