@@ -300,10 +300,9 @@ class Pacer:
         ``again``: the client's retry of a refused request (``policy.clients.sdk_attempt``)."""
         return Permit(self, host, klass, 0.0, self.pipeline_of(pipeline), arrived, bound, again)
 
-    def _rest_note(self, host: str) -> str:
-        """The "; <host> is blocked until <time>" (or backing off) note, when this proxy knows it rests:
-        the permit attaches it to a refusal."""
-        return self._rest.note(host)
+    async def _rest_note(self, host: str, wait: float) -> str:
+        """Why ``host`` rests, when this proxy knows or (a wait this long) another proxy noted it."""
+        return self._rest.note(host) or (await self.holds.learn(host) if wait > 1.0 else "")
 
     async def _feedback(
         self, host: str, status: int | None, retry_after: str | None, signal: Signal | None = None
