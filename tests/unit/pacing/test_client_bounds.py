@@ -98,7 +98,7 @@ async def test_every_proxy_on_the_store_says_the_same_of_a_block(vclock: Virtual
         await b.holds.look()  # its watch reads the note of a host it holds
         with pytest.raises(WaitTooLong) as seen_b:
             await turn(b)
-        assert seen_a.value.message.startswith(f"{A} is blocked since ")
+        assert seen_a.value.message.startswith(f"{A} is blocked until ")
         assert seen_b.value.message == seen_a.value.message
     finally:
         await a.close()
