@@ -53,6 +53,8 @@ def config(up: Upstream, certs: Certs, keep_defaults: bool) -> str:
         + f'[schedule]\nbackend = "memory"\nglobal_rate = "{RATE:g}/s"\n'
         + '[pacing]\nmax_wait = "5s"\nretries = 0\n[cache]\nenabled = false\n'
         + f"[clients]\nkeep_defaults = {'true' if keep_defaults else 'false'}\n"
+        # 200 TLS handshakes at once on a shared 2-core box: more than the default 10 s for the slowest
+        + '[client]\nhandshake_timeout = "30s"\n'
         + upstream_toml(up, certs)
     )
 
