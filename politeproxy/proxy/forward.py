@@ -22,6 +22,7 @@ from politeproxy.pacing.pacer import Pacer, Permit, WaitTooLong
 from politeproxy.policy.access import Access
 from politeproxy.policy.backoff import Delay, retry_after_seconds
 from politeproxy.policy.classify import Classifier, Klass
+from politeproxy.policy.forms import cloudfront_refuses, refused_form
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.signals import PEEK, Signal, read_signal, wants_body
 from politeproxy.proxy.cached import CacheFront
@@ -149,7 +150,10 @@ class Forwarder:
         pipeline = self.pacer.pipeline_of(who)
         ex = Exchange(client.remote, client.method, host, access_path(path), klass, pipeline)
         try:
-            if self.cache is None:
+            out = self._refused_form(client, ex, path)
+            if out is not None:  # never leaves: no cache lookup, no slot, no count in the window
+                pass
+            elif self.cache is None:
                 out = await self._exchange(client, ex, url, started)
             else:  # a hit is answered before the pacer; a miss goes through _exchange, teed to disk
                 go = lambda: self._exchange(client, ex, url, started)  # noqa: E731
@@ -170,6 +174,22 @@ class Forwarder:
             ex.duration = time.monotonic() - started
             self.events.access(ex)
         self.events.answered(ex.label, klass.value, ex.status or None, ex.pipeline)
+
+    def _refused_form(self, client: ClientSide, ex: Exchange, path: str) -> Own | None:
+        """Issue 42: a paced request of a form its service refuses by itself (policy/forms.py) is answered
+        here; upstream it would spend a slot, and CloudFront's own 403 to it looks like the WAF's block."""
+        if ex.klass is Klass.PASSTHROUGH:
+            return None
+        r = refused_form(ex.host, path, client.method, client.has_body)
+        if r is None:
+            return None
+        ex.status, ex.note = r.status, "form"
+        self.events.rejected(ex.host, "form")
+        self.oplog.refused(ex.pipeline, r.status, r.message)
+        out = own(r.status, r.message, r.headers)
+        # a client waiting for 100 Continue still holds its body back: this connection cannot go on
+        out.close = client.has_body and client.headers.get("Expect", "").lower() == "100-continue"
+        return out
 
     async def _exchange(self, client: ClientSide, ex: Exchange, url: URL, arrived: float) -> Own | None:
         """The exchange upstream; the proxy's own answer when there is one to send (None: relayed)."""
@@ -234,7 +254,11 @@ class Forwarder:
             if p is not None:
                 # who made the answer (a 403 from S3 holds nothing); only a 403 may wait for body bytes
                 st, heads = upstream.status, upstream.headers
-                signal = await _peeked(upstream) if wants_body(st, heads) else read_signal(st, heads)
+                odd = cloudfront_refuses(method, t.body is not None)  # its 403 is never the WAF's block
+                if wants_body(st, heads):
+                    signal = await _peeked(upstream, odd)
+                else:
+                    signal = read_signal(st, heads, odd_form=odd)
                 self.oplog.signal(t.host, upstream.status, signal, upstream.headers)
                 delay = await self._answered(p, upstream.status, upstream.headers.get("Retry-After"), signal)
                 self.oplog.answered(t.host, upstream.status, delay, probe)
@@ -305,10 +329,11 @@ class Forwarder:
             raise
 
 
-async def _peeked(upstream: Answer) -> Signal:
+async def _peeked(upstream: Answer, odd_form: bool) -> Signal:
     """A 403's cause from its head and its body's first bytes (peeked, left for the relay). Never raises:
     an answer that cannot be read is a 403 from nobody known."""
     try:
-        return read_signal(upstream.status, upstream.headers, await body_head(upstream, PEEK))
+        head = await body_head(upstream, PEEK)
+        return read_signal(upstream.status, upstream.headers, head, odd_form=odd_form)
     except Exception:  # noqa: BLE001 - an odd answer must not lose its feedback
-        return read_signal(upstream.status, {}, b"")
+        return read_signal(upstream.status, {}, b"", odd_form=odd_form)
