@@ -93,12 +93,16 @@ class Forwarder:
         raw = request.raw_path
         if raw.startswith("/") or raw == "*":
             return await self.admin(request)
-        if not self.access.auth_ok(request.headers.get("Proxy-Authorization")):
+        creds = request.headers.get("Proxy-Authorization")
+        why = (
+            "proxy authentication required"
+            if not self.access.auth_ok(creds)
+            else self.access.look_alike(creds)
+        )
+        if why is not None:
             self.events.rejected("other", "auth")
-            self.oplog.refused(request.remote or "?", 407, "proxy authentication required")
-            return error_response(
-                407, "proxy authentication required", {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
-            )
+            self.oplog.refused(request.remote or "?", 407, why)
+            return error_response(407, why, {"Proxy-Authenticate": 'Basic realm="politeproxy"'})
         try:
             url = URL(raw, encoded=True)
         except ValueError:
