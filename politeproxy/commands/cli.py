@@ -259,16 +259,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_release(args: argparse.Namespace) -> int:
     """Lift a host's hold or backoff through the admin endpoint (issue 24 item 5)."""
     from politeproxy.commands import release
+    from politeproxy.observe import statusview
 
-    url = args.admin
-    if url is None:
-        from politeproxy.observe import statusview
-
-        try:
-            url = statusview.admin_url(*_config(args).listen)
-        except ConfigError as e:
-            return _fail(str(e))
-    return release.main(url, args.host)
+    try:
+        cfg = _config(args)
+        url = args.admin or statusview.admin_url(*cfg.listen)
+        token = cfg.admin_token()  # [admin] token_env / token_file, read from this shell (issue 42)
+    except ConfigError as e:
+        return _fail(str(e))
+    return release.main(url, args.host, token)
 
 
 def cmd_cache(args: argparse.Namespace) -> int:

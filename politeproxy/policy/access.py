@@ -40,11 +40,13 @@ class Access:
         users: dict[str, str],
         tokens: dict[str, str] | None = None,
         on_guest: Callable[[str, str], None] = lambda _name, _client: None,
+        admin_token: str = "",
     ) -> None:
         self.networks = [ipaddress.ip_network(c, strict=False) for c in allow_clients]
         self.users = users
         self.tokens = tokens or {}  # pipeline -> its secret ([pipelines.NAME] token_env / token_file)
         self.on_guest = on_guest  # told (name, client) of each request naming a pipeline without its token
+        self.admin_token = admin_token  # what POST /release must carry as a Bearer token ("": none asked)
 
     @property
     def open_beyond_loopback(self) -> bool:
