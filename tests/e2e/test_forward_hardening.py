@@ -327,5 +327,6 @@ def test_loggable_is_one_bounded_line_without_any_query(text: str, secret: str) 
     assume("SIG" not in text)
     line = loggable(f"{text} url='https://data.commoncrawl.org/p/a?SIG{secret}' {text}")
     assert "\n" not in line and "\r" not in line and len(line) <= 300
+    assert line.isprintable()  # no C0/C1 control, no bidi or other format character (issue 42, item 8)
     assert "?SIG" not in line
     assert loggable(f"https://h.example:443/x/y?SIG{secret}") == "https://h.example:443/x/y"
