@@ -190,6 +190,8 @@ def cmd_env(args: argparse.Namespace) -> int:
         )
         bundle, roots = ca.bundle_path, "no system roots (not writable), "
     lines = export_lines(cfg, ca, bundle, name)
+    if name and (token := next((ln for ln in lines if "needs its token" in ln), None)):
+        print(f"politeproxy env: {token.lstrip('# ')}", file=sys.stderr)  # the shell's user sees it too
     lines.append(f"# {bundle.name}: {roots}certifi's roots and the proxy's CA")
     try:  # the JVM reads neither HTTPS_PROXY nor SSL_CERT_FILE (docs/tools.md, Java and Spark)
         lines += [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import http.client
+import os
 import re
 import socket
 import subprocess
@@ -100,3 +101,26 @@ def test_tokens_were_checked_on_the_raw_name_then_the_name_was_cleaned(
     assert raw_get(p, "url_fetch", SECRET, "owner")[0] == 200  # the name itself, with its token
     assert raw_get(p, "url_fetch", "guess", "guest")[0] == 200  # without it: the guest share, as before
     assert SECRET not in p.log() and "guess" not in p.log()
+
+
+def test_env_pipeline_made_a_token_pipeline_a_guest_without_saying_so(
+    proxy_factory: Factory, upstream: Upstream
+) -> None:
+    """Issue 42, item 9: ``env --pipeline urls`` for a pipeline with a token says so, and its proxy URL
+    refers to the token's variable (``http://urls:${PP_TOKEN_URLS}@...``), expanded by the shell that
+    evaluates the lines: the secret is never printed, and the requests count as urls, not urls~guest."""
+    p = proxy_factory(upstream, config(0.0, extra=PIPES), env={"PP_TOKEN_URLS": SECRET})
+    argv = [*POLITEPROXY, "env", "--config", str(p.config_path), "--data-dir", str(p.data_dir)]
+    argv += ["--listen", f"127.0.0.1:{p.port}", "--pipeline", "urls"]
+    shell_env = {**os.environ, "PP_TOKEN_URLS": SECRET}
+    r = subprocess.run(argv, cwd=ROOT, env=shell_env, capture_output=True, text=True, timeout=60, check=True)
+    assert SECRET not in r.stdout and SECRET not in r.stderr
+    assert "needs its token" in r.stderr and "PP_TOKEN_URLS" in r.stderr, r.stderr
+    assert 'export HTTPS_PROXY="http://urls:${PP_TOKEN_URLS}@127.0.0.1:' in r.stdout, r.stdout
+    script = f'eval "$1"; curl -sS -o /dev/null -w "%{{http_code}}" -x "$HTTP_PROXY" http://{D}/p/urls/env'
+    curl = subprocess.run(
+        ["bash", "-c", script, "bash", r.stdout], env=shell_env, capture_output=True, text=True, timeout=60
+    )
+    assert curl.stdout == "200", curl.stderr
+    assert "urls" in labels(p) and "urls~guest" not in labels(p), labels(p)
+    assert "without its token" not in p.log()
