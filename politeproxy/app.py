@@ -283,7 +283,7 @@ class App:
         if self.workers is None:
             return
         self.admin.workers = self.workers
-        self._worker_runner = await serve_private(self.workers, self.metrics.render, self.status.document)
+        self._worker_runner = await serve_private(self.workers, self.metrics.render, self.status)
 
     async def _start_metrics(self, addr: str) -> None:
         h, p = parse_hostport(addr, "metrics_listen")
