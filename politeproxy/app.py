@@ -129,9 +129,10 @@ class App:
         host, port = cfg.listen
         try:
             tokens = cfg.pipeline_tokens()  # [pipelines.NAME] token_env / token_file (issue 27)
+            admin_token = cfg.admin_token()  # [admin] token_env / token_file: /release wants it (issue 42)
         except ConfigError as e:
             raise StartupError(str(e)) from None
-        access = Access(cfg["allow_clients"], cfg["auth"]["users"], tokens, on_guest=self._guest)
+        access = Access(cfg["allow_clients"], cfg["auth"]["users"], tokens, self._guest, admin_token)
         if not is_loopback(host) and host != "localhost" and not access.open_beyond_loopback:
             raise StartupError(
                 f"refusing to listen on {host}:{port} as an open proxy: "
@@ -209,8 +210,9 @@ class App:
         )
         status, hosts, listen = self.status.document, cfg["admin_hosts"], cfg.listen[0]
         self.admin = ReleasingAdmin(
-            self.metrics, self._health, ca.pem, status, hosts=hosts, listen=listen, release=self._release
-        )
+            self.metrics, self._health, ca.pem, status, hosts=hosts, listen=listen, release=self._release,
+            token=access.admin_token,
+        )  # fmt: skip
         return Proxy(
             ca=ca,
             classifier=self.classifier,
@@ -238,6 +240,8 @@ class App:
         """``POST /release``: the pacer lifts the hold for every proxy on the store."""
         assert self.pacer is not None
         r = await self.pacer.holds.release(host, who)
+        if r.refused:  # not held, or released moments ago (issue 42): nothing was written
+            return {"released": [], "refused": r.refused, "retry_after": r.retry_in}
         if self.status is not None:
             self.status.invalidate()
         was = [f"{n.host}: {n.reason or n.kind} since {_utc(n.since)}" for n in r.was]
@@ -279,7 +283,7 @@ class App:
         if self.workers is None:
             return
         self.admin.workers = self.workers
-        self._worker_runner = await serve_private(self.workers, self.metrics.render, self.status.document)
+        self._worker_runner = await serve_private(self.workers, self.metrics.render, self.status)
 
     async def _start_metrics(self, addr: str) -> None:
         h, p = parse_hostport(addr, "metrics_listen")

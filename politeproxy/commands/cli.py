@@ -190,6 +190,8 @@ def cmd_env(args: argparse.Namespace) -> int:
         )
         bundle, roots = ca.bundle_path, "no system roots (not writable), "
     lines = export_lines(cfg, ca, bundle, name)
+    if name and (token := next((ln for ln in lines if "needs its token" in ln), None)):
+        print(f"politeproxy env: {token.lstrip('# ')}", file=sys.stderr)  # the shell's user sees it too
     lines.append(f"# {bundle.name}: {roots}certifi's roots and the proxy's CA")
     try:  # the JVM reads neither HTTPS_PROXY nor SSL_CERT_FILE (docs/tools.md, Java and Spark)
         lines += [
@@ -259,16 +261,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def cmd_release(args: argparse.Namespace) -> int:
     """Lift a host's hold or backoff through the admin endpoint (issue 24 item 5)."""
     from politeproxy.commands import release
+    from politeproxy.observe import statusview
 
-    url = args.admin
-    if url is None:
-        from politeproxy.observe import statusview
-
-        try:
-            url = statusview.admin_url(*_config(args).listen)
-        except ConfigError as e:
-            return _fail(str(e))
-    return release.main(url, args.host)
+    try:
+        cfg = _config(args)
+        url = args.admin or statusview.admin_url(*cfg.listen)
+        token = cfg.admin_token()  # [admin] token_env / token_file, read from this shell (issue 42)
+    except ConfigError as e:
+        return _fail(str(e))
+    return release.main(url, args.host, token)
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
