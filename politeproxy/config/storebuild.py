@@ -15,6 +15,7 @@ from politeproxy.config.loading import Config, env_number
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
+from politeproxy.stores.file_windows import boot_clock
 from politeproxy.stores.heartbeats import Beats, FileBeats, MemoryBeats, RedisBeats
 from politeproxy.stores.holdnotes import FileNotes, HoldNotes, MemoryNotes, RedisNotes
 from politeproxy.stores.memory import MemoryStore
@@ -42,7 +43,7 @@ def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
     if backend == "memory":
         return MemoryStore(max_backoff=cap)  # monotonic: no other process reads its records
     try:
-        local: Store = FileStore(cfg.data_dir, clock, max_backoff=cap)
+        local: Store = FileStore(cfg.data_dir, clock, max_backoff=cap, boottime=boot_clock)
     except StoreError as e:
         # Never a silent fall back to memory: that paces this process alone and fails open on the
         # budget shared with other proxies and ccrawl. (A lock that cannot be taken, NFS, is the store's.)

@@ -16,13 +16,18 @@ from dataclasses import dataclass
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.slots import Claim, HostState, Outcome, adaptive_interval
-from politeproxy.policy.window import WindowRule
+from politeproxy.policy.window import Relative, WindowRule
 
 log = logging.getLogger("politeproxy.store")
 
 
 class StoreError(Exception):
     """The store could not answer (lock failed, server unreachable); the caller may fail over."""
+
+
+class StoreBusy(StoreError):
+    """The store works but another process holds it (the data dir's flock) past the wait: the caller waits
+    or refuses, never paces on a fresh fallback (a hostile or stuck holder would else reset the window)."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,16 @@ class Store(ABC):
     async def window_used(self, rule: WindowRule) -> int:
         """Requests the service's window holds now (slots reserved for later included), for status."""
         return 0
+
+    async def window_counts(self, rule: WindowRule) -> Relative:
+        """The service's window as ``policy.window.relative`` counts (bucket ends in seconds from now):
+        read by the failover store while this store answers, to seed its fallback with. () keeps none."""
+        return ()
+
+    async def mirror_window(self, rule: WindowRule, counts: Relative) -> None:
+        """Count at least ``counts`` in the service's window (``policy.window.merged``): the failover store
+        seeds its fallback with the shared window before pacing on it, so a switch never starts empty."""
+        raise NotImplementedError(f"{self.name} cannot be a fallback store")
 
     @abstractmethod
     async def grants(self) -> int:

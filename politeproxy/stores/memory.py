@@ -10,7 +10,7 @@ from politeproxy.policy import backoff, slots, window
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.fairclaim import FairAsk, FairState, fair_charge, fair_gate
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_DURATION, Bounds, Claim, HostState, Outcome, duration
-from politeproxy.policy.window import WindowRule, WindowState
+from politeproxy.policy.window import Relative, WindowRule, WindowState
 from politeproxy.stores.base import HostView, Store, WarnOnce, jitter_source, other_ceiling
 
 # Outside a claim the host's interval is unknown: bound next_allowed by the longest interval a config may
@@ -122,6 +122,17 @@ class StateMachine:
     def window_used(self, state: WindowState, rule: WindowRule) -> int:
         now = self.clock()
         return window.used(window.live(state, now, rule)[0], now, rule)
+
+    def window_counts(self, state: WindowState, rule: WindowRule) -> Relative:
+        if not rule.on:
+            return ()
+        now = self.clock()
+        return window.relative(window.live(state, now, rule)[0], now, rule)
+
+    def window_mirrored(self, state: WindowState | None, rule: WindowRule, counts: Relative) -> WindowState:
+        """The window holding at least ``counts`` too (a mirror of the shared store's)."""
+        now = self.clock()
+        return window.merged(window.live(state or WindowState(), now, rule)[0], counts, now, rule)
 
     def throttled(
         self,
@@ -238,6 +249,13 @@ class MemoryStore(Store):
 
     async def window_used(self, rule: WindowRule) -> int:
         return self.sm.window_used(self.windows.get(rule.service, WindowState()), rule)
+
+    async def window_counts(self, rule: WindowRule) -> Relative:
+        return self.sm.window_counts(self.windows.get(rule.service, WindowState()), rule)
+
+    async def mirror_window(self, rule: WindowRule, counts: Relative) -> None:
+        if rule.on:
+            self.windows[rule.service] = self.sm.window_mirrored(self.windows.get(rule.service), rule, counts)
 
     async def exempt_claim(
         self,
