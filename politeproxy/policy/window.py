@@ -201,27 +201,30 @@ def relative(state: WindowState, now: float, rule: WindowRule) -> Relative:
 ALIGN = 1e-3  # of a bucket: a relative end this close past a bucket's end is that bucket's (float rounding)
 
 
-def merged(state: WindowState, counts: Relative, now: float, rule: WindowRule) -> WindowState:
+def merged(
+    state: WindowState, counts: Relative, now: float, rule: WindowRule, add: bool = False
+) -> WindowState:
     """``state`` (live) holding at least ``counts`` too, each in the bucket whose end is at or after the
     count's end (so a count lasts at least as long as it did where it came from, less ALIGN of a bucket;
     misaligned bucket grids cost at most one bucket). ``counts`` landing in one bucket add up; then per
     bucket the larger of that and ``state``'s count: the same requests arriving by two ways (this proxy's
     own grants and the shared store's snapshot) are not counted twice when their buckets align, and are
-    counted twice (the safe side) when they do not. Counts outside the window's span are dropped or moved
-    to its furthest bucket, as ``live`` bounds a record."""
+    counted twice (the safe side) when they do not. ``add``: added to ``state``'s instead (requests
+    ``state`` never saw). Counts outside the window's span are dropped or moved to its furthest bucket, as
+    ``live`` bounds a record."""
     w = rule.width
     lo = _index(now - rule.reach, w)
     hi = _index(now, w) + AHEAD
-    add: dict[int, int] = {}
+    more: dict[int, int] = {}
     for rel, c in counts:
         if not (math.isfinite(rel) and 0 < c):
             continue
         i = min(hi, math.ceil((now + rel) / w - ALIGN) - 1)
         if i >= lo:
-            add[i] = min(MAX_COUNT, add.get(i, 0) + c)
+            more[i] = min(MAX_COUNT, more.get(i, 0) + c)
     out = dict(state.buckets)
-    for i, c in add.items():
-        out[i] = max(out.get(i, 0), c)
+    for i, c in more.items():
+        out[i] = min(MAX_COUNT, out.get(i, 0) + c) if add else max(out.get(i, 0), c)
     return WindowState(w, tuple(sorted(out.items())), True)
 
 

@@ -193,6 +193,17 @@ class Store(ABC):
         the failover store copies every backoff the shared store records here, so the fallback knows it."""
         raise NotImplementedError(f"{self.name} cannot be a fallback store")
 
+    async def window_known(self, rule: WindowRule) -> bool:
+        """Does this store hold a copy of the service's window written within the window's reach (mirrored
+        while the shared store answered, or its own counting)? A fallback that does not starts full."""
+        return False
+
+    async def add_window(self, rule: WindowRule, counts: Relative) -> None:
+        """Count ``counts`` in the service's window on top of what it holds: the grants the failover
+        store's fallback made while this store was down, added when it answers again (they are in no
+        other proxy's copy, so each proxy adds its own and the sum is exact)."""
+        raise NotImplementedError(f"{self.name} cannot take a fallback's grants")
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass
 

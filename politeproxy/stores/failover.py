@@ -128,12 +128,16 @@ class FailoverStore(Store):
             await asyncio.sleep(self.probe_interval)
             try:
                 await self.primary.grants()
+                await self.mirror.hand_back(self.primary)  # the window's grants made here, before the return
             except FAILS:
                 continue
             except Exception as e:  # noqa: BLE001 - a probe that dies would leave the proxy degraded for good
                 self._warn("probe", "probing schedule store %s failed unexpectedly: %r", self.primary.name, e)
                 continue
             self._returned()
+            if self.mirror.local:  # granted while the hand-back was on its way
+                with contextlib.suppress(*FAILS, NotImplementedError):
+                    await self.mirror.hand_back(self.primary)
 
     async def _run(self, call: Callable[[Store], Awaitable[T]]) -> T:
         if not self.degraded:
@@ -169,10 +173,14 @@ class FailoverStore(Store):
         return c
 
     async def _read_windows(self) -> None:
+        """Snapshot the shared windows, and copy them into the fallback (as backoffs are mirrored)."""
         try:
             await self.mirror.read(self.primary)
+            for rule in list(self.mirror.rules.values()):
+                if not self.degraded and (counts := self.mirror.counts(rule)) is not None:
+                    await self.fallback.mirror_window(rule, counts)
         except (*FAILS, NotImplementedError) as e:  # the claims find out for themselves; the last copy stays
-            log.debug("could not read the windows of %s: %r", self.primary.name, e)
+            log.debug("could not mirror the windows of %s: %r", self.primary.name, e)
 
     # -- claims -----------------------------------------------------------------------------------
 
@@ -230,8 +238,10 @@ class FailoverStore(Store):
         wide = gap * self.gap_multiplier
         await self.mirror.seed(self.fallback, window)
         c = await self.fallback.claim(host, wide, interval, max_wait, not_before, self._local(window))
-        if c.granted and paced:
-            self._local_granted(c, grace=False)
+        if c.granted:
+            self.mirror.granted_locally(window, c.wait)
+            if paced:
+                self._local_granted(c, grace=False)
         return c
 
     def _local(self, rule: WindowRule | None) -> WindowRule | None:
@@ -318,7 +328,10 @@ class FailoverStore(Store):
         burst = max(1, int(burst / self.gap_multiplier))
         await self.mirror.seed(self.fallback, window)
         local = self._local(window)
-        return await self.fallback.exempt_claim(host, wide, burst, max_wait, hold, ceiling, local)
+        c = await self.fallback.exempt_claim(host, wide, burst, max_wait, hold, ceiling, local)
+        if c.granted:
+            self.mirror.granted_locally(window, c.wait)
+        return c
 
     async def window_used(self, rule: WindowRule) -> int:
         if self.degraded:

@@ -277,6 +277,16 @@ class FileStore(FileWindows, Store):
         async with self._held():
             self._write_window(rule, self.sm.window_mirrored(self._read_window(rule), rule, counts))
 
+    async def window_known(self, rule: WindowRule) -> bool:
+        async with self._held():
+            return self._window_known(rule)
+
+    async def add_window(self, rule: WindowRule, counts: Relative) -> None:
+        if not rule.on:
+            return
+        async with self._held():
+            self._write_window(rule, self.sm.window_mirrored(self._read_window(rule), rule, counts, add=True))
+
     async def exempt_claim(
         self,
         host: str,

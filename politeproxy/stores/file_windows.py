@@ -50,7 +50,8 @@ class FileWindows:
     boot: int
 
     def _stamp(self) -> Stamp:
-        return Stamp(self.sm.clock() - self.boottime(), self.boot)
+        now = self.sm.clock()
+        return Stamp(now - self.boottime(), self.boot, now)
 
     def _window_fd(self, rule: WindowRule) -> int:
         name = host_file_name(rule.service)
@@ -85,6 +86,14 @@ class FileWindows:
             self.sm.warn("step", msg, step, rule.service)
             state = shifted(state, step)
         return state
+
+    def _window_known(self, rule: WindowRule) -> bool:
+        """Does the record hold a copy written within the window's reach (a mirror, or its own counts)?"""
+        stamp = window_records.decode_stamped(os.pread(self._window_fd(rule), window_records.SIZE, 0))[2]
+        if stamp is None:
+            return False
+        now = self._stamp()
+        return 0.0 <= now.written - stamp.written - stamp.step_since(now) <= rule.reach
 
     def _write_window(self, rule: WindowRule, state: WindowState) -> None:
         fd = self._window_fd(rule)

@@ -109,6 +109,7 @@ class RedisStore(Store):
         self._host_view = self.client.register_script(redis_view_lua.HOST_VIEW)
         self._window_used = self.client.register_script(redis_view_lua.WINDOW_USED)
         self._release = self.client.register_script(redis_view_lua.RELEASE)
+        self._add_window = self.client.register_script(redis_view_lua.ADD_WINDOW)
 
     @property
     def global_key(self) -> str:
@@ -216,6 +217,14 @@ class RedisStore(Store):
 
         (secs, usecs), raw = await self._call("window_counts", read)
         return hash_counts(raw, int(secs) * US + int(usecs), rule)
+
+    async def add_window(self, rule: WindowRule, counts: Relative) -> None:
+        if not rule.on or not counts:
+            return
+        args: list[int | str] = [_us(duration(rule.seconds))]
+        for rel, c in counts[-MAX_KEPT:]:
+            args += [round(rel * US), c]
+        await self._script("add_window", self._add_window, [self.window_key(rule)], args)
 
     async def exempt_claim(
         self,

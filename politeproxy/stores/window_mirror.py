@@ -6,11 +6,16 @@ mirrored, the window is too:
 
 - the shared store's window is read about once a second while it answers (``window_counts``, a snapshot
   of every proxy's grants), and every grant this proxy gets from it is counted here as well (the grants
-  since the last snapshot are added to it: they are in no snapshot yet);
+  since the last snapshot are added to it: they are in no snapshot yet); each snapshot is copied into the
+  fallback at once (``mirror_window``), so a fallback that outlives the process (the data dir) holds it;
 - the first time the fallback paces a service after a switch, it is seeded with those counts
   (``mirror_window``, which keeps per bucket the larger of its own count and the seed's);
-- a service nothing was mirrored for (the proxy started while the shared store was down, or never saw
-  the service) starts full: nothing goes to it for one window.
+- a service nothing was mirrored for (the proxy started while the shared store was down, and its
+  fallback holds no copy written within the window's reach) starts full: nothing goes to it for one
+  window;
+- back on the shared store, the grants this proxy made on the fallback are added to the shared window
+  (``add_window``): a Redis restarted empty would else start an empty window the other way. Each proxy
+  adds only its own, which no other copy holds, so the sum is exact.
 
 All times here are on the failover store's monotonic clock; they cross to the fallback as relative counts.
 What a snapshot cannot hold are other proxies' grants in the last second before the outage (at most the
@@ -40,12 +45,13 @@ class WindowMirror:
         self.pending: dict[str, WindowState] | None = None  # ... those since the snapshot being read began
         self.snaps: dict[str, tuple[float, Relative]] = {}  # the shared window as read, and when
         self.seeded: set[str] = set()  # services seeded into the fallback since the last switch
+        self.local: dict[str, WindowState] = {}  # this proxy's grants from the fallback, not handed back
         self.last_read = -READ_EVERY
 
     def _remember(self, rule: WindowRule) -> None:
         if rule.service not in self.rules and len(self.rules) >= MAX_SERVICES:
             gone = next(iter(self.rules))
-            for table in (self.rules, self.own, self.since, self.snaps):
+            for table in (self.rules, self.own, self.since, self.snaps, self.local):
                 table.pop(gone, None)
         self.rules[rule.service] = rule
 
@@ -61,6 +67,31 @@ class WindowMirror:
             if len(st.buckets) > window.BUCKETS:  # keep it small: drop what left the window
                 st = window.live(st, now, rule)[0]
             table[rule.service] = window.record(st, now + max(0.0, wait), rule)
+
+    def granted_locally(self, rule: WindowRule | None, wait: float) -> None:
+        """The fallback granted a slot ``wait`` seconds from now (the shared store was down)."""
+        if rule is None or not rule.on:
+            return
+        self._remember(rule)
+        now = self.monotonic()
+        st = self.local.get(rule.service, WindowState())
+        if len(st.buckets) > window.BUCKETS:
+            st = window.live(st, now, rule)[0]
+        self.local[rule.service] = window.record(st, now + max(0.0, wait), rule)
+
+    async def hand_back(self, primary: Store) -> None:
+        """Add the fallback's grants to the shared windows (the shared store answers again)."""
+        for service in list(self.local):
+            rule = self.rules.get(service)
+            st = self.local.get(service)
+            if rule is not None and st is not None:
+                now = self.monotonic()
+                counts = window.relative(window.live(st, now, rule)[0], now, rule)
+                try:
+                    await primary.add_window(rule, counts)
+                except NotImplementedError:
+                    pass  # a store that keeps no window
+            self.local.pop(service, None)
 
     def due(self) -> bool:
         return bool(self.rules) and self.monotonic() - self.last_read >= READ_EVERY
@@ -104,6 +135,9 @@ class WindowMirror:
         if rule is None or not rule.on or rule.service in self.seeded:
             return
         counts = self.counts(rule)
+        if counts is None and await fallback.window_known(rule):
+            self.seeded.add(rule.service)  # it holds a recent copy (mirrored before this process started)
+            return
         if counts is None:
             log.warning(
                 "no copy of the request window of %s from the shared store: it starts full on %s (nothing "

@@ -11,26 +11,37 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import math
 import stat
+import struct
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.heartbeat import make_beat
 from politeproxy.policy.holds import HoldNote
 from politeproxy.policy.services import service_key
 from politeproxy.policy.slots import Claim
-from politeproxy.policy.window import WindowRule
+from politeproxy.policy.window import AHEAD, EPSILON, MAX_COUNT, MAX_KEPT, WindowRule
+from politeproxy.stores import window_records
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
 from politeproxy.stores.heartbeats import FileBeats
 from politeproxy.stores.holdnotes import FileNotes
 from politeproxy.stores.memory import MemoryStore
+from politeproxy.stores.redis_store import RedisStore, hash_counts
+from tests.support.redis_server import RedisServer, redis_fixture
 from tests.support.store_helpers import T0, Clock
+
+redis_one = redis_fixture("redis_one", scope="module")
 
 H = "data.commoncrawl.org"
 WINDOW, LIMIT = 20.0, 100
@@ -68,6 +79,17 @@ class Switchable(MemoryStore):
     async def grants(self) -> int:
         self._check()
         return await super().grants()
+
+    async def add_window(self, rule: WindowRule, counts: tuple[tuple[float, int], ...]) -> None:
+        self._check()
+        await super().add_window(rule, counts)
+
+    def restart_empty(self) -> None:
+        """Back, with nothing kept (a Redis without persistence, killed and started again)."""
+        self.windows.clear()
+        self.hosts.clear()
+        self.global_next = 0.0
+        self.down = False
 
 
 async def run_load(
@@ -121,6 +143,27 @@ async def test_a_fallback_never_told_the_window_starts_full(caplog: pytest.LogCa
         await fo.close()
 
 
+async def test_a_proxy_restarted_during_an_outage_starts_from_the_data_dirs_copy(tmp_path: Path) -> None:
+    """Redis mode: the fallback is the data dir, into which the window is copied about once a second. A
+    proxy restarted while Redis is down starts from that copy, neither empty nor full."""
+    clock = Clock()
+    shared = Switchable(clock=clock)
+    first = FailoverStore(shared, FileStore(tmp_path, clock=clock), probe_interval=600.0, monotonic=clock)
+    times: list[float] = []
+    try:
+        await run_load(first, clock, 10.0, times)
+    finally:
+        await first.close()
+    shared.down = True
+    again = FailoverStore(shared, FileStore(tmp_path, clock=clock), probe_interval=600.0, monotonic=clock)
+    try:
+        await run_load(again, clock, 30.0, times)
+        assert busiest(times) <= LIMIT, busiest(times)
+        assert any(T0 + 21.0 <= t < T0 + 30.0 for t in times)  # not full: the copy's counts left in time
+    finally:
+        await again.close()
+
+
 async def test_a_shared_store_killed_under_two_proxies_keeps_the_limit() -> None:
     """Two proxies on one shared store, each on its own fallback after the kill (expected_proxies = 2):
     the shared window's snapshot, read about once a second, holds the other proxy's grants too."""
@@ -144,6 +187,32 @@ async def test_a_shared_store_killed_under_two_proxies_keeps_the_limit() -> None
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_shared_store_restarted_empty_gets_the_fallbacks_grants() -> None:
+    """The other switch: Redis killed, then started again empty while the fallback's grants are still in
+    the window. Back on it, the proxy adds them to the shared window, so it does not start empty either."""
+    clock = Clock()
+    shared = Switchable(clock=clock)
+    fo = FailoverStore(shared, MemoryStore(clock=clock), probe_interval=0.01, monotonic=clock)
+    times: list[float] = []
+    try:
+        await run_load(fo, clock, 10.0, times)
+        shared.down = True
+        await run_load(fo, clock, 20.0, times)  # the fallback grants again from 21 s on
+        assert fo.degraded and any(t > T0 + 20.0 for t in times)
+        shared.restart_empty()
+        for _ in range(500):  # the probe (real time) finds it back; the virtual clock stands still
+            if not fo.degraded:
+                break
+            await asyncio.sleep(0.01)
+        assert not fo.degraded
+        await run_load(fo, clock, 30.0, times)
+        most = busiest(times)
+        print(f"shared store restarted empty: busiest 20 s {most} (limit {LIMIT}), {len(times)} in 60 s")
+        assert most <= LIMIT
+    finally:
+        await fo.close()
 
 
 HOLD = """
@@ -237,3 +306,86 @@ async def test_lock_and_record_files_are_created_0600(tmp_path: Path) -> None:
 def modes_under(root: Path) -> dict[str, int]:
     """Every file's and folder's permission bits under ``root``, by relative path."""
     return {str(p.relative_to(root)): stat.S_IMODE(p.lstat().st_mode) for p in root.rglob("*")}
+
+
+# -- the parsers added for it: untrusted records never raise ---------------------------------------------
+
+NEAR = round(T0 / 0.04)
+
+
+def _stamped_records() -> st.SearchStrategy[bytes]:
+    """PPW2 records: any stamp (the boot this store is on, or another), any width, length and buckets."""
+    head = st.builds(
+        lambda w, n, off, boot: (
+            window_records.HEAD.pack(window_records.MAGIC2, w, n) + window_records.STAMP.pack(off, boot, 0)
+        ),
+        st.one_of(st.just(40_000_000), st.integers(0, 2**64 - 1)),
+        st.integers(0, window_records.MAX_KEPT + 3),
+        st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(-(10**12), 10**12)),
+        st.sampled_from([7, 8, 0]),
+    )
+    bucket = st.builds(
+        lambda i, c: struct.pack(">qI", i, c),
+        st.one_of(st.integers(-(2**63), 2**63 - 1), st.integers(NEAR - 100, NEAR + 200)),
+        st.one_of(st.integers(0, 2**32 - 1), st.integers(1, 5)),
+    )
+    return st.builds(lambda h, b: h + b"".join(b), head, st.lists(bucket, max_size=160))
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_stamped_records())
+def test_any_stamped_window_file_never_raises_and_holds_one_window_at_most(data: bytes) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(_stamped_file(Path(tmp), data))
+
+
+async def _stamped_file(tmp: Path, data: bytes) -> None:
+    wall = Clock()
+    s = FileStore(tmp, clock=wall, boottime=lambda: wall.t - T0 + 1000.0, boot=7)
+    rule = WindowRule(service_key(H), "nat-a", 2.0, 5)
+    try:
+        (tmp / "windows" / rule.service).write_bytes(data)
+        c = await s.claim(H, 0.0, 0.0, 60.0, window=rule)
+        assert math.isfinite(c.wait) and c.wait >= 0
+        wall.t += (AHEAD + 1) * rule.width + rule.reach + 2 * EPSILON
+        assert (await s.claim(H, 0.0, 0.0, 60.0, window=rule)).granted
+    finally:
+        await s.close()
+
+
+hash_fields = st.dictionaries(
+    st.one_of(
+        st.binary(max_size=12), st.just(b"w"), st.integers(NEAR - 100, NEAR + 100).map(lambda i: b"%d" % i)
+    ),
+    st.one_of(st.binary(max_size=12), st.integers(-5, 2**70).map(lambda i: b"%d" % i), st.just(b"40000")),
+    max_size=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hash_fields, st.integers(0, 2**62))
+def test_any_window_hash_reads_as_bounded_counts(raw: dict[bytes, bytes], now_us: int) -> None:
+    """The Redis window hash, read for the mirror (``hash_counts``): never raises; counts positive and
+    bounded, ends within the window's reach of now, at most MAX_KEPT of them."""
+    rule = WindowRule(service_key(H), "nat-a", 2.0, 5)
+    counts = hash_counts(raw, now_us, rule)
+    assert len(counts) <= MAX_KEPT
+    assert all(0 < c <= MAX_COUNT and r > -rule.reach and math.isfinite(r) for r, c in counts)
+
+
+async def test_redis_mirrors_its_window_both_ways(redis_one: RedisServer) -> None:
+    """The Redis store's side of the mirror, on a real server: its window read as relative counts (what the
+    fallback is seeded with) and a fallback's grants added to it (the return)."""
+    s = RedisStore(redis_one.url, prefix=f"pp-mirror-{uuid.uuid4().hex[:8]}:")
+    try:
+        for _ in range(5):
+            assert (await s.claim(H, 0.0, 0.0, 5.0, window=RULE)).granted
+        counts = await s.window_counts(RULE)
+        assert sum(c for _, c in counts) == 5 and all(-RULE.reach < r <= RULE.width + 1 for r, _ in counts)
+        await s.add_window(RULE, ((0.5, 3), (-1.0, 2)))
+        assert await s.window_used(RULE) == 10
+        memory = MemoryStore()
+        await memory.mirror_window(RULE, await s.window_counts(RULE))
+        assert await memory.window_used(RULE) == 10
+    finally:
+        await s.close()
