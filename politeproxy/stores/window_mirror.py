@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from politeproxy.policy import window
+from politeproxy.policy.services import SERVICE_HOST
 from politeproxy.policy.window import Relative, WindowRule, WindowState
 from politeproxy.stores.base import Store
 
 log = logging.getLogger("politeproxy.store")
 MAX_SERVICES = 64  # windows remembered (services are a handful; a fence, not a cache)
 READ_EVERY = 1.0  # seconds between snapshots of the shared windows
+NAMED = tuple(SERVICE_HOST.values())  # the named services' window records (policy.services.service_key)
 
 
 class WindowMirror:
@@ -49,11 +52,19 @@ class WindowMirror:
         self.last_read = -READ_EVERY
 
     def _remember(self, rule: WindowRule) -> None:
-        if rule.service not in self.rules and len(self.rules) >= MAX_SERVICES:
-            gone = next(iter(self.rules))
-            for table in (self.rules, self.own, self.since, self.snaps, self.local):
-                table.pop(gone, None)
-        self.rules[rule.service] = rule
+        """Keep ``rule``, and the same window for every named service: their shared windows are read from
+        the first claim on, so a service this proxy has not sent to yet has a copy too."""
+        if self.rules.get(rule.service) == rule:
+            return
+        for service in (rule.service, *NAMED):
+            if service not in self.rules and len(self.rules) >= MAX_SERVICES:
+                gone = next(iter(self.rules))
+                for table in (self.rules, self.own, self.since, self.snaps, self.local):
+                    table.pop(gone, None)
+            if service == rule.service or self.rules.get(service, rule).seconds != rule.seconds:
+                self.rules[service] = replace(rule, service=service)
+            else:
+                self.rules.setdefault(service, replace(rule, service=service))
 
     def granted(self, rule: WindowRule | None, wait: float) -> None:
         """The shared store granted a slot ``wait`` seconds from now in ``rule``'s window."""
