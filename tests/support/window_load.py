@@ -27,14 +27,20 @@ class Answer:
 
 
 def _client(
-    env: dict[str, str], klass: str, n: int, stop: float, out: list[Answer], lock: threading.Lock
+    env: dict[str, str],
+    klass: str,
+    n: int,
+    stop: float,
+    out: list[Answer],
+    lock: threading.Lock,
+    host: str = DATA,
 ) -> None:
     """One keep-alive tunnel through the proxy in ``env``, sending requests of ``klass`` without pause
     until ``stop``. A refused request (503) comes back after 0.25 s, as a client that retries soon."""
     proxy = urllib.parse.urlsplit(env["HTTPS_PROXY"])
     ctx = ssl.create_default_context(cafile=env["SSL_CERT_FILE"])
     conn = http.client.HTTPSConnection(proxy.hostname or "127.0.0.1", proxy.port, context=ctx, timeout=60)
-    conn.set_tunnel(DATA, 443)
+    conn.set_tunnel(host, 443)
     i = 0
     try:
         while time.monotonic() < stop:
@@ -58,14 +64,18 @@ def _client(
         conn.close()
 
 
-def load(envs: list[dict[str, str]], seconds: float, paced: int, exempt: int) -> list[Answer]:
-    """``paced`` paced clients and ``exempt`` exempt clients per proxy, all at once, for ``seconds``."""
+def load(
+    envs: list[dict[str, str]], seconds: float, paced: int, exempt: int, hosts: tuple[str, ...] = (DATA,)
+) -> list[Answer]:
+    """``paced`` paced clients and ``exempt`` exempt clients per proxy and host, all at once, for
+    ``seconds``."""
     stop = time.monotonic() + seconds
     out: list[Answer] = []
     lock = threading.Lock()
-    jobs = [(env, k) for env in envs for k in ["paced"] * paced + ["exempt"] * exempt]
+    kinds = ["paced"] * paced + ["exempt"] * exempt
+    jobs = [(env, k, h) for env in envs for h in hosts for k in kinds]
     with ThreadPoolExecutor(len(jobs)) as ex:
-        futs = [ex.submit(_client, env, k, n, stop, out, lock) for n, (env, k) in enumerate(jobs)]
+        futs = [ex.submit(_client, env, k, n, stop, out, lock, h) for n, (env, k, h) in enumerate(jobs)]
         for f in futs:
             f.result(seconds + 90)
     return out
