@@ -11,11 +11,14 @@ dir itself is the operator's choice and may be a symlink.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from politeproxy.stores.base import StoreError
+
+log = logging.getLogger("politeproxy.store")
 
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 RECORD_MODE = 0o600
@@ -60,6 +63,19 @@ def record(dir_fd: int | None, name: str | Path, create: bool = True, shown: Pat
         raise
     except OSError as e:
         raise refused(shown or name, e) from None
+
+
+def own_only(fd: int, path: Path) -> None:
+    """Make a lock file others could open 0600 (one made by an earlier version, 0644): whoever can open
+    it can hold its flock, and so the whole data dir's schedule. Logged; left as it is when it cannot be
+    changed (another user's file: the operator's to fix)."""
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o077 and st.st_uid == os.getuid():
+            os.fchmod(fd, RECORD_MODE)
+            log.warning("%s was readable by others (flock works on a read-only descriptor): made 0600", path)
+    except OSError as e:
+        log.warning("%s is readable by others and cannot be made 0600: %s", path, e)
 
 
 def read_small(dir_fd: int | None, name: str | Path, most: int) -> bytes | None:

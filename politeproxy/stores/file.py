@@ -78,6 +78,7 @@ class FileStore(FileWindows, Store):
             self.fd = datadir.record(None, self.path, shown=self.path)
         except FileNotFoundError as e:
             raise StoreError(f"cannot open {self.path}: {e}") from e
+        datadir.own_only(self.fd, self.path)
         self.host_fds: OrderedDict[str, int] = OrderedDict()
         self.window_fds: dict[str, int] = {}  # one per named service: a handful
         self.fair_fd: int | None = None  # ``fair``: the pipelines' turns (stores/fair_records.py)

@@ -303,6 +303,14 @@ async def test_lock_and_record_files_are_created_0600(tmp_path: Path) -> None:
     assert all(m & 0o077 == 0 for m in modes.values()), {k: oct(m) for k, m in modes.items()}
 
 
+async def test_a_lock_file_made_0644_by_an_earlier_version_is_made_0600(tmp_path: Path) -> None:
+    lock = tmp_path / "ratelimit.lock"
+    lock.write_bytes(b"")
+    lock.chmod(0o644)
+    await FileStore(tmp_path).close()
+    assert modes_under(tmp_path)["ratelimit.lock"] == 0o600
+
+
 def modes_under(root: Path) -> dict[str, int]:
     """Every file's and folder's permission bits under ``root``, by relative path."""
     return {str(p.relative_to(root)): stat.S_IMODE(p.lstat().st_mode) for p in root.rglob("*")}
