@@ -12,6 +12,7 @@ import asyncio
 import bisect
 import logging
 import math
+import os
 import stat
 import struct
 import sys
@@ -34,6 +35,7 @@ from politeproxy.stores import window_records
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
+from politeproxy.stores.flock import lock_holders
 from politeproxy.stores.heartbeats import FileBeats
 from politeproxy.stores.holdnotes import FileNotes
 from politeproxy.stores.memory import MemoryStore
@@ -397,3 +399,33 @@ async def test_redis_mirrors_its_window_both_ways(redis_one: RedisServer) -> Non
         assert await memory.window_used(RULE) == 10
     finally:
         await s.close()
+
+
+lock_lines = st.lists(
+    st.one_of(
+        st.text(max_size=80),
+        st.builds(
+            lambda n, kind, pid, dev: f"{n}: {kind}  ADVISORY  WRITE {pid} {dev} 0 EOF",
+            st.integers(0, 99),
+            st.sampled_from(["FLOCK", "POSIX", "->", "OFDLCK"]),
+            st.one_of(st.integers(-5, 2**40).map(str), st.text(max_size=6)),
+            st.text(max_size=20),
+        ),
+    ),
+    max_size=20,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(lock_lines)
+def test_any_proc_locks_text_names_a_holder_without_raising(lines: list[str]) -> None:
+    """``/proc/locks`` as the holder's name is read from (the system's, but parsed defensively)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        locks = Path(tmp) / "locks"
+        locks.write_text("\n".join(lines), errors="surrogateescape")
+        fd = os.open(Path(tmp) / "f", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            who = lock_holders(fd, str(locks))
+        finally:
+            os.close(fd)
+    assert isinstance(who, str) and who and "\n" not in who
