@@ -125,6 +125,8 @@ class WindowMirror:
         """What the shared window held, as relative counts now; None when nothing was ever mirrored."""
         now = self.monotonic()
         snap = self.snaps.get(rule.service)
+        if snap is not None and now - snap[0] > rule.reach:
+            snap = None  # read longer ago than the window: it says nothing of the window now
         own = self.own.get(rule.service)
         if snap is None and own is None:
             return None
