@@ -94,6 +94,7 @@ class FailoverStore(Store):
         primary answered, is the one that says how many proxies now pace alone)."""
         if not self.degraded:
             self.live_seen = max(0, min(int(count), MAX_PROXIES))
+            self._read_when_due()
 
     @property
     def _wide(self) -> float:
@@ -142,11 +143,14 @@ class FailoverStore(Store):
     async def _run(self, call: Callable[[Store], Awaitable[T]]) -> T:
         if not self.degraded:
             try:
-                return await call(self.primary)
+                answer = await call(self.primary)
             except StoreBusy:
                 pass  # this call only: held by another process is no outage
             except FAILS as e:
                 self._degrade(e)
+            else:
+                self._read_when_due()  # the windows are mirrored from the first answer on, claims or none
+                return answer
         return await call(self.fallback)
 
     # -- the primary held by another process, and the windows' mirror -------------------------------
@@ -168,9 +172,16 @@ class FailoverStore(Store):
             self._busy_since = None
         if c.granted:
             self.mirror.granted(window, c.wait)
-        if self.mirror.due() and (self._reader is None or self._reader.done()):
-            self._reader = asyncio.get_running_loop().create_task(self._read_windows())
+        self._read_when_due()
         return c
+
+    def _read_when_due(self) -> None:
+        if self.mirror.due() and (self._reader is None or self._reader.done()):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # called outside the loop (a test): the next call on it reads
+                return
+            self._reader = loop.create_task(self._read_windows())
 
     async def _read_windows(self) -> None:
         """Snapshot the shared windows, and copy them into the fallback (as backoffs are mirrored)."""
@@ -334,9 +345,15 @@ class FailoverStore(Store):
         return c
 
     async def window_used(self, rule: WindowRule) -> int:
+        """Read for the gauges every few seconds, claims or none: the windows are mirrored from then on
+        (a proxy that has sent nothing yet still has a copy when the shared store goes)."""
         if self.degraded:
             return await self.fallback.window_used(rule)
-        return await self._run(lambda s: s.window_used(rule))
+        used = await self._run(lambda s: s.window_used(rule))
+        if not self.degraded and rule.on:
+            self.mirror.watch(rule)
+            self._read_when_due()
+        return used
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
         if not self.degraded:

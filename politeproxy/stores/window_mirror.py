@@ -5,7 +5,8 @@ whole window's worth go at once, on top of what the shared store had just let go
 mirrored, the window is too:
 
 - the shared store's window is read about once a second while it answers (``window_counts``, a snapshot
-  of every proxy's grants), and every grant this proxy gets from it is counted here as well (the grants
+  of every proxy's grants; from its first answer on, claims or none: the store is told the window at
+  start, config/storebuild.py), and every grant this proxy gets from it is counted here as well (the grants
   since the last snapshot are added to it: they are in no snapshot yet); each snapshot is copied into the
   fallback at once (``mirror_window``), so a fallback that outlives the process (the data dir) holds it;
 - the first time the fallback paces a service after a switch, it is seeded with those counts
@@ -50,6 +51,9 @@ class WindowMirror:
         self.seeded: set[str] = set()  # services seeded into the fallback since the last switch
         self.local: dict[str, WindowState] = {}  # this proxy's grants from the fallback, not handed back
         self.last_read = -READ_EVERY
+
+    def watch(self, rule: WindowRule) -> None:
+        self._remember(rule)
 
     def _remember(self, rule: WindowRule) -> None:
         """Keep ``rule``, and the same window for every named service: their shared windows are read from
