@@ -36,6 +36,7 @@ from politeproxy.policy.cacherules import (
     CacheLimits,
     accepts,
     age_seconds,
+    entry_ttl,
     fresh,
     request_decision,
 )
@@ -45,6 +46,7 @@ from politeproxy.proxy.clientside import ClientSide, Own
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.flight import Flight, follow
 from politeproxy.proxy.passage import stamp
+from politeproxy.proxy.published import Published
 
 log = logging.getLogger("politeproxy")
 T = TypeVar("T")
@@ -71,6 +73,7 @@ class CacheFront:
         self._disk_warned = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._sizer: asyncio.Task[None] | None = None
+        self.published = Published(store, self.run)  # the crawls whose CDX answers may be kept (issue 43)
 
     @classmethod
     async def open(
@@ -129,16 +132,7 @@ class CacheFront:
         own answer when there is one to send."""
         if klass is Klass.PASSTHROUGH:
             return await go()
-        d = request_decision(
-            self.limits,
-            client.method,
-            host,
-            url.raw_path_qs,  # the target exactly as it goes upstream: the key's path
-            client.headers,
-            client.has_body,
-            scheme=url.scheme,
-            port=url.port or 0,
-        )
+        d = await self._decide(client, host, url)
         if d is None:
             return await go()
         if isinstance(d, Bypass):
@@ -157,6 +151,32 @@ class CacheFront:
         miss = "stale" if found in ("stale", "corrupt") else "miss"
         return await self._single_flight(client, d, ex, go, miss)
 
+    async def _decide(self, client: ClientSide, host: str, url: URL) -> Cacheable | Bypass | None:
+        """The cache rules' decision; a CDX question about a crawl not in the published list read last
+        asks for the list to be read again (at most every few seconds) before it is bypassed."""
+        port = url.port or 0
+        for _ in range(2):
+            d = request_decision(
+                self.limits,
+                client.method,
+                host,
+                url.raw_path_qs,  # the target exactly as it goes upstream: the key's path
+                client.headers,
+                client.has_body,
+                scheme=url.scheme,
+                port=port,
+                published=self.published.crawls,
+            )
+            if not (isinstance(d, Bypass) and d.reason == "unpublished"):
+                return d
+            try:
+                if not await self.published.refresh(port):
+                    return d
+            except Exception as e:  # noqa: BLE001 - an unreadable list keeps nothing, never fails a request
+                self.disk_problem(e)
+                return d
+        return d
+
     def _result(self, ex: Exchange, result: str) -> None:
         ex.cache = result
         self.events.cache_result(result, ex.pipeline)
@@ -171,7 +191,7 @@ class CacheFront:
         if not isinstance(found, Found):
             return found
         why = None
-        if not fresh(d.rule.ttl, found.meta.stored, time.time()):
+        if not fresh(entry_ttl(self.limits, d.rule, found.meta.status), found.meta.stored, time.time()):
             why = "stale"
         coding = dict(found.meta.headers).get("Content-Encoding", "")
         if why is None and not accepts(req_headers.get("Accept-Encoding"), coding):
@@ -300,6 +320,8 @@ class CacheFront:
         stored = False
         try:
             stored = await tee.finish(ok)
+            if stored and self.published.is_collinfo(tee.d.rule, tee.d.key):
+                self.published.forget()  # a new list: the next question reads it
         finally:
             if flight is not None:
                 self._land(flight, stored)
