@@ -58,6 +58,12 @@ HIT_CHUNK = 1 << 20  # a hit reads 1 MiB per thread hop (measured: fewer hops, s
 SIZE_EVERY = 15.0  # seconds between reads of the whole cache's size for the gauge
 IO_TIMEOUT = 30.0  # a disk call that takes longer is given up (the answer goes upstream or is cut)
 Go = Callable[[], Awaitable[Own | None]]  # the exchange upstream: the proxy's own answer, or None
+REFUSED = ("max_wait", "queue_full", "local_error")  # notes of an exchange that never reached upstream
+
+
+def _index(d: Cacheable, result: str) -> str | None:
+    """``result`` for an index question's metrics (issue 43), None for any other request."""
+    return result if d.rule.cdx else None
 
 
 class CacheFront:
@@ -143,7 +149,7 @@ class CacheFront:
             return await self._fetch(d, ex, go)
         found = await self._lookup(d, client.headers)
         if isinstance(found, Found):
-            await self._hit(client, found, ex)
+            await self._hit(client, found, ex, _index(d, "kept"))
             return None
         if found == "encoding":
             self._result(ex, "bypass")
@@ -218,7 +224,7 @@ class CacheFront:
             found = await self._lookup(d, client.headers)
             if isinstance(found, Found):
                 self._land(flight, True)
-                await self._hit(client, found, ex)
+                await self._hit(client, found, ex, _index(d, "shared"))
                 return None
             self._result(ex, miss)
             flight.fetching(self.max_wait + HEAD_MARGIN)  # the pacer's wait is bounded by max_wait too
@@ -235,7 +241,7 @@ class CacheFront:
         if flight.followers < MAX_FOLLOWERS:
             flight.followers += 1
             try:
-                served = functools.partial(self._served, ex)
+                served = functools.partial(self._served, ex, _index(d, "shared"))
                 followed = await follow(self, client, flight, ex, served)
             finally:
                 flight.followers -= 1
@@ -243,7 +249,7 @@ class CacheFront:
                 return None
             found = await self._lookup(d, client.headers)
             if isinstance(found, Found):
-                await self._hit(client, found, ex)
+                await self._hit(client, found, ex, _index(d, "shared"))
                 return None
         self._result(ex, miss)
         return await self._fetch(d, ex, go)  # on its own: a copy it stores replaces the entry
@@ -304,6 +310,8 @@ class CacheFront:
             raise
         finally:
             ex.tee = None
+        if d.rule.cdx and ex.note not in REFUSED:
+            self.events.index_question("asked", ex.pipeline)
         ok = ex.note is None and ex.status == tee.status
         await asyncio.shield(self._commit(tee, ok, flight))  # followers end with the copy in place
         return resp
@@ -326,14 +334,19 @@ class CacheFront:
             if flight is not None:
                 self._land(flight, stored)
 
-    def _served(self, ex: Exchange) -> None:
+    def _served(self, ex: Exchange, index: str | None) -> None:
         self._result(ex, "hit")
         self.events.cache_slot_saved(ex.pipeline)  # a request never sent
+        if index is not None:
+            self.events.index_question(index, ex.pipeline)
 
-    async def _hit(self, client: ClientSide, found: Found, ex: Exchange) -> None:
-        """Answer from disk with the stored headers plus Age and Via; never a short body."""
+    async def _hit(self, client: ClientSide, found: Found, ex: Exchange, index: str | None = None) -> None:
+        """Answer from disk with the stored headers plus Age and Via; never a short body. ``index``: how
+        an index question was answered (issue 43), for the metrics."""
         self._result(ex, "hit")
         self.events.cache_slot_saved(ex.pipeline)  # paced or exempt alike: a request never sent
+        if index is not None:
+            self.events.index_question(index, ex.pipeline)
         meta = found.meta
         headers: CIMultiDict[str] = CIMultiDict(meta.headers)
         headers["Age"] = str(age_seconds(meta.stored, time.time()))

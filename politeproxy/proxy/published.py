@@ -10,6 +10,7 @@ new copy; a proxy sharing the data dir sees another's copy within REREAD.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -46,6 +47,7 @@ class Published:
         self.rule = collinfo_rule(store.limits)
         self.crawls: frozenset[str] = frozenset()
         self._read_at = -float("inf")
+        self._pending: asyncio.Future[None] | None = None  # the read in progress: later questions wait for it
 
     def is_collinfo(self, rule: CacheRule, key: str) -> bool:
         return rule is self.rule and COLLINFO in key
@@ -55,16 +57,28 @@ class Published:
         self._read_at = -float("inf")
 
     async def refresh(self, port: int) -> bool:
-        """Read the cached list again when REREAD passed since the last read; whether it was read."""
+        """Read the cached list again when REREAD passed since the last read; whether it was read (by
+        this call, or by the read in progress this call waited for)."""
+        if self._pending is not None:
+            await asyncio.shield(self._pending)
+            return True
         now = self.monotonic()
         if self.rule is None or now - self._read_at < REREAD:
             return False
         self._read_at = now
         key = cache_key("GET", self.rule.host_class, port, COLLINFO, None)
+        self._pending = pending = asyncio.ensure_future(self._load(key))
+        try:
+            await asyncio.shield(pending)
+        finally:
+            if self._pending is pending:
+                self._pending = None
+        return True
+
+    async def _load(self, key: str) -> None:
         crawls = await self.run(self._read, key)
         if crawls:  # a copy evicted or unreadable: published crawls stay published
             self.crawls = crawls
-        return True
 
     def _read(self, key: str) -> frozenset[str]:
         """In a thread: the crawls of the cached collinfo.json; none when it is absent or unreadable."""
