@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 from politeproxy.cache.base import CacheEvents
 from politeproxy.cache.entry import Corrupt, Writer
-from politeproxy.cache.store import DiskStore
+from politeproxy.cache.store import INDEX_KIND, DiskStore
 from politeproxy.policy.cacherules import (
     STORED_HEADERS,
     UNKNOWN,
@@ -124,7 +124,8 @@ class Tee:
             if self.flight is not None:
                 self.flight.expected = expected
         try:
-            evicted = await self.front.run(store.commit, w, self.d.key, self.status, headers, expected)
+            kind = INDEX_KIND if self.d.rule.cdx else ""
+            evicted = await self.front.run(store.commit, w, self.d.key, self.status, headers, expected, kind)
         except Corrupt:
             return False  # short or long: discarded in the commit, as it must be
         except Exception as e:  # noqa: BLE001

@@ -12,7 +12,9 @@ import base64
 import functools
 import http.client
 import json
+import re
 import ssl
+import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -23,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.clients import run_py
+from tests.support.processes import POLITEPROXY, ROOT
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
 from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
@@ -171,6 +174,33 @@ def test_what_is_never_kept(fresh: Env) -> None:
     s2, b2, _ = get(env.b, nothing)
     assert (s1, s2) == (404, 404) and b1 == b2 and b"No Captures found" in b1
     assert index_arrivals(env.up, nothing) == [nothing]  # "No Captures found" is kept (for a day)
+
+
+def test_cache_stats_shows_the_index_part_and_clear_index_clears_it_alone(fresh: Env) -> None:
+    env = fresh
+    q = question("cleared.example")
+    assert get(env.a, q)[0] == 200
+
+    def cli(*args: str) -> str:
+        r = subprocess.run(
+            [*POLITEPROXY, "cache", *args, "--data-dir", str(env.a.data_dir)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert re.search(r"index answers \(on\): [1-9]\d* entries", cli("stats"))
+    assert re.search(r"cleared: [1-9]\d* index answers", cli("clear", "--index"))
+    out = cli("stats")
+    assert re.search(r"index answers \(on\): 0 entries", out) and re.search(r"^entries: [1-9]", out, re.M), (
+        out
+    )
+    assert get(env.b, q)[0] == 200 and index_arrivals(env.up, q) == [q, q]  # asked again
+    assert get(env.a, "/collinfo.json")[0] == 200
+    assert index_arrivals(env.up, "/collinfo.json") == []  # collinfo.json stayed: still a hit
 
 
 def test_after_a_503_the_index_rests_and_kept_answers_are_served_at_once(fresh: Env) -> None:

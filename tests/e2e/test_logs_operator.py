@@ -78,7 +78,7 @@ def _toml(up: Upstream, certs: Certs, schedule: str = "") -> str:
         f'[upstream]\nca_file = "{certs.ca_file}"\n[upstream.resolve]\n{resolve_table(up)}\n'
         f'[robots]\nenabled = false\n[schedule]\nglobal_rate = "50ms"\n{schedule}'
         '[hosts."index.commoncrawl.org"]\ninterval = "0s"\n'
-        '[pacing]\nblock_hold = "1s"\nbackoff_base = "200ms"\n'
+        '[pacing]\nblock_hold = "1s"\nbackoff_base = "200ms"\nindex_rest = "1s"\n'  # the index rests 1 s: retried
     )
 
 
