@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from politeproxy.cache.redis_answers import CLEAR
 from politeproxy.cache.store import INDEX_KIND, DiskStore
 from politeproxy.policy.cacherules import CacheLimits
 
@@ -34,3 +35,21 @@ def run(action: str, root: Path, limits: CacheLimits, index: bool = False) -> st
         )
     finally:
         store.close()
+
+
+def redis_part(action: str, url: str, prefix: str) -> str:
+    """On the redis store: the kept index answers in Redis (issue 43), counted or cleared; one line."""
+    import redis  # only with the redis store
+
+    client = redis.Redis.from_url(url, socket_timeout=3.0, socket_connect_timeout=3.0)
+    p = f"{prefix}ix:"
+    try:
+        if action == "clear":
+            n = client.register_script(CLEAR)(keys=[f"{p}order", f"{p}sizes"], args=[f"{p}a:"])
+            return f"cleared in Redis: {int(n)} index answers"
+        n, total = client.zcard(f"{p}order"), client.hget(f"{p}sizes", "#total")
+        return f"index answers in Redis: {int(n)} entries, {int(total or 0)} bytes"
+    except redis.RedisError as e:
+        return f"index answers in Redis: not reachable ({type(e).__name__})"
+    finally:
+        client.close()

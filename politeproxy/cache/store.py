@@ -104,14 +104,22 @@ class DiskStore:
         return Writer(self.tmp, key_name(key)[:16])
 
     def commit(
-        self, w: Writer, key: str, status: int, headers: list[tuple[str, str]], length: int, kind: str = ""
+        self,
+        w: Writer,
+        key: str,
+        status: int,
+        headers: list[tuple[str, str]],
+        length: int,
+        kind: str = "",
+        stored: float | None = None,
     ) -> list[str]:
         """Finish the body's file and rename it into place; the names evicted to make room for it.
         Raises Corrupt (the file discarded) unless exactly ``length`` body bytes were written. ``kind``:
-        "index" for the index server's answers (``clear(kind)``, ``totals(kind)``)."""
+        "index" for the index server's answers (``clear(kind)``, ``totals(kind)``); ``stored``: when the
+        answer was first stored (a copy of another proxy's), else now."""
         name = key_name(key)
         now = self.clock()
-        size = w.finish(key, status, headers, now, length)
+        size = w.finish(key, status, headers, now if stored is None else stored, length)
         if size > self.limits.max_size:
             w.path.unlink(missing_ok=True)
             return []

@@ -280,6 +280,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
     try:
         cfg = _config(args)
         print(report.run(args.action, cfg.data_dir / "cache", cfg.cache(), args.index))
+        sched = cfg["schedule"]
+        if sched["backend"] == "redis" and (args.index or args.action == "stats"):
+            print(report.redis_part(args.action, sched["redis_url"], sched["redis_prefix"]))
     except ConfigError as e:
         return _fail(str(e))
     except (CacheError, OSError) as e:

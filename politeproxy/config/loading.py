@@ -313,6 +313,8 @@ class Config:
         return CacheLimits(
             c["enabled"], c["max_object"], c["max_range"], c["max_size"], rules,
             index_answers=c["index_answers"], index_miss_ttl=c["index_miss_ttl"],
+            index_redis_max_answer=c["index_redis_max_answer"],
+            index_redis_max_size=c["index_redis_max_size"],
         )  # fmt: skip
 
     def backoff(self) -> BackoffPolicy:

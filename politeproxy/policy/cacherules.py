@@ -78,6 +78,8 @@ class CacheLimits:
     rules: tuple[CacheRule, ...] = default_rules()
     index_answers: bool = d.CACHE_INDEX_ANSWERS
     index_miss_ttl: float = d.CACHE_INDEX_MISS_TTL
+    index_redis_max_answer: int = d.CACHE_INDEX_REDIS_MAX_ANSWER  # on the redis store (issue 43)
+    index_redis_max_size: int = d.CACHE_INDEX_REDIS_MAX_SIZE
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("cache.collinfo_ttl", "duration", DAY, "how long collinfo.json is served before it is fetched again", bounds=(0.0, 30 * DAY), unit=_D),
     S("cache.index_answers", "bool", True, "keep the index server's CDX API answers for crawls collinfo.json lists (immutable once published), under the exact query; false: every index query goes upstream"),
     S("cache.index_miss_ttl", "duration", DAY, "how long pywb's \"No Captures found\" 404 for a published crawl is kept; 0: never", bounds=(0.0, 30 * DAY), unit=_D),
+    S("cache.index_redis_max_answer", "size", 8 << 20, "on the redis store, kept index answers also live in Redis (shared by proxies with data dirs of their own): the largest kept there", bounds=SIZE_BOUNDS, unit="bytes"),
+    S("cache.index_redis_max_size", "size", 256 << 20, "on the redis store, the total of kept index answers in Redis; the oldest go first beyond it", bounds=SIZE_BOUNDS, unit="bytes"),
     S("cache.rules", "cache rules", None, "[[cache.rules]] class, hosts, paths, exact, ttl, ranges; replaces the default table"),
 )
 # fmt: on

@@ -29,6 +29,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from politeproxy.cache.base import CacheError, CacheEvents
+from politeproxy.cache.redis_answers import RedisAnswers
 from politeproxy.cache.store import LEASE_REFRESH, DiskStore, Found, key_name
 from politeproxy.policy.cacherules import (
     Bypass,
@@ -38,13 +39,13 @@ from politeproxy.policy.cacherules import (
     age_seconds,
     entry_ttl,
     fresh,
-    request_decision,
 )
 from politeproxy.policy.classify import Klass
 from politeproxy.proxy.cachetee import Tee
 from politeproxy.proxy.clientside import ClientSide, Own
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.flight import Flight, follow
+from politeproxy.proxy.indexshare import IndexShare
 from politeproxy.proxy.passage import stamp
 from politeproxy.proxy.published import Published
 
@@ -69,7 +70,9 @@ def _index(d: Cacheable, result: str) -> str | None:
 class CacheFront:
     """Owns the store, its threads and the in-process single flight; one per proxy process."""
 
-    def __init__(self, store: DiskStore, events: CacheEvents, max_wait: float) -> None:
+    def __init__(
+        self, store: DiskStore, events: CacheEvents, max_wait: float, shared: RedisAnswers | None = None
+    ) -> None:
         self.store = store
         self.limits: CacheLimits = store.limits
         self.events = events
@@ -80,10 +83,16 @@ class CacheFront:
         self._tasks: set[asyncio.Task[None]] = set()
         self._sizer: asyncio.Task[None] | None = None
         self.published = Published(store, self.run)  # the crawls whose CDX answers may be kept (issue 43)
+        self.share = IndexShare(shared, store, self.run) if shared is not None else None  # on Redis
 
     @classmethod
     async def open(
-        cls, limits: CacheLimits, data_dir: Path, events: CacheEvents, max_wait: float
+        cls,
+        limits: CacheLimits,
+        data_dir: Path,
+        events: CacheEvents,
+        max_wait: float,
+        shared: RedisAnswers | None = None,
     ) -> CacheFront | None:
         """The cache in ``<data_dir>/cache``; None when disabled, or (one warning) when unusable."""
         if not limits.enabled:
@@ -93,7 +102,7 @@ class CacheFront:
         except CacheError as e:
             log.warning("%s; running without the cache", e)
             return None
-        front = cls(store, events, max_wait)
+        front = cls(store, events, max_wait, shared)
         try:
             await front.run(store.sweep)  # parts of writers killed mid-write, files the index lost
         except Exception as e:  # noqa: BLE001 - a failed sweep leaves garbage, never a wrong answer
@@ -116,6 +125,8 @@ class CacheFront:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for flight in list(self.flights.values()):
             self._land(flight, False)
+        if self.share is not None:
+            await self.share.close()
         self.io.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.store.close)
 
@@ -138,7 +149,7 @@ class CacheFront:
         own answer when there is one to send."""
         if klass is Klass.PASSTHROUGH:
             return await go()
-        d = await self._decide(client, host, url)
+        d = await self.published.decide(client, host, url, self.disk_problem)
         if d is None:
             return await go()
         if isinstance(d, Bypass):
@@ -157,32 +168,6 @@ class CacheFront:
         miss = "stale" if found in ("stale", "corrupt") else "miss"
         return await self._single_flight(client, d, ex, go, miss)
 
-    async def _decide(self, client: ClientSide, host: str, url: URL) -> Cacheable | Bypass | None:
-        """The cache rules' decision; a CDX question about a crawl not in the published list read last
-        asks for the list to be read again (at most every few seconds) before it is bypassed."""
-        port = url.port or 0
-        for _ in range(2):
-            d = request_decision(
-                self.limits,
-                client.method,
-                host,
-                url.raw_path_qs,  # the target exactly as it goes upstream: the key's path
-                client.headers,
-                client.has_body,
-                scheme=url.scheme,
-                port=port,
-                published=self.published.crawls,
-            )
-            if not (isinstance(d, Bypass) and d.reason == "unpublished"):
-                return d
-            try:
-                if not await self.published.refresh(port):
-                    return d
-            except Exception as e:  # noqa: BLE001 - an unreadable list keeps nothing, never fails a request
-                self.disk_problem(e)
-                return d
-        return d
-
     def _result(self, ex: Exchange, result: str) -> None:
         ex.cache = result
         self.events.cache_result(result, ex.pipeline)
@@ -191,6 +176,8 @@ class CacheFront:
         """A fresh entry the client can take, else "absent", "stale", "corrupt", "encoding" or "error"."""
         try:
             found = await self.run(self.store.lookup, d.key)
+            if found == "absent" and self.share is not None and d.rule.cdx and await self.share.fill(d):
+                found = await self.run(self.store.lookup, d.key)  # another proxy's, through Redis
         except Exception as e:  # noqa: BLE001 - a disk or index failure is a miss, never an error answer
             self.disk_problem(e)
             return "error"
@@ -218,7 +205,8 @@ class CacheFront:
         flight = self.flights[name] = Flight(d.key, name, self.max_wait + HEAD_MARGIN)
         handed = False
         try:
-            await self._lease(flight)
+            if not (self.share is not None and d.rule.cdx and await self.share.lease(d.key, self.max_wait)):
+                await self._lease(flight)
             # Look again, lease held or not: another proxy (or a flight here that ended while we looked
             # the first time) may have stored it since.
             found = await self._lookup(d, client.headers)
@@ -284,6 +272,8 @@ class CacheFront:
     def _land(self, flight: Flight, stored: bool) -> None:
         """The flight is over: its followers learn the outcome, and its lease goes. Idempotent."""
         flight.end(stored)
+        if self.share is not None:
+            self.share.release(flight.key)  # its Redis lease, if it held one
         if self.flights.get(flight.name) is flight:
             del self.flights[flight.name]
         if flight.refresher is not None:
@@ -330,6 +320,8 @@ class CacheFront:
             stored = await tee.finish(ok)
             if stored and self.published.is_collinfo(tee.d.rule, tee.d.key):
                 self.published.forget()  # a new list: the next question reads it
+            if stored and self.share is not None and tee.d.rule.cdx:
+                await self.share.publish(tee.d)  # before the lease goes: its waiters find it
         finally:
             if flight is not None:
                 self._land(flight, stored)

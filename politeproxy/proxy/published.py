@@ -15,9 +15,20 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from yarl import URL
+
 from politeproxy.cache.store import DiskStore, Found
-from politeproxy.policy.cacherules import INDEX_HOSTS, CacheLimits, CacheRule, cache_key
+from politeproxy.policy.cacherules import (
+    INDEX_HOSTS,
+    Bypass,
+    Cacheable,
+    CacheLimits,
+    CacheRule,
+    cache_key,
+    request_decision,
+)
 from politeproxy.policy.indexanswers import MAX_COLLINFO, published_crawls
+from politeproxy.proxy.clientside import ClientSide
 
 T = TypeVar("T")
 REREAD = 5.0  # seconds between reads of the cached collinfo.json while questions name a crawl it lacks
@@ -48,6 +59,34 @@ class Published:
         self.crawls: frozenset[str] = frozenset()
         self._read_at = -float("inf")
         self._pending: asyncio.Future[None] | None = None  # the read in progress: later questions wait for it
+
+    async def decide(
+        self, client: ClientSide, host: str, url: URL, on_error: Callable[[BaseException], None]
+    ) -> Cacheable | Bypass | None:
+        """The cache rules' decision for a request; a CDX question about a crawl not in the list read last
+        has the list read again (at most every REREAD seconds) before it is bypassed."""
+        port = url.port or 0
+        for _ in range(2):
+            d = request_decision(
+                self.store.limits,
+                client.method,
+                host,
+                url.raw_path_qs,  # the target exactly as it goes upstream: the key's path
+                client.headers,
+                client.has_body,
+                scheme=url.scheme,
+                port=port,
+                published=self.crawls,
+            )
+            if not (isinstance(d, Bypass) and d.reason == "unpublished"):
+                return d
+            try:
+                if not await self.refresh(port):
+                    return d
+            except Exception as e:  # noqa: BLE001 - an unreadable list keeps nothing, never fails a request
+                on_error(e)
+                return d
+        return d
 
     def is_collinfo(self, rule: CacheRule, key: str) -> bool:
         return rule is self.rule and COLLINFO in key

@@ -8,15 +8,10 @@ The index is paced at 10 ms here (the tests count requests, not the schedule) an
 
 from __future__ import annotations
 
-import base64
-import functools
-import http.client
 import json
 import re
-import ssl
 import subprocess
 import time
-import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,14 +20,13 @@ from pathlib import Path
 import pytest
 
 from tests.support.clients import run_py
+from tests.support.index_clients import CRAWL, IX, get, index_arrivals, question
 from tests.support.processes import POLITEPROXY, ROOT
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
 from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
 pytestmark = pytest.mark.slow  # two proxies, cdx_toolkit processes and a 3 s rest: about 8 s
 
-IX = "index.commoncrawl.org"
-CRAWL = "CC-MAIN-2024-20"  # listed in the fake collinfo.json
 REST = 3.0
 TOML = (
     NO_ROBOTS
@@ -59,35 +53,6 @@ def env(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[Env]
     a.stop()
     b.stop()
     up.stop()
-
-
-@functools.cache
-def client_tls(cafile: str) -> ssl.SSLContext:
-    return ssl.create_default_context(cafile=cafile)
-
-
-def get(p: ProxyProc, target: str, pipeline: str = "plain") -> tuple[int, bytes, dict[str, str]]:
-    """Status, body and headers of GET https://index.commoncrawl.org<target> through p, as ``pipeline``."""
-    proxy = urllib.parse.urlsplit(p.url)
-    c = http.client.HTTPSConnection(
-        proxy.hostname or "", proxy.port, context=client_tls(p.env["SSL_CERT_FILE"]), timeout=30
-    )
-    auth = base64.b64encode(f"{pipeline}:x".encode()).decode()
-    try:
-        c.set_tunnel(IX, 443, headers={"Proxy-Authorization": f"Basic {auth}"})
-        c.request("GET", target)
-        r = c.getresponse()
-        return r.status, r.read(), dict(r.getheaders())
-    finally:
-        c.close()
-
-
-def index_arrivals(up: Upstream, path: str = "") -> list[str]:
-    return [str(a["path"]) for a in up.log() if a["host"] == IX and str(a["path"]).startswith(path)]
-
-
-def question(domain: str, crawl: str = CRAWL) -> str:
-    return f"/{crawl}-index?url={domain}/*&output=json"
 
 
 @pytest.fixture
