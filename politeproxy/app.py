@@ -158,6 +158,8 @@ class App:
         shared = make_index_answers(cfg, store)  # kept index answers in Redis too (issue 43)
         self.cache = await CacheFront.open(cfg.cache(), cfg.data_dir, events, settings.max_wait, shared)
         self.proxy.forwarder.cache = self.cache
+        if self.cache is not None:  # a stale collinfo.json is served while the index rests (issue 43)
+            self.cache.published.resting = self.proxy.forwarder.backoff_left
         try:
             await self.proxy.start(host, port, reuse_port=self.workers is not None)
         except OSError as e:

@@ -185,7 +185,7 @@ class CacheFront:
             return found
         why = None
         if not fresh(entry_ttl(self.limits, d.rule, found.meta.status), found.meta.stored, time.time()):
-            why = "stale"
+            why = None if await self.published.keep_stale(d.rule, d.key) else "stale"
         coding = dict(found.meta.headers).get("Content-Encoding", "")
         if why is None and not accepts(req_headers.get("Accept-Encoding"), coding):
             why = "encoding"

@@ -84,6 +84,10 @@ class Forwarder:
         self.oplog = OperatorLog()  # backoffs, blocks, probes, refusals: at INFO without -v
         self.cache: CacheFront | None = None  # the shared disk cache (issue 14), set by app.py when enabled
 
+    async def backoff_left(self, host: str) -> float:
+        """Seconds ``host``'s backoff or rest has left, as the store records it for every proxy."""
+        return (await self.pacer.host_view(host)).backoff_in
+
     def hosts_paced(self, host: str) -> bool:
         return self.classifier.hosts.matches(host)
 

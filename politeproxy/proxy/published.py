@@ -59,6 +59,8 @@ class Published:
         self.crawls: frozenset[str] = frozenset()
         self._read_at = -float("inf")
         self._pending: asyncio.Future[None] | None = None  # the read in progress: later questions wait for it
+        # seconds the index rests (set by app.py: the store's record of it, as every proxy sees it)
+        self.resting: Callable[[str], Awaitable[float]] | None = None
 
     async def decide(
         self, client: ClientSide, host: str, url: URL, on_error: Callable[[BaseException], None]
@@ -90,6 +92,16 @@ class Published:
 
     def is_collinfo(self, rule: CacheRule, key: str) -> bool:
         return rule is self.rule and COLLINFO in key
+
+    async def keep_stale(self, rule: CacheRule, key: str) -> bool:
+        """Whether a stale entry is still served: collinfo.json while the index server rests (item 3), so
+        the list is never fetched during a rest; a store that cannot say: no."""
+        if self.resting is None or not self.is_collinfo(rule, key):
+            return False
+        try:
+            return await self.resting(INDEX_HOSTS[0]) > 0
+        except Exception:  # noqa: BLE001 - fetched again as usual (through the pacer)
+            return False
 
     def forget(self) -> None:
         """A new copy was stored: the next question reads it."""

@@ -31,8 +31,9 @@ REST = 3.0
 TOML = (
     NO_ROBOTS
     + '[schedule]\nbackend = "file"\nglobal_rate = "10ms"\n'
-    + f'[pacing]\nretries = 0\nmax_wait = "2s"\nindex_rest = "{REST}s"\n'
+    + f'[pacing]\nretries = 0\nmax_wait = "10s"\nindex_rest = "{REST}s"\n'
     + '[hosts."index.commoncrawl.org"]\ninterval = "10ms"\n'
+    + '[cache]\ncollinfo_ttl = "1s"\n'  # stale within the rest: served all the same (never fetched then)
 )
 
 
@@ -114,7 +115,7 @@ def test_the_same_twelve_domain_run_twice_asks_nothing_the_second_time(fresh: En
         out = []
         for i, d in enumerate(domains):
             s, body, _h = get((env.a, env.b)[i % 2], question(d))
-            assert s == 200
+            assert s == 200, body
             out.append(body)
         return out
 
@@ -164,8 +165,6 @@ def test_cache_stats_shows_the_index_part_and_clear_index_clears_it_alone(fresh:
         out
     )
     assert get(env.b, q)[0] == 200 and index_arrivals(env.up, q) == [q, q]  # asked again
-    assert get(env.a, "/collinfo.json")[0] == 200
-    assert index_arrivals(env.up, "/collinfo.json") == []  # collinfo.json stayed: still a hit
 
 
 def test_after_a_503_the_index_rests_and_kept_answers_are_served_at_once(fresh: Env) -> None:
@@ -177,16 +176,19 @@ def test_after_a_503_the_index_rests_and_kept_answers_are_served_at_once(fresh: 
     s, _b, h = get(env.a, question("warn.example"))
     warned = time.monotonic()
     assert s == 503 and int(h["Retry-After"]) >= REST
-    # During the rest: a kept answer at once, from either proxy; a new question is refused (max_wait 2 s)
-    for p in (env.a, env.b):
-        t0 = time.monotonic()
-        s, body, _h = get(p, kept)
-        # Loose (a loaded 2-core box): "not held for the rest", not how fast
-        assert s == 200 and b"kept.example" in body and time.monotonic() - t0 < 1.0
-    s, _b, h = get(env.b, question("new.example"))
-    assert s == 503 and "Retry-After" in h
-    during = index_arrivals(env.up)
-    assert time.monotonic() - warned < REST  # still within the rest when the log was read
-    assert during == [question("warn.example")]  # nothing reached the server but the one warned
-    time.sleep(max(0.0, REST + 0.3 - (time.monotonic() - warned)))
-    assert get(env.b, question("new.example"))[0] == 200  # the rest is over
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(get, env.b, question("new.example"))  # waits out the rest (max_wait 10 s)
+        # During the rest: a kept answer at once, from either proxy. Loose (a loaded 2-core box): "not held
+        # for the rest", not how fast.
+        for p in (env.a, env.b):
+            t0 = time.monotonic()
+            s, body, _h = get(p, kept)
+            assert s == 200 and b"kept.example" in body and time.monotonic() - t0 < REST / 2
+        time.sleep(max(0.0, 1.1 - (time.monotonic() - warned)))
+        s, _b, h = get(env.b, "/collinfo.json")  # stale (collinfo_ttl 1 s), and not fetched during the rest
+        assert s == 200 and int(h["Age"]) >= 1
+        assert waiting.result()[0] == 200  # asked once the rest was over
+    arrivals = [a for a in env.up.log() if a["host"] == IX]
+    assert [a["path"] for a in arrivals] == [question("warn.example"), question("new.example")]
+    # Strict: the rest starts once the 503 is read, after it arrived, so the next request comes REST later
+    assert arrivals[1]["t"] - arrivals[0]["t"] >= REST
