@@ -30,7 +30,7 @@ from yarl import URL
 
 from politeproxy.cache.base import CacheError, CacheEvents
 from politeproxy.cache.redis_answers import RedisAnswers
-from politeproxy.cache.store import LEASE_REFRESH, DiskStore, Found, key_name
+from politeproxy.cache.store import DiskStore, Found, key_name
 from politeproxy.policy.cacherules import (
     Bypass,
     Cacheable,
@@ -44,7 +44,7 @@ from politeproxy.policy.classify import Klass
 from politeproxy.proxy.cachetee import Tee
 from politeproxy.proxy.clientside import ClientSide, Own
 from politeproxy.proxy.exchange import Exchange
-from politeproxy.proxy.flight import Flight, follow
+from politeproxy.proxy.flight import Flight, follow, take_lease
 from politeproxy.proxy.indexshare import IndexShare
 from politeproxy.proxy.passage import stamp
 from politeproxy.proxy.published import Published
@@ -53,7 +53,6 @@ log = logging.getLogger("politeproxy")
 T = TypeVar("T")
 IO_WORKERS = 8  # disk reads and writes; bounded, so a slow disk queues work instead of growing threads
 MAX_FOLLOWERS = 256  # requests that follow one key's leader; more go upstream themselves (bounded memory)
-LEASE_POLL = 0.05  # seconds between looks at a lease another process holds (on the loop, a sleep between)
 HEAD_MARGIN = 5.0  # seconds a follower waits for the head beyond max_wait (the leader's connect, first byte)
 HIT_CHUNK = 1 << 20  # a hit reads 1 MiB per thread hop (measured: fewer hops, same RSS order)
 SIZE_EVERY = 15.0  # seconds between reads of the whole cache's size for the gauge
@@ -205,8 +204,8 @@ class CacheFront:
         flight = self.flights[name] = Flight(d.key, name, self.max_wait + HEAD_MARGIN)
         handed = False
         try:
-            if not (self.share is not None and d.rule.cdx and await self.share.lease(d.key, self.max_wait)):
-                await self._lease(flight)
+            if not d.rule.cdx:  # an index question takes its lease once its turn came (_turn)
+                await take_lease(self, flight, self.max_wait)
             # Look again, lease held or not: another proxy (or a flight here that ended while we looked
             # the first time) may have stored it since.
             found = await self._lookup(d, client.headers)
@@ -217,7 +216,7 @@ class CacheFront:
             self._result(ex, miss)
             flight.fetching(self.max_wait + HEAD_MARGIN)  # the pacer's wait is bounded by max_wait too
             handed = True  # _fetch lands the flight once its copy is stored or dropped
-            return await self._fetch(d, ex, go, flight)
+            return await self._fetch(d, ex, go, flight, client)
         finally:
             if not handed:
                 self._land(flight, False)
@@ -242,32 +241,17 @@ class CacheFront:
         self._result(ex, miss)
         return await self._fetch(d, ex, go)  # on its own: a copy it stores replaces the entry
 
-    async def _lease(self, flight: Flight) -> None:
-        """Take the key's lease between processes, polling one that another proxy holds for at most
-        max_wait (from the loop: a sleep between looks, each look one short call in a thread). Without it
-        (the wait ran out, or the directory holds no leases) the leader goes anyway."""
-        deadline = time.monotonic() + self.max_wait
-        while True:
-            try:
-                if await self.run(self.store.take_lease, flight.key):
-                    flight.leased = True
-                    flight.refresher = asyncio.get_running_loop().create_task(self._refresh(flight.key))
-                    return
-            except Exception as e:  # noqa: BLE001 - no lease: single flight in this process only
-                self.disk_problem(e)
-                return
-            if time.monotonic() >= deadline:
-                return
-            await asyncio.sleep(LEASE_POLL)
-
-    async def _refresh(self, key: str) -> None:
-        """Keep a held lease fresh while its download runs, so no other proxy takes it over."""
-        while True:
-            await asyncio.sleep(LEASE_REFRESH)
-            try:
-                await self.run(self.store.refresh_lease, key)
-            except Exception as e:  # noqa: BLE001 - a lost refresh at worst lets another proxy fetch too
-                log.debug("cache lease refresh: %s", e)
+    async def _turn(self, client: ClientSide, d: Cacheable, ex: Exchange, flight: Flight) -> bool:
+        """An index question's turn came (issue 43): its lease is taken now, never across the queue wait,
+        so the asker whose turn comes first asks; when another proxy asked meanwhile (its lease held: wait
+        for it, within max_wait), the answer it kept is sent instead (True: no request upstream)."""
+        if not (self.share is not None and await self.share.lease(d.key, self.max_wait)):
+            await take_lease(self, flight, self.max_wait)
+        found = await self._lookup(d, client.headers)
+        if not isinstance(found, Found):
+            return False
+        await self._hit(client, found, ex, "shared", counted=True)  # its look counted a miss, its slot spent
+        return True
 
     def _land(self, flight: Flight, stored: bool) -> None:
         """The flight is over: its followers learn the outcome, and its lease goes. Idempotent."""
@@ -283,8 +267,17 @@ class CacheFront:
             flight.leased = False
             self.bg(functools.partial(self.store.drop_lease, flight.key))
 
-    async def _fetch(self, d: Cacheable, ex: Exchange, go: Go, flight: Flight | None = None) -> Own | None:
+    async def _fetch(
+        self,
+        d: Cacheable,
+        ex: Exchange,
+        go: Go,
+        flight: Flight | None = None,
+        client: ClientSide | None = None,
+    ) -> Own | None:
         tee = Tee(self, d, flight)
+        if d.rule.cdx and flight is not None and client is not None:  # the leader of an index question
+            tee.gate = functools.partial(self._turn, client, d, ex, flight)
         ex.tee = tee
         try:
             resp = await go()
@@ -300,7 +293,7 @@ class CacheFront:
             raise
         finally:
             ex.tee = None
-        if d.rule.cdx and ex.note not in REFUSED:
+        if d.rule.cdx and ex.note not in REFUSED and ex.cache != "hit":
             self.events.index_question("asked", ex.pipeline)
         ok = ex.note is None and ex.status == tee.status
         await asyncio.shield(self._commit(tee, ok, flight))  # followers end with the copy in place
@@ -332,11 +325,15 @@ class CacheFront:
         if index is not None:
             self.events.index_question(index, ex.pipeline)
 
-    async def _hit(self, client: ClientSide, found: Found, ex: Exchange, index: str | None = None) -> None:
+    async def _hit(
+        self, client: ClientSide, found: Found, ex: Exchange, index: str | None = None, counted: bool = False
+    ) -> None:
         """Answer from disk with the stored headers plus Age and Via; never a short body. ``index``: how
-        an index question was answered (issue 43), for the metrics."""
-        self._result(ex, "hit")
-        self.events.cache_slot_saved(ex.pipeline)  # paced or exempt alike: a request never sent
+        an index question was answered (issue 43), for the metrics; ``counted``: its result already was."""
+        ex.cache = "hit"
+        if not counted:
+            self._result(ex, "hit")
+            self.events.cache_slot_saved(ex.pipeline)  # paced or exempt alike: a request never sent
         if index is not None:
             self.events.index_question(index, ex.pipeline)
         meta = found.meta

@@ -10,7 +10,7 @@ empty answer sends each of them upstream on its own instead of cutting them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from politeproxy.cache.base import CacheEvents
@@ -56,6 +56,9 @@ class Tee:
         self.headers: list[tuple[str, str]] = []
         self.has_text = False  # a byte other than whitespace came (a CDX 200 is kept only then)
         self.announced = False  # the flight was told of the head
+        # an index question's turn (cached.CacheFront._turn): forward.py awaits it once the permit is
+        # granted, before it asks upstream; True: answered from another proxy's kept answer instead
+        self.gate: Callable[[], Awaitable[bool]] | None = None
 
     async def start(self, method: str, status: int, headers: Mapping[str, str]) -> None:
         if not await self._start(method, status, headers):

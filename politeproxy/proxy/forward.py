@@ -220,6 +220,9 @@ class Forwarder:
         method = client.method
         pool = p.klass.value if p is not None else Klass.PASSTHROUGH.value
         probe = p is not None and p.probe  # the one request after a block
+        gate = ex.tee.gate if ex.tee is not None and not probe else None
+        if gate is not None and await gate():  # the cache's last look (issue 43): another proxy asked
+            return None
         if probe:
             self.oplog.probe(t.host, method, ex.path)
         exchange = self.upstream.exchange(

@@ -126,6 +126,35 @@ def test_the_same_twelve_domain_run_twice_asks_nothing_the_second_time(fresh: En
     assert index_arrivals(env.up) == []  # not one request to the index server the second time
 
 
+def test_the_asker_whose_turn_comes_first_asks(env: Env, certs: Certs, tmp_path: Path) -> None:
+    """A question's lease is taken once its turn came, never across its queue wait: proxy a asks Q behind
+    five questions of its own pipeline, proxy b (another pipeline, its fair turn sooner) asks Q after it.
+    b's turn comes first, so b asks and a is answered from b's kept answer: Q reaches the index server once,
+    before a's last questions. (Taken before the queue wait, a's lease would hold b until a asked.)"""
+    slow = TOML.replace('interval = "10ms"', 'interval = "300ms"')
+    a = start_proxy(tmp_path, env.up, certs, slow, data_dir=tmp_path / "data")
+    b = start_proxy(tmp_path, env.up, certs, slow, data_dir=tmp_path / "data")
+    try:
+        assert get(a, "/collinfo.json")[0] == 200
+        env.up.reset()
+        q = question("turn.example")
+        with ThreadPoolExecutor(7) as pool:
+            bulk = [pool.submit(get, a, question(f"bulk{i}.example"), "bulk") for i in range(5)]
+            time.sleep(0.2)  # bulk's five are queued (a question every 300 ms)
+            mine = pool.submit(get, a, q, "bulk")  # a's Q: behind bulk's five
+            time.sleep(0.1)
+            theirs = pool.submit(get, b, q, "solo")  # b's Q: solo's first, its turn before bulk's backlog
+            results = [f.result() for f in (*bulk, mine, theirs)]
+        assert [s for s, _b, _h in results] == [200] * 7 and mine.result()[1] == theirs.result()[1]
+        asked = index_arrivals(env.up, f"/{CRAWL}-index")
+        assert asked.count(q) == 1, asked
+        # b asked, not a: Q came before two of bulk's at least (a's Q would come after all five)
+        assert asked.index(q) < 4, asked
+    finally:
+        a.stop()
+        b.stop()
+
+
 def test_what_is_never_kept(fresh: Env) -> None:
     env = fresh
     empty, missing, other = question("empty.example"), question("a.example", "CC-MAIN-2099-10"), "/other?x=1"
