@@ -9,7 +9,8 @@ The head is checked on read as a disk entry's is (it names the key; a body of it
 is a miss. A question in flight holds a lease (``{prefix}ix:lease:<name>``, SET NX with a TTL, refreshed
 while it runs), so identical questions from proxies sharing Redis reach the index server once.
 
-Every call is bounded (CALL_TIMEOUT) and never raises to a request: Redis down is a miss, never an error.
+Every call is bounded (CALL_TIMEOUT) and never raises to a request: Redis down is a miss, never an error,
+and after a failure Redis is left alone for DOWN_FOR seconds, so questions do not each wait for it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import math
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ from politeproxy.policy.cacherules import STORED_HEADERS
 
 log = logging.getLogger("politeproxy")
 CALL_TIMEOUT = 3.0  # seconds a Redis call may take before it counts as a miss (the request goes on)
+DOWN_FOR = 10.0  # seconds after a failed call during which Redis is not asked (no question waits on it)
 LEASE_TTL_MS = 10_000  # a lease not refreshed for this long belongs to a dead or stuck proxy
 MAX_HEAD = 64 * 1024
 _DOWN = object()  # a call that failed (distinct from Redis's own None)
@@ -116,6 +119,7 @@ class RedisAnswers:
         self._put = client.register_script(PUT)
         self._clear = client.register_script(CLEAR)
         self._warned = False
+        self._down_until = 0.0  # monotonic: Redis is not asked before then
 
     def _answer(self, name: str) -> str:
         return f"{self.prefix}a:{name}"
@@ -124,10 +128,14 @@ class RedisAnswers:
         return f"{self.prefix}lease:{name}"
 
     async def _call(self, what: str, coro: Any, default: Any) -> Any:
+        if time.monotonic() < self._down_until:
+            getattr(coro, "close", lambda: None)()  # never awaited: Redis failed a moment ago
+            return default
         try:
             async with asyncio.timeout(CALL_TIMEOUT):
                 return await coro
         except Exception as e:  # noqa: BLE001 - Redis down: the question goes on without it
+            self._down_until = time.monotonic() + DOWN_FOR
             if not self._warned:
                 self._warned = True
                 log.warning("kept index answers in Redis: %s failed (%s); going on without them", what, e)

@@ -70,3 +70,27 @@ def test_parse_kept_of_any_json_never_raises(doc: object) -> None:
     except ValueError:
         return
     assert parse_kept(KEY, raw, b"abc") is None or isinstance(doc, dict)
+
+
+async def test_redis_down_is_a_miss_and_is_left_alone_for_a_while() -> None:
+    import socket
+    import time
+
+    import redis.asyncio as aioredis
+
+    from politeproxy.cache.redis_answers import DOWN_FOR, RedisAnswers
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = aioredis.from_url(f"redis://127.0.0.1:{port}/0", socket_connect_timeout=0.5, socket_timeout=0.5)
+    answers = RedisAnswers(client, "t:", 1 << 20, 1 << 20)
+    try:
+        assert await answers.get(KEY) is None
+        assert await answers.take_lease(KEY) is None  # cannot say: the data dir's lease decides
+        t0 = time.monotonic()
+        assert await answers.put(KEY, 200, [], b"abc", 1.0) == 0
+        assert await answers.get(KEY) is None
+        assert time.monotonic() - t0 < 0.1 < DOWN_FOR  # not asked again meanwhile: no wait
+    finally:
+        await client.aclose()
