@@ -157,11 +157,13 @@ def test_the_asker_whose_turn_comes_first_asks(env: Env, certs: Certs, tmp_path:
 
 def test_what_is_never_kept(fresh: Env) -> None:
     env = fresh
-    empty, missing, other = question("empty.example"), question("a.example", "CC-MAIN-2099-10"), "/other?x=1"
-    for q in (empty, missing, other):
+    empty, blank = question("empty.example"), question("blank.example")
+    missing, other = question("a.example", "CC-MAIN-2099-10"), "/other?x=1"
+    for q in (empty, blank, missing, other):
         for p in (env.a, env.b):
             get(p, q)
     assert index_arrivals(env.up, empty) == [empty, empty]  # pywb's empty 200: asked again
+    assert index_arrivals(env.up, blank) == [blank, blank]  # whitespace only: the same
     assert index_arrivals(env.up, missing) == [missing, missing]  # a crawl collinfo.json does not list
     assert len(index_arrivals(env.up, "/other")) == 2
     nothing = question("nocaptures.example")

@@ -20,7 +20,8 @@ port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once lis
   /collinfo.json          a Common Crawl collection list (100 crawls) whose cdx-api URLs name this host
   /CC-MAIN-*-index        a pywb-style CDX answer, streamed (chunked): JSON lines named after the url=
                           domain (limit= honoured, at most 3), showNumPages, 400 for page >= 1 (pywb's "no
-                          more pages"); url=empty.* an empty 200, url=nocaptures.* "No Captures found" 404
+                          more pages"); url=empty.* an empty 200 (blank.*: whitespace only), url=nocaptures.*
+                          "No Captures found" 404
   /__log                  the arrival log as JSON lines (not logged itself)
   /__control (POST JSON)  {"throttle": {"host": H, "count": N, "status": 503, "retry_after": "2"}}, with
                           optional "headers": {...} (Server: AmazonS3 ...) and "body": "..." for the answer

@@ -203,8 +203,8 @@ async def _collinfo(request: web.Request, state: State) -> web.StreamResponse:
 
 async def _cdx_index(request: web.Request, state: State) -> web.StreamResponse:
     """pywb's CDX API: the answer streamed (chunked, no Content-Length), its captures named after the
-    url= domain; a domain starting "empty." gets pywb's empty 200 of a failed backend, one starting
-    "nocaptures." its "No Captures found" 404."""
+    url= domain; a domain starting "empty." gets pywb's empty 200 of a failed backend ("blank.": one of
+    whitespace only), one starting "nocaptures." its "No Captures found" 404."""
     if state.cdx_delay:
         await asyncio.sleep(state.cdx_delay)
     if request.query.get("showNumPages") == "true":
@@ -213,8 +213,10 @@ async def _cdx_index(request: web.Request, state: State) -> web.StreamResponse:
         return web.json_response({"error": "no more pages"}, status=400)
     crawl = request.path[1 : -len("-index")]
     domain = request.query.get("url", "example.com").split("/", 1)[0].lstrip("*.") or "example.com"
-    if domain.startswith("empty."):
-        return web.Response(status=200, body=b"", content_type="text/x-ndjson")
+    if domain.startswith(("empty.", "blank.")):  # blank.: whitespace only, streamed
+        return web.Response(
+            status=200, body=b"" if domain[0] == "e" else b"\n \n\t\n", content_type="text/x-ndjson"
+        )
     if domain.startswith("nocaptures."):
         return web.Response(status=404, text=f"No Captures found for: {domain}\n", content_type="text/plain")
     n = min(int(request.query.get("limit", "3") or 3), 3)
