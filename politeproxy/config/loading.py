@@ -22,6 +22,8 @@ from politeproxy.policy import settings as d
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.cacherules import CacheLimits, CacheRule, default_rules
 from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
+from politeproxy.policy.clients import DEFAULT_CLIENT_RULES, ClientRule
+from politeproxy.policy.clients import MAX_RULES as MAX_CLIENT_RULES
 from politeproxy.policy.fairness import PipelineRule, clean_name
 from politeproxy.policy.hosts import S3_PATH_STYLE_HOSTS
 from politeproxy.policy.settings import (
@@ -97,6 +99,24 @@ _CACHE_RULE = {
 }
 
 
+_CLIENT_RULE = {"user_agent": (_str, ""), "max_wait": (_dur, 25.0)}
+
+
+def _client_rules(v: Any, key: str) -> list[dict[str, Any]]:
+    """``[[clients.rules]]``: each a non-empty User-Agent prefix and a hold bound within pacing.max_wait's."""
+    if not isinstance(v, list) or len(v) > MAX_CLIENT_RULES:
+        raise ConfigError(f"{key}: expected an array of at most {MAX_CLIENT_RULES} tables [[clients.rules]]")
+    out = [_section(r, _CLIENT_RULE, f"{key}[{i}]") for i, r in enumerate(v)]
+    lo, hi = setting("pacing.max_wait").bounds or (0.0, 3600.0)
+    for i, r in enumerate(out):
+        ua = r["user_agent"]
+        if not ua or len(ua) > 256 or not ua.isprintable():
+            raise ConfigError(f"{key}[{i}].user_agent: expected 1-256 printable characters, got {ua!r}")
+        if not lo <= r["max_wait"] <= hi:
+            raise ConfigError(f"{key}[{i}].max_wait: expected a duration from {lo:g}s to {hi:g}s")
+    return out
+
+
 def _cache_rules(v: Any, key: str) -> list[dict[str, Any]]:
     """``[[cache.rules]]`` replace the default table (issue 14): each needs hosts and paths."""
     if not isinstance(v, list) or len(v) > 64:
@@ -142,7 +162,12 @@ def _users(v: Any, key: str) -> dict[str, str]:
 
 # The kinds of nested tables, checked with the schema machinery below; every other kind's converter is
 # policy/values.py's ([auth] users is here for its errors, which never show a value).
-_NESTED: dict[str, Conv] = {"exempt rules": _rules, "cache rules": _cache_rules, "users": _users}
+_NESTED: dict[str, Conv] = {
+    "exempt rules": _rules,
+    "cache rules": _cache_rules,
+    "client rules": _client_rules,
+    "users": _users,
+}
 # Tables keyed by a name ("hosts.*.interval"): the table's converter and its value when absent.
 _BY_NAME: dict[str, tuple[Conv, Any]] = {"hosts": (_hosts, None), "pipelines": (_pipelines, {})}
 
@@ -237,6 +262,12 @@ class Config:
         )
         return listed + DEFAULT_EXEMPT_RULES if self.raw["exempt"]["keep_defaults"] else listed
 
+    def client_rules(self) -> tuple[ClientRule, ...]:
+        """[[clients.rules]] before the built-in rules, or alone with ``clients.keep_defaults = false``."""
+        rules = self.raw["clients"]["rules"] or []
+        listed = tuple(ClientRule(r["user_agent"], r["max_wait"], "configured") for r in rules)
+        return listed + DEFAULT_CLIENT_RULES if self.raw["clients"]["keep_defaults"] else listed
+
     def host_intervals(self) -> tuple[tuple[str, float], ...]:
         hosts = self.raw["hosts"]
         if hosts is None:
@@ -280,6 +311,7 @@ class Config:
         return PacingSettings(
             gap=self.raw["schedule"]["global_rate"],
             max_wait=p["max_wait"],
+            client_rules=self.client_rules(),
             retries=p["retries"],
             max_queue=p["max_queue"],
             throttle_codes=frozenset(p["throttle_codes"]),

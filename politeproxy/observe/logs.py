@@ -14,9 +14,11 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.proxy.events import NoProxyEvents
 from politeproxy.proxy.exchange import Exchange
 
@@ -25,6 +27,10 @@ access_log = logging.getLogger("politeproxy.access")
 # (backoffs, blocks, probes, refusals, store switch-overs; proxy/eventlog.py, rate-limited there).
 ALWAYS_INFO = ("politeproxy.access", "politeproxy.start", "politeproxy.events")
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# The pacer's refusals (Exchange.note): summed per cause, host and pipeline in the access log
+REFUSAL_NOTES = frozenset({"max_wait", "queue_full", "max_queued"})
+REFUSALS_EVERY = 30.0  # seconds
+MAX_REFUSAL_KEYS = 1024
 ACCESS_FORMAT = "%s %s %s%s %s wait=%.3fs status=%s bytes=%d duration=%.3fs retries=%d%s pipeline=%s%s"
 
 
@@ -61,26 +67,71 @@ def access_args(r: Exchange) -> tuple[object, ...]:
     )  # fmt: skip
 
 
+def _more_text(more: dict[str, Any] | None) -> str:
+    return "".join(f" {k}={v}" for k, v in more.items()) if more else ""
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
 def json_head(created: float, level: str, name: str) -> dict[str, Any]:
     """The keys every JSON line starts with (an access line's fields follow them at the top level)."""
     return {"ts": round(created, 3), "level": level, "logger": name}
 
 
 class AccessLog(NoProxyEvents):
-    """The ProxyEvents sink of the access log: one INFO line per exchange on ``politeproxy.access``."""
+    """The ProxyEvents sink of the access log: one INFO line per exchange on ``politeproxy.access``.
 
-    def __init__(self, logger: logging.Logger = access_log) -> None:
+    Refusals are the exception (issue 41): a client that retries them at once would write a line per retry.
+    Per cause, host and pipeline, the first refusal of each REFUSALS_EVERY seconds has its line; the rest are
+    summed into the next one: ``repeated=N first=<UTC> last=<UTC>`` (``repeated``, ``first``, ``last`` in
+    JSON), the refusals that line stands for besides its own."""
+
+    def __init__(
+        self,
+        logger: logging.Logger = access_log,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.logger = logger
+        self.clock = clock
+        self.wall = wall
+        self._refusals = LogLimiter(burst=1, window=REFUSALS_EVERY, max_keys=MAX_REFUSAL_KEYS)
+        self._held: dict[str, tuple[float, float]] = {}  # key -> first and last refusal not written
 
     def access(self, record: Exchange) -> None:
         if not self.logger.isEnabledFor(logging.INFO):
             return
+        more: dict[str, Any] | None = None
+        if record.note in REFUSAL_NOTES:
+            write, more = self._summed(record)
+            if not write:
+                return
         args = access_args(record)
         direct = _direct_handler(self.logger)
         if direct is None:  # another handler listens: the record through logging, formatted by it
-            self.logger.info(ACCESS_FORMAT, *args, extra={"access": record})
+            self.logger.info(
+                ACCESS_FORMAT + "%s", *args, _more_text(more), extra={"access": record, "more": more}
+            )
         else:
-            direct.line(self.logger.name, ACCESS_FORMAT % args, record)
+            direct.line(self.logger.name, ACCESS_FORMAT % args + _more_text(more), record, more)
+
+    def _summed(self, r: Exchange) -> tuple[bool, dict[str, Any] | None]:
+        """Whether this refusal gets a line, and the refusals held since the last one it sums up."""
+        key = f"{r.note} {r.host} {r.pipeline}"
+        v = self._refusals.hit(key, self.clock())
+        if not v.log:
+            now = self.wall()
+            first, _ = self._held.pop(key, (now, now))
+            self._held[key] = (first, now)
+            while len(self._held) > MAX_REFUSAL_KEYS:
+                del self._held[next(iter(self._held))]
+            return False, None
+        span = self._held.pop(key, None)
+        if not v.held or span is None:
+            return True, None
+        return True, {"repeated": v.held, "first": _utc(span[0]), "last": _utc(span[1])}
 
 
 class DirectHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -93,11 +144,13 @@ class DirectHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.json = fmt == "json"
         self.plain = PlainFormatter()
 
-    def line(self, name: str, message: str, record: Exchange) -> None:
+    def line(self, name: str, message: str, record: Exchange, more: dict[str, Any] | None = None) -> None:
         now = time.time()
         if self.json:
             out = json_head(now, "info", name)
             out.update(access_fields(record))
+            if more:
+                out.update(more)
             text = json.dumps(out)
         else:
             text = f"{self.plain.stamp(now)} INFO {name}: {message}"
@@ -131,6 +184,9 @@ class JsonFormatter(logging.Formatter):
         access = getattr(record, "access", None)
         if isinstance(access, Exchange):
             out.update(access_fields(access))
+            more = getattr(record, "more", None)
+            if isinstance(more, dict):
+                out.update(more)
         else:
             out["message"] = record.getMessage()
         if record.exc_info:

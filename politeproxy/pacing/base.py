@@ -11,6 +11,7 @@ from typing import Protocol
 
 from politeproxy.policy.backoff import DEFAULT_BLOCK_CODES, DEFAULT_THROTTLE_CODES, BackoffPolicy
 from politeproxy.policy.classify import Klass
+from politeproxy.policy.clients import DEFAULT_CLIENT_RULES, ClientRule, bound_for
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineRule
 from politeproxy.policy.hosts import host_matches
 from politeproxy.policy.loglimit import LogLimiter, error_key, error_line
@@ -29,6 +30,8 @@ DEFAULT_MAX_QUEUE = 1024
 class PacingSettings:
     gap: float = 0.2  # global seconds between grants; 0 = off
     max_wait: float = 25.0
+    # issue 41: the hold bound per client (User-Agent prefix), in place of max_wait for the clients it matches
+    client_rules: tuple[ClientRule, ...] = DEFAULT_CLIENT_RULES
     retries: int = 2
     throttle_codes: frozenset[int] = DEFAULT_THROTTLE_CODES
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
@@ -52,6 +55,10 @@ class PacingSettings:
 
     def interval_for(self, host: str) -> float:
         return _interval_for(self.host_intervals, host)
+
+    def bound_for(self, user_agent: str | None) -> float:
+        """How long a request from a client with ``user_agent`` may be held (its rule's, else max_wait)."""
+        return bound_for(self.client_rules, user_agent, self.max_wait)
 
     def window_for(self, host: str) -> WindowRule | None:
         """The request window of ``host``'s service, or None when windows are off."""
@@ -86,10 +93,11 @@ def window_full(s: PacingSettings, host: str, wait: float) -> str:
 
 
 class WaitTooLong(Exception):
-    """The request would be held past ``max_wait`` (or the queue is full); ``wait`` is how long until it
+    """The request would be held past its bound (or the queue is full); ``wait`` is how long until it
     could go, ``reason`` the rejection counter's label ("max_wait" or "queue_full"). A refusal from
-    ``Pacer.permit`` carries ``note``: "; <host> is blocked until <time>" (or backing off) when this proxy
-    knows the host rests, else ""; ``message`` is what the client's 503 says."""
+    ``Pacer.permit`` carries ``note``: "<host> is blocked since <time> until <time> (why)" (or backing off)
+    when the proxy knows the host rests, else ""; ``message`` is what the client's 503 says: the rest when
+    there is one (one cause, one text, whichever limit refused), else ``why``."""
 
     def __init__(self, wait: float, why: str, reason: str = "max_wait") -> None:
         super().__init__(why)
@@ -100,7 +108,7 @@ class WaitTooLong(Exception):
 
     @property
     def message(self) -> str:
-        return self.why + self.note
+        return self.note or self.why
 
 
 class PacerEvents(Protocol):

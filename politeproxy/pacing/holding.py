@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from politeproxy.pacing.rest import RestNotes
 from politeproxy.pacing.state import HINT_CAP, QueueState
+from politeproxy.policy.backoff import Kind
 from politeproxy.policy.holds import HoldNote, kind_of, released
 from politeproxy.policy.services import service_key
 from politeproxy.policy.window import WindowRule
@@ -133,6 +134,7 @@ class Holds:
         if not held:
             return
         for host, note in (await self.notes.get_quietly(sorted(held))).items():
+            self._adopt(host, note)
             last = max(self._since.get(host, 0.0), self._seen.get(host, 0.0))
             if note.released_at > last:
                 self._seen.pop(host, None)
@@ -142,6 +144,16 @@ class Holds:
                 await self.store.release(host)  # this proxy's fallback mirror too; the shared record is clear
                 self._drop_local(host)
                 log.info("%s: released by %s; the local hold is dropped", host, note.released_by or "hand")
+
+    def _adopt(self, host: str, note: HoldNote) -> None:
+        """A live hold another proxy (or worker) noted, that this one only knows from the store's answer:
+        its refusals then say what the noting proxy's say (the cause, since and until when; issue 41)."""
+        if note.kind not in ("block", "backoff", "failure") or note.released_at >= note.since:
+            return
+        if note.until <= self.clock() or self.rest.until(host) >= note.until:
+            return
+        kind = Kind.BLOCK if note.kind == "block" else Kind.THROTTLE
+        self.rest.adopt(host, kind, note.since, note.until, note.reason)
 
     async def close(self) -> None:
         if self._tasks:

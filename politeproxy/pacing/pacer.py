@@ -26,6 +26,7 @@ from politeproxy.pacing.dispatcher import Dispatcher, wait_for_grant
 from politeproxy.pacing.exempt import ExemptPlaces
 from politeproxy.pacing.holding import Holds
 from politeproxy.pacing.permit import Permit
+from politeproxy.pacing.quota import Quotas
 from politeproxy.pacing.rest import RestNotes, exempt_slot, index_rested, is_index_warning
 from politeproxy.pacing.snapshot import PacerSnapshot, take
 from politeproxy.pacing.state import HINT_CAP, QueueState, Waiter
@@ -109,6 +110,12 @@ class Pacer:
         self._rest = RestNotes(HINT_CAP)  # what rests each host, for the body of our own refusals
         self.holds = Holds(store, self._state, self._rest, monotonic, notes, wake=self._dispatcher.wake.set)
         self._watch: asyncio.Task[None] | None = None
+        # what is left of each service's window, for the RateLimit fields (issue 41)
+        self.quotas = Quotas(store, lambda: self._settings, monotonic, self._estimate)
+
+    def _estimate(self, host: str) -> float:
+        s = self._settings
+        return self._state.estimate(host, self.monotonic(), s.gap, s.interval_for(host))
 
     @property
     def settings(self) -> PacingSettings:
@@ -140,6 +147,7 @@ class Pacer:
         await asyncio.gather(*tasks, return_exceptions=True)  # each ends cancelled
         self._task = self._watch = None
         await self.holds.close()
+        await self.quotas.close()
         self._dispatcher.refuse_all("proxy shutting down")
 
     def reload(self, settings: PacingSettings) -> None:
@@ -199,16 +207,22 @@ class Pacer:
                 raise WaitTooLong(wait, f"pipeline {pipeline} has {mine} requests waiting", "max_queued")
 
     async def _wait_paced(
-        self, host: str, arrived: float | None = None, pipeline: str = DEFAULT_PIPELINE
+        self,
+        host: str,
+        arrived: float | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
+        bound: float | None = None,
+        again: bool = False,
     ) -> float:
-        """Wait for a slot for ``host`` in ``pipeline``'s fair share; return seconds waited. Raises
-        WaitTooLong."""
+        """Wait for a slot for ``host`` in ``pipeline``'s fair share, at most ``bound`` (None: max_wait)
+        from ``arrived``; return seconds waited. Raises WaitTooLong, at once when the wait is known to be
+        longer. ``again``: a client's retry of a refused request, queued ahead of first tries."""
         self.start()
         s = self._settings
         now = self.monotonic()
         arrived = now if arrived is None else arrived
-        deadline = arrived + s.max_wait
-        est = self._state.estimate(host, now, s.gap, s.interval_for(host), pipeline)
+        deadline = arrived + (s.max_wait if bound is None else bound)
+        est = self._state.estimate(host, now, s.gap, s.interval_for(host), pipeline, again)
         if now + est > deadline:
             self._events.rejected(host, "max_wait", pipeline)
             raise WaitTooLong(est, f"{host} is paced and this request would wait {est:.1f}s")
@@ -216,7 +230,7 @@ class Pacer:
             if await self._claim_here(host, now, deadline, pipeline):
                 return self._waited(host, Klass.PACED, arrived, pipeline)
         self._refuse_if_full(host, pipeline)
-        w = Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future(), pipeline)
+        w = Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future(), pipeline, again=again)
         self._state.add(w)
         self._dispatcher.wake.set()
         try:
@@ -255,13 +269,15 @@ class Pacer:
 
     # -- exempt -------------------------------------------------------------------------------------
 
-    async def _exempt_enter(self, host: str, arrived: float | None, pipeline: str) -> float:
+    async def _exempt_enter(
+        self, host: str, arrived: float | None, pipeline: str, bound: float | None = None
+    ) -> float:
         """Wait for one of the host's places, then its exempt slot; seconds waited. The place comes first:
         the slot counts in the request window at once, so a read must leave at its slot, not a place's wait
         later. The permit gives the place back (``_exempt_leave``); on WaitTooLong nothing is held."""
         now = self.monotonic()
         arrived = now if arrived is None else arrived
-        deadline = arrived + self._settings.max_wait
+        deadline = arrived + (self._settings.max_wait if bound is None else bound)
         if self._places.in_flight(host) >= self._settings.exempt_max_in_flight:
             self._refuse_if_full(host, pipeline)
         try:
@@ -289,13 +305,21 @@ class Pacer:
     # -- the door -----------------------------------------------------------------------------------
 
     def permit(
-        self, host: str, klass: Klass, arrived: float | None = None, pipeline: str | None = None
+        self,
+        host: str,
+        klass: Klass,
+        arrived: float | None = None,
+        pipeline: str | None = None,
+        bound: float | None = None,
+        again: bool = False,
     ) -> Permit:
         """Hold the request until it may go (a slot, or an exempt place); raises WaitTooLong on entering.
 
         ``pipeline`` names who asks (the proxy user name, else the client address); it is mapped to a
-        bounded name (``Pacer.pipeline``), and slots and exempt places are shared fairly between them."""
-        return Permit(self, host, klass, 0.0, self.pipeline_of(pipeline), arrived)
+        bounded name (``Pacer.pipeline``), and slots and exempt places are shared fairly between them.
+        ``bound``: the longest it may be held (its client's rule, ``settings.bound_for``); None: max_wait.
+        ``again``: the client's retry of a refused request (``policy.clients.sdk_attempt``)."""
+        return Permit(self, host, klass, 0.0, self.pipeline_of(pipeline), arrived, bound, again)
 
     def _rest_note(self, host: str) -> str:
         """The "; <host> is blocked until <time>" (or backing off) note the permit adds to a refusal."""

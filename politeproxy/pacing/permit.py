@@ -30,8 +30,12 @@ class Turns(Protocol):
 
     @property
     def settings(self) -> PacingSettings: ...
-    async def _wait_paced(self, host: str, arrived: float | None, pipeline: str) -> float: ...
-    async def _exempt_enter(self, host: str, arrived: float | None, pipeline: str) -> float: ...
+    async def _wait_paced(
+        self, host: str, arrived: float | None, pipeline: str, bound: float | None = None, again: bool = False
+    ) -> float: ...
+    async def _exempt_enter(
+        self, host: str, arrived: float | None, pipeline: str, bound: float | None = None
+    ) -> float: ...
     def _exempt_leave(self, host: str, pipeline: str) -> None: ...
     def _probing(self, host: str) -> bool: ...
     async def _feedback(
@@ -48,7 +52,10 @@ class Permit:
     async-generator registration per request, issue 15): entering waits for the slot or exempt place,
     leaving gives an exempt place back."""
 
-    __slots__ = ("_arrived", "_delay", "_held", "_pacer", "host", "klass", "pipeline", "probe", "waited")
+    __slots__ = (
+        "_arrived", "_delay", "_held", "_pacer", "again", "bound", "host", "klass", "pipeline", "probe",
+        "waited",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -58,8 +65,12 @@ class Permit:
         waited: float = 0.0,
         pipeline: str = DEFAULT_PIPELINE,
         arrived: float | None = None,
+        bound: float | None = None,
+        again: bool = False,
     ) -> None:
         self._pacer = pacer
+        self.bound = bound  # the longest this request may be held (its client's rule); None: max_wait
+        self.again = again  # the client's retry of a refused request: ahead of first tries in its line
         self.host = host
         self.klass = klass
         self.waited = waited
@@ -77,10 +88,12 @@ class Permit:
             self._arrived = pacer.monotonic()
         try:
             if self.klass is Klass.EXEMPT:
-                self.waited = await pacer._exempt_enter(self.host, self._arrived, self.pipeline)
+                self.waited = await pacer._exempt_enter(self.host, self._arrived, self.pipeline, self.bound)
                 self._held = True
             else:
-                self.waited = await pacer._wait_paced(self.host, self._arrived, self.pipeline)
+                self.waited = await pacer._wait_paced(
+                    self.host, self._arrived, self.pipeline, self.bound, self.again
+                )
         except WaitTooLong as e:
             e.note = pacer._rest_note(self.host)  # why the host rests, for the body of the refusal
             raise
@@ -111,9 +124,10 @@ class Permit:
 
         ``policy.retry``'s rules on the pacer's settings: a replayable request, after a throttle (never a
         block), fewer than ``pacing.retries`` tries ``retried`` already, and the wait still within
-        ``max_wait`` from the request's arrival (the pacer's clock)."""
+        bound (its client rule's, else ``max_wait``) from the request's arrival (the pacer's clock)."""
         d, s = self._delay, self._pacer.settings
         arrived = self._arrived if self._arrived is not None else self._pacer.monotonic()
         elapsed = self._pacer.monotonic() - arrived
         seconds, blocked = (d.seconds, d.block) if d is not None else (None, False)
-        return decide_retry(method, has_body, s.retries - retried, elapsed, seconds, s.max_wait, blocked)
+        bound = s.max_wait if self.bound is None else self.bound
+        return decide_retry(method, has_body, s.retries - retried, elapsed, seconds, bound, blocked)

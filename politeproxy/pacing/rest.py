@@ -47,33 +47,50 @@ async def index_rested(
 
 
 class RestNotes:
-    """host -> (block or backoff, until as wall-clock time); at most ``cap`` hosts, the oldest dropped."""
+    """host -> (block or backoff, since, until as wall-clock times, why); at most ``cap`` hosts, the oldest
+    dropped. A rest this proxy recorded, or one another proxy noted in the store (``adopt``): every refusal
+    during one rest says the same thing, whichever proxy or worker refused it (issue 41)."""
 
     def __init__(self, cap: int, clock: Callable[[], float] = time.time) -> None:
         self.cap = cap
         self.clock = clock
-        self._hosts: dict[str, tuple[Kind, float, str]] = {}
+        self._hosts: dict[str, tuple[Kind, float, float, str]] = {}
 
     def remember(self, host: str, kind: Kind, seconds: float, reason: str = "") -> None:
+        now = self.clock()
+        self.adopt(host, kind, now, now + seconds, reason)
+
+    def adopt(self, host: str, kind: Kind, since: float, until: float, reason: str) -> None:
         self._hosts.pop(host, None)
-        self._hosts[host] = (kind, self.clock() + seconds, reason)
+        self._hosts[host] = (kind, since, until, reason)
         while len(self._hosts) > self.cap:
             del self._hosts[next(iter(self._hosts))]
 
     def forget(self, host: str) -> None:
         self._hosts.pop(host, None)
 
+    def until(self, host: str) -> float:
+        """Until when (wall clock) ``host`` rests; 0 when it does not."""
+        _, _, until, _ = self._hosts.get(host, (Kind.THROTTLE, 0.0, 0.0, ""))
+        return until if until > self.clock() else 0.0
+
     def note(self, host: str) -> str:
-        """ "; <host> is blocked until <UTC time>" (or "backing off until"), or "" when it does not rest."""
-        kind, until, _ = self._hosts.get(host, (Kind.THROTTLE, 0.0, ""))
+        """ "<host> is blocked since <UTC> until <UTC> (<why>)" (or "backing off"), or "" when it does not
+        rest: the whole reason of a refusal while it rests."""
+        kind, since, until, why = self._hosts.get(host, (Kind.THROTTLE, 0.0, 0.0, ""))
         if until <= self.clock():
             return ""
-        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(until))
-        return f"; {host} is {'blocked' if kind is Kind.BLOCK else 'backing off'} until {when}"
+        state = "blocked" if kind is Kind.BLOCK else "backing off"
+        text = f"{host} is {state} since {_utc(since)} until {_utc(until)}"
+        return f"{text} ({why})" if why else text
 
     def reasons(self) -> dict[str, str]:
         """host -> why this proxy last held it ("403 from CloudFront (Server: CloudFront)"), for /status."""
-        return {h: r for h, (_, _, r) in self._hosts.items() if r}
+        return {h: r for h, (_, _, _, r) in self._hosts.items() if r}
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 async def exempt_slot(

@@ -40,6 +40,7 @@ class Waiter(Generic[T]):
     ticket: T
     pipeline: str = DEFAULT_PIPELINE
     slot: float | None = None  # the slot the dispatcher holds for it (monotonic), once reserved
+    again: bool = False  # a client's retry of a refused request: it goes ahead of first tries in its line
 
 
 Line = tuple[str, str]  # (pipeline, host): one FIFO line
@@ -74,9 +75,21 @@ class QueueState(Generic[T]):
 
     def add(self, w: Waiter[T]) -> int:
         q = self.queues.setdefault((w.pipeline, w.host), deque())
-        q.append(w)
+        if w.again:
+            q.insert(self.agains(w.pipeline, w.host), w)  # behind earlier retries, ahead of first tries
+        else:
+            q.append(w)
         self._count(w, 1, len(q))
         return len(q)
+
+    def agains(self, pipeline: str, host: str) -> int:
+        """The retries at the head of a line (they stand ahead of its first tries)."""
+        n = 0
+        for w in self.queues.get((pipeline, host), ()):
+            if not w.again:
+                break
+            n += 1
+        return n
 
     def remove(self, w: Waiter[T]) -> bool:
         """Take ``w`` out of its line wherever it stands; False when it was not there."""
@@ -220,15 +233,23 @@ class QueueState(Generic[T]):
     # -- the estimate ------------------------------------------------------------------------------
 
     def estimate(
-        self, host: str, now: float, gap: float, interval: float, pipeline: str = DEFAULT_PIPELINE
+        self,
+        host: str,
+        now: float,
+        gap: float,
+        interval: float,
+        pipeline: str = DEFAULT_PIPELINE,
+        again: bool = False,
     ) -> float:
-        """A lower bound on the wait of a request of ``pipeline`` for ``host`` queued now (``estimate``)."""
+        """A lower bound on the wait of a request of ``pipeline`` for ``host`` queued now (``estimate``);
+        ``again``: a retry, queued behind the line's retries only."""
         # Nobody waits in this process (the usual case when pacing is off): only the host's own wait counts.
         lead = self.lead(now, gap)
         if not self.queues:
             return max(lead, self.ready.get(host, 0.0) - now)
         lines = ((key, len(q)) for key, q in self.queues.items())
-        return estimate(lines, self.ready, now, self.tags, host, gap, interval, pipeline, lead=lead)
+        ahead = self.agains(pipeline, host) if again else None
+        return estimate(lines, self.ready, now, self.tags, host, gap, interval, pipeline, ahead, lead)
 
     def lead(self, now: float, gap: float) -> float:
         """Seconds before the first slot free for the lines: after the one under way, a gap later."""

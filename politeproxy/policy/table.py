@@ -87,6 +87,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("egress.limit", "int", 4800, "requests per window per service, every class together (80% of Common Crawl's 6,000); 0 turns the window off, with a warning at start", bounds=(0, 10_000_000), reload=True),
     S("schedule.expected_proxies", "int", 1, "floor of the gap multiplier while the shared store is down (else the live proxies last seen)", bounds=(1, 1000)),
     S("pacing.max_wait", "duration", 25.0, "longest a request is held; beyond it 503 + Retry-After", bounds=(0.0, HOUR), unit=_D, reload=True),
+    S("clients.rules", "client rules", None, '[[clients.rules]] user_agent (a prefix of the User-Agent), max_wait: the hold bound of the clients it matches, in place of pacing.max_wait; before the built-in rules (boto3, the AWS CLI, aiobotocore/s3fs: 55s; duckdb, cdx_toolkit: 25s; the AWS SDK for Java)', reload=True),
+    S("clients.keep_defaults", "bool", True, "keep the built-in client rules after [[clients.rules]]; false: only the listed rules", reload=True),
     S("pacing.retries", "int", 2, "transparent retries of a throttled GET/HEAD", bounds=(0, 10), reload=True),
     S("pacing.max_queue", "int", 1024, "requests one proxy holds waiting at most (paced and exempt)", bounds=(1, 1_000_000), reload=True),
     S("pacing.throttle_codes", "status codes", (429, 500, 503), 'answers that mean "slow down" (backoff, retry)', reload=True),

@@ -48,6 +48,7 @@ from politeproxy.proxy.flight import Flight, follow, take_lease
 from politeproxy.proxy.indexshare import IndexShare
 from politeproxy.proxy.passage import stamp
 from politeproxy.proxy.published import Published
+from politeproxy.proxy.speak import standard_fields
 
 log = logging.getLogger("politeproxy")
 T = TypeVar("T")
@@ -340,6 +341,7 @@ class CacheFront:
         headers: CIMultiDict[str] = CIMultiDict(meta.headers)
         headers["Age"] = str(age_seconds(meta.stored, time.time()))
         stamp(headers)
+        standard_fields(headers, ex)
         ex.status = meta.status
         client.start(meta.status, None, headers)
         ahead: asyncio.Task[bytes] | None = None

@@ -60,6 +60,11 @@ class Tee:
         # granted, before it asks upstream; True: answered from another proxy's kept answer instead
         self.gate: Callable[[], Awaitable[bool]] | None = None
 
+    def would_store(self, method: str, status: int, headers: Mapping[str, str]) -> bool:
+        """Whether this answer's head lets it be kept (its Cache-Status says ``stored``); the disk may still
+        refuse it."""
+        return isinstance(response_decision(self.front.limits, self.d, method, status, headers), Store)
+
     async def start(self, method: str, status: int, headers: Mapping[str, str]) -> None:
         if not await self._start(method, status, headers):
             self._fail()  # not storable: the flight's followers go upstream themselves, at once

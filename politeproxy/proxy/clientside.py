@@ -15,6 +15,8 @@ from typing import Protocol
 
 from multidict import CIMultiDict
 
+from politeproxy.policy.answers import error_type, proxy_status
+
 
 class ClientGone(ConnectionError):
     """The client connection ended (or its request body broke) while the exchange read or wrote it."""
@@ -60,21 +62,39 @@ class ClientSide(Protocol):
         ...
 
 
+TEXT = "text/plain; charset=utf-8"
+
+
 @dataclass(slots=True)
 class Own:
     """An answer the proxy writes itself: ``politeproxy: <message>`` as text/plain, with Via (``close``:
-    the connection cannot go on after it, e.g. a client that still holds back its body)."""
+    the connection cannot go on after it, e.g. a client that still holds back its body). ``error`` is its
+    Proxy-Status error type (RFC 9209; "" reads it from the status); ``payload`` and ``content_type``
+    replace the text body (S3's XML error for the bucket, ``proxy/speak.py``)."""
 
     status: int
     message: str
     headers: CIMultiDict[str] = field(default_factory=CIMultiDict)
     close: bool = False
+    error: str = ""
+    payload: bytes | None = None
+    content_type: str = TEXT
+
+    def head(self) -> CIMultiDict[str]:
+        """Its headers as sent: the content type and Proxy-Status (RFC 9209: this proxy made it, and why)."""
+        headers = CIMultiDict(self.headers)
+        headers["Content-Type"] = self.content_type
+        if "Proxy-Status" not in headers:
+            headers["Proxy-Status"] = proxy_status(self.error or error_type(self.status), self.message)
+        return headers
 
     @property
     def body(self) -> bytes:
+        if self.payload is not None:
+            return self.payload
         return f"politeproxy: {self.message}\n".encode()
 
 
-def own(status: int, message: str, headers: Mapping[str, str] | None = None) -> Own:
+def own(status: int, message: str, headers: Mapping[str, str] | None = None, error: str = "") -> Own:
     """One of the proxy's own answers; Via is added when it is written (passage.add_via)."""
-    return Own(status, message, CIMultiDict(headers or {}))
+    return Own(status, message, CIMultiDict(headers or {}), error=error)

@@ -23,6 +23,7 @@ MAX_POOLS = 16  # pools are the request classes (paced, exempt, passthrough): a 
 DENIED_MANY = 10  # S3 denials of one host within DENIED_WINDOW seconds that earn the warning ...
 DENIED_WINDOW = 60.0
 ONCE = 86400.0  # ... given once (a day) per host; an unknown 403's headers are logged as rarely
+REFUSALS_EVERY = 30.0  # seconds: refusals of one cause and pipeline make one line, then one count, per this
 
 
 class OperatorLog:
@@ -36,6 +37,8 @@ class OperatorLog:
         # Upstream answers come at most one per slot, but exempt reads can bring a burst of 503s at once.
         self.hosts = BurstLimitedLog(logger, clock, burst=5, window=10.0, max_keys=256)
         self.clients = BurstLimitedLog(logger, clock, burst=5, window=10.0, max_keys=1024)
+        # a client that retries refusals at once must not flood the log (issue 41): per cause and pipeline
+        self.refusals = BurstLimitedLog(logger, clock, burst=1, window=REFUSALS_EVERY, max_keys=1024)
         self._pool_full = LogLimiter(burst=1, window=POOL_LOG_EVERY, max_keys=MAX_POOLS)  # per pool
         # S3 denials counted per host (held beyond DENIED_MANY - 1 in a window: many), and warned of once
         self._denied = LogLimiter(burst=DENIED_MANY - 1, window=DENIED_WINDOW, max_keys=256)
@@ -44,8 +47,8 @@ class OperatorLog:
     def answered(self, host: str, status: int | None, delay: Delay | None, probe: bool) -> None:
         """The pacer's verdict on an upstream answer: a backoff, a block, or a probe's success."""
         what = f"{status} from upstream" if status is not None else "no answer from upstream"
-        if delay is not None and delay.block:
-            self.hosts.info(
+        if delay is not None and delay.block:  # a block stops every pipeline: the operator must see it
+            self.hosts.warning(
                 host, "%s: %s: blocked for %.1fs, then one probe request", host, what, delay.seconds
             )
         elif delay is not None:
@@ -57,9 +60,14 @@ class OperatorLog:
         """This request is the one probe sent after a block (every other waits for its answer)."""
         self.logger.info("%s: sending the probe after a block: %s %s", host, method, path)
 
-    def refused(self, key: str, status: int, why: str) -> None:
-        """A refusal the proxy answered itself; ``key`` is who could repeat it (client or pipeline)."""
-        self.clients.info(key, "%s: refused %d: %s", key, status, why)
+    def refused(self, key: str, status: int, why: str, cause: str = "") -> None:
+        """A refusal the proxy answered itself; ``key`` is who could repeat it (client or pipeline). With a
+        ``cause`` (the pacer's reason: max_wait, queue_full, ...), one line per cause and key per
+        REFUSALS_EVERY seconds, then the count of the rest."""
+        if cause:
+            self.refusals.info(f"{key} {status} {cause}", "%s: refused %d: %s", key, status, why)
+        else:
+            self.clients.info(key, "%s: refused %d: %s", key, status, why)
 
     def pool_full(self, e: PoolFull) -> None:
         """One warning per pool per POOL_LOG_EVERY seconds, with the count since: a full pool repeats."""

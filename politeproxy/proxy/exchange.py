@@ -9,12 +9,14 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from politeproxy.policy.answers import Quota
 from politeproxy.policy.classify import Klass
 
 
 class Copy(Protocol):
     """A copy taken of an answer as it streams to the client (cachetee.Tee): relay() feeds it."""
 
+    def would_store(self, method: str, status: int, headers: Mapping[str, str]) -> bool: ...
     async def start(self, method: str, status: int, headers: Mapping[str, str]) -> None: ...
     async def write(self, chunk: bytes) -> None: ...
 
@@ -37,7 +39,7 @@ class Tunnel:
 class Exchange:
     """One request and its answer, filled in as it goes; also the access line's record (logs.py).
 
-    All but the last two fields are on the access line. Not frozen: a frozen dataclass sets each field
+    All but the last three fields are on the access line. Not frozen: a frozen dataclass sets each field
     through ``object.__setattr__`` (per request, issue 15)."""
 
     client: str
@@ -55,6 +57,7 @@ class Exchange:
     cache: str | None = None  # "hit", "miss", "stale" or "bypass" for a cacheable host (issue 14)
     retry_after: float | None = None  # the pacer's delay after the last answer, seconds
     tee: Copy | None = None  # a cache miss's copy to disk, fed by relay() (proxy/cached.py)
+    quota: Quota | None = None  # its service's quota for the RateLimit fields (issue 41), when known
 
     @property
     def held(self) -> bool:

@@ -24,6 +24,7 @@ from politeproxy.cache.store import LEASE_REFRESH, DiskStore
 from politeproxy.proxy.clientside import ClientSide
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.passage import stamp
+from politeproxy.proxy.speak import standard_fields
 
 log = logging.getLogger("politeproxy")
 T = TypeVar("T")
@@ -130,6 +131,7 @@ async def follow(
     headers: CIMultiDict[str] = CIMultiDict(flight.headers)
     headers["Age"] = "0"
     stamp(headers)
+    standard_fields(headers, ex)  # a hit (``served`` recorded it), with the quota read before the cache
     ex.status = flight.status
     client.start(flight.status, None, headers)
     try:

@@ -20,8 +20,10 @@ from yarl import URL
 
 from politeproxy.pacing.pacer import Pacer, Permit, WaitTooLong
 from politeproxy.policy.access import Access
-from politeproxy.policy.backoff import Delay, retry_after_seconds
+from politeproxy.policy.answers import POOL_FULL, error_type
+from politeproxy.policy.backoff import Delay
 from politeproxy.policy.classify import Classifier, Klass
+from politeproxy.policy.clients import sdk_attempt
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.signals import PEEK, Signal, read_signal, wants_body
 from politeproxy.proxy.cached import CacheFront
@@ -34,6 +36,7 @@ from politeproxy.proxy.plainside import PlainSide
 from politeproxy.proxy.relay import relay
 from politeproxy.proxy.responses import error_response
 from politeproxy.proxy.robots_fetch import RobotsWatcher
+from politeproxy.proxy.speak import Speaker, dialect, standard_fields
 from politeproxy.proxy.upstream import (
     Answer,
     PoolFull,
@@ -57,6 +60,14 @@ class _Try:
     headers: CIMultiDict[str]
     body: AsyncIterator[bytes] | None
     expect: bool
+    bound: float  # the longest this request may be held: its client's rule, else pacing.max_wait
+    path: str  # the target as sent upstream (which service: the bucket's path-style names need it)
+    attempt: int  # which try an AWS SDK says this is (amz-sdk-request); 0: not said
+
+    @property
+    def again(self) -> bool:
+        """An SDK's retry of a refused request: it goes ahead of first tries in its line."""
+        return self.attempt > 1
     continued: bool = False
 
 
@@ -83,6 +94,7 @@ class Forwarder:
         self.admin = admin  # /metrics, /healthz, /ca.pem: answered by the top level (admin.py)
         self.oplog = OperatorLog()  # backoffs, blocks, probes, refusals: at INFO without -v
         self.cache: CacheFront | None = None  # the shared disk cache (issue 14), set by app.py when enabled
+        self.speaker = Speaker()  # the bucket's refusals in S3's terms, staggered (issue 41)
 
     async def backoff_left(self, host: str) -> float:
         """Seconds ``host``'s backoff or rest has left, as the store records it for every proxy."""
@@ -137,7 +149,7 @@ class Forwarder:
         if normalize_host(h_host) != host or not h_port.isdigit() or int(h_port) != port:
             self.events.rejected(host if self.hosts_paced(host) else "other", "misdirected")
             self.oplog.refused(client.remote, 421, f"{hh[:100]!r} inside the tunnel to {host}:{port}")
-            await client.answer(own(421, f"this tunnel reaches only {host}:{port}, not {hh!r}"))
+            await client.answer(own(421, f"this tunnel reaches only {host}:{port}, not {hh!r}"))  # no service
             return
         await self._forward(client, "https", host, port, path, tunnel.who)
 
@@ -152,6 +164,8 @@ class Forwarder:
         # Bounded here, once: the permit, the metrics, the access line and the headers all take this name.
         pipeline = self.pacer.pipeline_of(who)
         ex = Exchange(client.remote, client.method, host, access_path(path), klass, pipeline)
+        if klass is not Klass.PASSTHROUGH:
+            ex.quota = self.pacer.quotas.cached(host)  # the last reading: a cache hit waits for nothing
         try:
             if self.cache is None:
                 out = await self._exchange(client, ex, url, started)
@@ -161,7 +175,8 @@ class Forwarder:
             if out is not None:  # our own answer (it gets Via): how long it was held
                 if ex.held:
                     held(out.headers, ex.wait, ex.pipeline)
-                await client.answer(out)
+                standard_fields(out.headers, ex)
+                await client.answer(dialect(out, ex, path))
         except asyncio.CancelledError:
             # the client closed its connection while we waited or relayed (the connection cancels us)
             if ex.note is None:
@@ -185,28 +200,43 @@ class Forwarder:
             headers=strip_hop_by_hop(client.headers, drop=("Host", "Expect")),
             body=self._body(client, self.events, ex) if has_body else None,
             expect=has_body and client.headers.get("Expect", "").lower() == "100-continue",
+            bound=self.pacer.settings.bound_for(client.headers.get("User-Agent")),
+            path=url.raw_path_qs,
+            attempt=sdk_attempt(client.headers.get("amz-sdk-request")),
         )
         while True:
             try:
                 if klass is Klass.PASSTHROUGH:
                     out = await self._attempt(client, None, t, ex)
                 else:
-                    async with self.pacer.permit(host, klass, arrived, ex.pipeline) as p:
+                    permit = self.pacer.permit(host, klass, arrived, ex.pipeline, t.bound, t.again)
+                    async with permit as p:
                         ex.wait = p.waited
+                        ex.quota = await self.pacer.quotas.quota(host) or ex.quota
                         out = await self._attempt(client, p, t, ex)
             except WaitTooLong as e:
-                ex.status, ex.note = 503, e.reason  # "max_wait" or "queue_full"
-                ex.wait = time.monotonic() - arrived  # held this long before the refusal
-                why = e.message  # with the pacer's note when the host is blocked or backing off
-                self.oplog.refused(ex.pipeline, 503, why)
-                refusal = own(503, why, {"Retry-After": str(retry_after_seconds(e.wait))})
-                # the client holds its body back: this connection cannot go on
-                refusal.close = t.expect and not t.continued
-                return refusal
+                return await self._refused(e, t, ex, arrived)
             if out is None or isinstance(out, Own):
                 return out
             ex.retries += 1
             await asyncio.sleep(out)  # bounded: the permit's retry decision keeps it within max_wait
+
+    async def _refused(self, e: WaitTooLong, t: _Try, ex: Exchange, arrived: float) -> Own:
+        """The pacer's refusal: 503, with when to come back in the terms the client reads (issue 41)."""
+        now = time.monotonic()
+        ex.status, ex.note = 503, e.reason  # "max_wait" or "queue_full"
+        ex.wait = now - arrived  # held this long before the refusal
+        ex.quota = await self.pacer.quotas.quota(t.host) or ex.quota
+        why = e.message  # the host's rest when it rests: one cause, one text
+        self.oplog.refused(ex.pipeline, 503, why, e.reason)
+        gap = max(self.pacer.settings.gap, self.pacer.settings.interval_for(t.host))
+        # An SDK's retry goes ahead of first tries: its turn falls inside its bound as soon as the retries
+        # ahead of it have gone, so a first try is told to come back at once (staggered, one slot apart).
+        wait = 0.0 if t.attempt == 1 else e.wait
+        refusal = self.speaker.refusal(ex, t.path, why, wait, t.bound, gap, now)
+        # the client holds its body back: this connection cannot go on
+        refusal.close = t.expect and not t.continued
+        return refusal
 
     async def _attempt(
         self, client: ClientSide, p: Permit | None, t: _Try, ex: Exchange
@@ -234,7 +264,7 @@ class Forwarder:
             self.events.rejected(t.host if p is not None else "other", "pool_full")
             ex.status, ex.note = 503, "pool_full"
             self.oplog.pool_full(e)
-            return own(503, f"{e}; try again shortly", {"Retry-After": "1"})
+            return own(503, f"{e}; try again shortly", {"Retry-After": "1"}, POOL_FULL)
         except Exception as e:  # noqa: BLE001 - every upstream failure shape is one line, never a traceback
             return await self._failed(client, p, t, e, ex)
         try:
@@ -294,7 +324,7 @@ class Forwarder:
         if local:  # the proxy's own failure: no backoff, no hold, nothing in the store (issue 24)
             ex.status, ex.note = status, "local_error"
             self.oplog.local_failure(t.host, status, message)
-            return own(status, message)
+            return own(status, message, error=error_type(status, local))
         if p is not None:
             self.oplog.answered(t.host, None, await self._answered(p, None, None, None), False)
         ex.status, ex.note = status, "upstream_error"

@@ -79,8 +79,7 @@ class PlainSide:
             self.request.transport.abort()
 
     async def answer(self, own: Own) -> None:
-        resp = web.Response(status=own.status, body=own.body, headers=own.headers)
-        resp.content_type, resp.charset = "text/plain", "utf-8"
+        resp = web.Response(status=own.status, body=own.body, headers=own.head())
         add_via(resp.headers)
         if own.close:
             resp.force_close()

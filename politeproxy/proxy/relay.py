@@ -15,6 +15,7 @@ from politeproxy.proxy.clientside import ClientSide
 from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.passage import stamp
+from politeproxy.proxy.speak import standard_fields
 from politeproxy.proxy.upstream import (
     CHUNK,
     Answer,
@@ -42,13 +43,15 @@ async def relay(client: ClientSide, upstream: Answer, ex: Exchange, events: Prox
         stamp(headers, ex.wait, ex.pipeline)
     else:
         stamp(headers)  # Via only
+    tee = ex.tee  # proxy/cached.py: a cacheable answer is written to disk as it streams
+    stored = tee is not None and tee.would_store(client.method, upstream.status, upstream.headers)
+    standard_fields(headers, ex, stored)  # RateLimit, Cache-Status (issue 41)
     # the head goes out with the first chunk: one TLS record and one send for a small answer
     client.start(upstream.status, upstream.reason, headers)
     # the lean client's answer raises on a cut itself; aiohttp's ends such a body cleanly either way
     watch = None
     if not isinstance(upstream, H1Answer) and close_delimited(upstream, client.method):
         watch = EndWatch(upstream)
-    tee = ex.tee  # proxy/cached.py: a cacheable answer is written to disk as it streams
     if tee is not None:
         await tee.start(client.method, upstream.status, upstream.headers)
     while True:

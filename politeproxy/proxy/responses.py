@@ -13,6 +13,7 @@ from typing import Unpack
 
 from aiohttp import StreamReader, web
 
+from politeproxy.policy.answers import error_type, proxy_status
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.routing import Refusal
 from politeproxy.proxy.aiohttp_seams import (
@@ -34,6 +35,7 @@ def plain_response(status: int, reason: str, message: str, extra: dict[str, str]
         "Content-Type: text/plain; charset=utf-8",
         f"Content-Length: {len(body)}",
         f"Via: {VIA_ENTRY}",
+        f"Proxy-Status: {proxy_status(error_type(status), message)}",
     ]
     lines += [f"{k}: {v}" for k, v in (extra or {}).items()]
     lines.append("Connection: close")
@@ -43,6 +45,8 @@ def plain_response(status: int, reason: str, message: str, extra: dict[str, str]
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
     resp = web.Response(status=status, text=f"politeproxy: {message}\n", headers=headers)
     add_via(resp.headers)
+    if "Proxy-Status" not in resp.headers:
+        resp.headers["Proxy-Status"] = proxy_status(error_type(status), message)
     return resp
 
 
@@ -77,6 +81,10 @@ class BurstLimitedLog:
     def info(self, key: str, msg: str, *args: object) -> None:
         if self.allow(key):
             self.logger.info(msg, *args)
+
+    def warning(self, key: str, msg: str, *args: object) -> None:
+        if self.allow(key):
+            self.logger.warning(msg, *args)
 
 
 class BadRequestOneLine(logging.Filter):

@@ -227,8 +227,7 @@ class Served:
             t.abort()
 
     async def answer(self, own: Own) -> None:
-        headers = CIMultiDict(own.headers)
-        headers["Content-Type"] = "text/plain; charset=utf-8"
+        headers = own.head()
         body = own.body
         headers["Content-Length"] = str(len(body))
         add_via(headers)

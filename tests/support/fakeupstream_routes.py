@@ -265,7 +265,29 @@ async def _file(request: web.Request, state: State) -> web.StreamResponse:
 
 
 async def _hello(request: web.Request, state: State) -> web.StreamResponse:
+    if request.path == "/" and request.query.get("list-type") == "2" and state.files_dir is not None:
+        return _listing(request.query.get("prefix", ""), state.files_dir)
     return web.Response(text=f"hello from {_host(request)}{request.path_qs}\n")
+
+
+def _listing(prefix: str, files_dir: Path) -> web.Response:
+    """S3's ListObjectsV2 of ``files/DIR/``: the files named ``DIR-*`` (``_file`` serves a key by its last
+    part), one page, as the AWS CLI's ``s3 cp --recursive`` reads it."""
+    folder = prefix.removeprefix("files/").rstrip("/")
+    names = sorted(f.name for f in files_dir.glob(f"{folder}-*") if f.is_file()) if folder else []
+    items = "".join(
+        f"<Contents><Key>files/{folder}/{n}</Key><Size>{(files_dir / n).stat().st_size}</Size>"
+        "<LastModified>2026-01-01T00:00:00.000Z</LastModified><ETag>&quot;x&quot;</ETag>"
+        "<StorageClass>STANDARD</StorageClass></Contents>"
+        for n in names
+    )
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        '<ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Name>commoncrawl</Name>'
+        f"<Prefix>{prefix}</Prefix><KeyCount>{len(names)}</KeyCount><MaxKeys>1000</MaxKeys>"
+        f"<IsTruncated>false</IsTruncated>{items}</ListBucketResult>"
+    )
+    return web.Response(text=body, content_type="application/xml")
 
 
 EXACT_ROUTES: dict[str, Handler] = {

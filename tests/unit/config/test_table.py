@@ -33,7 +33,7 @@ def test_every_key_is_declared_once() -> None:
 
 
 def test_every_kind_has_a_converter() -> None:
-    nested = {"exempt rules", "cache rules"}
+    nested = {"exempt rules", "cache rules", "client rules"}
     assert {s.kind for s in SETTINGS} <= set(CONVERTERS) | nested
 
 

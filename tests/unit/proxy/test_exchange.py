@@ -12,7 +12,7 @@ from unittest import mock
 
 from aiohttp.test_utils import make_mocked_request
 
-from politeproxy.pacing.base import WaitTooLong
+from politeproxy.pacing.base import PacingSettings, WaitTooLong
 from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import HostSet
@@ -49,12 +49,22 @@ class Refusing:
     def __init__(self) -> None:
         self.asked: list[str | None] = []
         self.permits: list[str] = []
+        self.settings = PacingSettings()
+        self.quotas = mock.Mock(cached=mock.Mock(return_value=None), quota=mock.AsyncMock(return_value=None))
 
     def pipeline_of(self, name: str | None) -> str:
         self.asked.append(name)
         return f"b-{name}"
 
-    def permit(self, host: str, klass: Klass, arrived: float | None, pipeline: str) -> Any:
+    def permit(
+        self,
+        host: str,
+        klass: Klass,
+        arrived: float | None,
+        pipeline: str,
+        bound: float | None = None,
+        again: bool = False,
+    ) -> Any:
         self.permits.append(pipeline)
         refusal = WaitTooLong(7.0, "would wait 7.0s", "max_wait")
         return mock.Mock(__aenter__=mock.AsyncMock(side_effect=refusal), __aexit__=mock.AsyncMock())
