@@ -111,18 +111,19 @@ def test_the_same_twelve_domain_run_twice_asks_nothing_the_second_time(fresh: En
     env = fresh
     domains = [f"d{i}.example" for i in range(12)]
 
-    def run() -> list[bytes]:
+    def run(cache_status: str) -> list[bytes]:
         out = []
         for i, d in enumerate(domains):
-            s, body, _h = get((env.a, env.b)[i % 2], question(d))
+            s, body, h = get((env.a, env.b)[i % 2], question(d))
             assert s == 200, body
+            assert h.get("Cache-Status") == f"politeproxy; {cache_status}", h  # issue 41's field
             out.append(body)
         return out
 
-    first = run()
+    first = run("fwd=miss; stored")
     assert len(index_arrivals(env.up, f"/{CRAWL}-index")) == 12
     env.up.reset()
-    assert run() == first
+    assert run("hit") == first
     assert index_arrivals(env.up) == []  # not one request to the index server the second time
 
 
