@@ -180,3 +180,19 @@ def test_index_rest(
 def test_index_rest_is_bounded(first: float, ra: float | None, backoff: float, warnings: int) -> None:
     r = index_rest(first, ra, backoff, warnings, 300.0)
     assert r == 0.0 or (first <= r <= max(300.0, first))
+
+
+@given(
+    st.text(max_size=40) | st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,20}", fullmatch=True),
+    st.text(max_size=60),
+    st.sampled_from(["GET", "HEAD", "POST"]),
+    st.dictionaries(st.sampled_from(["Range", "Cache-Control", "If-None-Match", "X"]), st.text(max_size=10)),
+)
+def test_index_questions_never_raise_and_keep_the_exact_target(
+    crawl: str, query: str, method: str, headers: dict[str, str]
+) -> None:
+    target = f"/{crawl}-index?{query}"
+    d = request_decision(L, method, IX, target, headers, False, published=frozenset({crawl}))
+    if isinstance(d, Cacheable):
+        assert d.rule.cdx and method == "GET" and json.dumps(target, ensure_ascii=False)[1:-1] in d.key
+        assert crawl_of(f"/{crawl}-index") == crawl  # only a name a CDX path carries
