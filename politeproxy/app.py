@@ -16,7 +16,7 @@ from aiohttp import web
 from politeproxy.config import loading as config_mod
 from politeproxy.config.loading import Config, ConfigError, changes, parse_hostport
 from politeproxy.config.startup import announce_pacing, format_gap, probe_store
-from politeproxy.config.storebuild import StartupError, make_beats, make_notes, make_store
+from politeproxy.config.storebuild import StartupError, make_beats, make_index_answers, make_notes, make_store
 from politeproxy.observe import admin as admin_mod
 from politeproxy.observe.announce import Announcer
 from politeproxy.observe.logs import AccessLog
@@ -156,8 +156,11 @@ class App:
         self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), cfg["schedule"]["backend"])
         self.proxy = self._make_proxy(ca, access, hosts)
         # The shared disk cache (issue 14); None when cache.enabled = false or its directory is unusable.
-        self.cache = await CacheFront.open(cfg.cache(), cfg.data_dir, events, settings.max_wait)
+        shared = make_index_answers(cfg, store)  # kept index answers in Redis too (issue 43)
+        self.cache = await CacheFront.open(cfg.cache(), cfg.data_dir, events, settings.max_wait, shared)
         self.proxy.forwarder.cache = self.cache
+        if self.cache is not None:  # a stale collinfo.json is served while the index rests (issue 43)
+            self.cache.published.resting = self.proxy.forwarder.backoff_left
         try:
             await self.proxy.start(host, port, reuse_port=self.workers is not None)
         except OSError as e:

@@ -6,12 +6,17 @@ from dataclasses import dataclass
 from typing import Protocol
 
 RESULTS = ("hit", "miss", "bypass", "stale")
+# issue 43: how an index (CDX) question of a published crawl was answered: from a kept answer, from another
+# asker's question in flight (here or on another proxy sharing the cache), or by asking the index server
+INDEX_RESULTS = ("kept", "shared", "asked")
 
 
 class CacheEvents(Protocol):
-    """``result`` is one of RESULTS; ``pipeline`` the (bounded) name the request counted as."""
+    """``result`` is one of RESULTS (``index_question``: INDEX_RESULTS); ``pipeline`` the (bounded) name the
+    request counted as."""
 
     def cache_result(self, result: str, pipeline: str) -> None: ...
+    def index_question(self, result: str, pipeline: str) -> None: ...
     def cache_slot_saved(self, pipeline: str) -> None: ...
     def cache_size(self, nbytes: int) -> None: ...
     def cache_evicted(self, n: int) -> None: ...
@@ -19,6 +24,9 @@ class CacheEvents(Protocol):
 
 class NoCacheEvents:
     def cache_result(self, result: str, pipeline: str) -> None:
+        pass
+
+    def index_question(self, result: str, pipeline: str) -> None:
         pass
 
     def cache_slot_saved(self, pipeline: str) -> None:

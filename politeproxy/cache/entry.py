@@ -96,7 +96,7 @@ def _meta(raw: object, key: str) -> Meta:
     status, length, crc, stored = raw.get("status"), raw.get("length"), raw.get("crc"), raw.get("stored")
     if raw.get("key") != key:
         raise Corrupt("head names another key")
-    if not isinstance(status, int) or status not in (200, 206):
+    if not isinstance(status, int) or status not in (200, 206, 404):  # 404: a kept "No Captures found"
         raise Corrupt("bad status")
     if not isinstance(length, int) or not isinstance(crc, int) or length < 0 or not 0 <= crc < 2**32:
         raise Corrupt("bad length or crc")

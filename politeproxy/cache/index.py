@@ -28,6 +28,10 @@ class Index:
                 " used REAL NOT NULL)"
             )
             self.db.execute("CREATE INDEX IF NOT EXISTS entries_used ON entries (used)")
+            # issue 43: which entries are the index server's answers ("index"): `cache clear --index`
+            columns = {r[1] for r in self.db.execute("PRAGMA table_info(entries)")}
+            if "kind" not in columns:  # an index an earlier version made
+                self.db.execute("ALTER TABLE entries ADD COLUMN kind TEXT NOT NULL DEFAULT ''")
 
     def touch(self, name: str, size: int, now: float) -> None:
         """A hit: the entry is the most recently used (added back if another process lost its row)."""
@@ -38,7 +42,7 @@ class Index:
                 (name, size, now),
             )
 
-    def add_and_evict(self, name: str, size: int, now: float, max_size: int) -> list[str]:
+    def add_and_evict(self, name: str, size: int, now: float, max_size: int, kind: str = "") -> list[str]:
         """Record the entry, then remove the least recently used others until the total is within
         ``max_size``; the names removed (their files are the caller's to delete). One transaction."""
         evicted: list[str] = []
@@ -47,9 +51,9 @@ class Index:
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.execute(
-                    "INSERT INTO entries (name, size, used) VALUES (?, ?, ?) ON CONFLICT (name)"
-                    " DO UPDATE SET used = excluded.used, size = excluded.size",
-                    (name, size, now),
+                    "INSERT INTO entries (name, size, used, kind) VALUES (?, ?, ?, ?) ON CONFLICT (name)"
+                    " DO UPDATE SET used = excluded.used, size = excluded.size, kind = excluded.kind",
+                    (name, size, now, kind),
                 )
                 total = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0]
                 while total > max_size:
@@ -75,21 +79,26 @@ class Index:
         with self.lock:
             self.db.execute("DELETE FROM entries WHERE name = ?", (name,))
 
-    def totals(self) -> tuple[int, int]:
-        """(entries, bytes) over every process's entries."""
+    def totals(self, kind: str | None = None) -> tuple[int, int]:
+        """(entries, bytes) over every process's entries (of one ``kind`` only, when given)."""
+        q, args = "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries", tuple[str, ...]()
+        if kind is not None:
+            q, args = q + " WHERE kind = ?", (kind,)
         with self.lock:
-            n, b = self.db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries").fetchone()
+            n, b = self.db.execute(q, args).fetchone()
         return int(n), int(b)
 
     def names(self) -> set[str]:
         with self.lock:
             return {r[0] for r in self.db.execute("SELECT name FROM entries")}
 
-    def clear(self) -> list[str]:
+    def clear(self, kind: str | None = None) -> list[str]:
+        """Remove every row (of one ``kind`` only, when given); the names removed."""
+        where, args = ("", tuple[str, ...]()) if kind is None else (" WHERE kind = ?", (kind,))
         with self.lock:
             self.db.execute("BEGIN IMMEDIATE")
-            names = [r[0] for r in self.db.execute("SELECT name FROM entries")]
-            self.db.execute("DELETE FROM entries")
+            names = [r[0] for r in self.db.execute("SELECT name FROM entries" + where, args)]
+            self.db.execute("DELETE FROM entries" + where, args)
             self.db.execute("COMMIT")
         return names
 

@@ -37,6 +37,7 @@ LEASE_STALE = 10.0  # seconds without a refresh after which a lease is a dead pr
 _HOST = socket.gethostname()  # a lease names its holder: pid and host
 TMP_MAX_AGE = 3600.0  # a temporary body older than this belongs to a dead writer
 TOUCH_EVERY = 10.0  # seconds: a hit moves its entry up the LRU at most this often (a write in the index)
+INDEX_KIND = "index"  # the kind of the index server's kept answers (issue 43)
 TOUCHED_MAX = 4096  # names remembered for that; the table is emptied when full
 
 
@@ -103,19 +104,28 @@ class DiskStore:
         return Writer(self.tmp, key_name(key)[:16])
 
     def commit(
-        self, w: Writer, key: str, status: int, headers: list[tuple[str, str]], length: int
+        self,
+        w: Writer,
+        key: str,
+        status: int,
+        headers: list[tuple[str, str]],
+        length: int,
+        kind: str = "",
+        stored: float | None = None,
     ) -> list[str]:
         """Finish the body's file and rename it into place; the names evicted to make room for it.
-        Raises Corrupt (the file discarded) unless exactly ``length`` body bytes were written."""
+        Raises Corrupt (the file discarded) unless exactly ``length`` body bytes were written. ``kind``:
+        "index" for the index server's answers (``clear(kind)``, ``totals(kind)``); ``stored``: when the
+        answer was first stored (a copy of another proxy's), else now."""
         name = key_name(key)
         now = self.clock()
-        size = w.finish(key, status, headers, now, length)
+        size = w.finish(key, status, headers, now if stored is None else stored, length)
         if size > self.limits.max_size:
             w.path.unlink(missing_ok=True)
             return []
         # The row first: a crash between the two leaves a row without a file (a miss), never a file the
         # size accounting does not see.
-        evicted = self.index.add_and_evict(name, size, now, self.limits.max_size)
+        evicted = self.index.add_and_evict(name, size, now, self.limits.max_size, kind)
         dest = self.path_for(name)
         dest.parent.mkdir(exist_ok=True, mode=0o700)
         os.replace(w.path, dest)
@@ -127,12 +137,17 @@ class DiskStore:
         self.path_for(name).unlink(missing_ok=True)
         self.index.remove(name)
 
-    def totals(self) -> tuple[int, int]:
-        return self.index.totals()
+    def totals(self, kind: str | None = None) -> tuple[int, int]:
+        return self.index.totals(kind)
 
-    def clear(self) -> int:
-        """Remove every entry (readers with an open file finish their answer); how many were indexed."""
-        names = self.index.clear()
+    def clear(self, kind: str | None = None) -> int:
+        """Remove every entry, or those of one ``kind`` (readers with an open file finish their answer);
+        how many were indexed."""
+        names = self.index.clear(kind)
+        if kind is not None:
+            for n in names:
+                self.path_for(n).unlink(missing_ok=True)
+            return len(names)
         for d in self.objects.iterdir():
             if d.is_dir() and len(d.name) == 2:
                 shutil.rmtree(d, ignore_errors=True)

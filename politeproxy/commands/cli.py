@@ -273,13 +273,17 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    """The shared disk cache in <data_dir>/cache (issue 14): stats, or clear it."""
+    """The shared disk cache in <data_dir>/cache (issue 14): stats, or clear it (--index: only the index
+    server's kept answers, issue 43)."""
     from politeproxy.cache import report
     from politeproxy.cache.base import CacheError
 
     try:
         cfg = _config(args)
-        print(report.run(args.action, cfg.data_dir / "cache", cfg.cache()))
+        print(report.run(args.action, cfg.data_dir / "cache", cfg.cache(), args.index))
+        sched = cfg["schedule"]
+        if sched["backend"] == "redis" and (args.index or args.action == "stats"):
+            print(report.redis_part(args.action, sched["redis_url"], sched["redis_prefix"]))
     except ConfigError as e:
         return _fail(str(e))
     except (CacheError, OSError) as e:
@@ -337,6 +341,7 @@ def parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_status)
     cache = sub.add_parser("cache", help="the shared disk cache: stats, or clear it")
     cache.add_argument("action", choices=("stats", "clear"))
+    cache.add_argument("--index", action="store_true", help="clear only the index server's kept answers")
     common(cache)
     cache.set_defaults(func=cmd_cache)
     doc = sub.add_parser("doctor", help="check this shell's proxy settings; send one request through it")

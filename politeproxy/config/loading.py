@@ -305,6 +305,7 @@ class Config:
             max_queue=p["max_queue"],
             throttle_codes=frozenset(p["throttle_codes"]),
             block_codes=frozenset(p["block_codes"]),
+            index_rest=p["index_rest"],
             backoff=self.backoff(),
             host_intervals=self.host_intervals(),
             pipelines=self.pipelines(),
@@ -330,7 +331,12 @@ class Config:
                 CacheRule(r["class"], tuple(r["hosts"]), tuple(r["paths"]), r["exact"], r["ttl"], r["ranges"])
                 for r in c["rules"]
             )
-        return CacheLimits(c["enabled"], c["max_object"], c["max_range"], c["max_size"], rules)
+        return CacheLimits(
+            c["enabled"], c["max_object"], c["max_range"], c["max_size"], rules,
+            index_answers=c["index_answers"], index_miss_ttl=c["index_miss_ttl"],
+            index_redis_max_answer=c["index_redis_max_answer"],
+            index_redis_max_size=c["index_redis_max_size"],
+        )  # fmt: skip
 
     def backoff(self) -> BackoffPolicy:
         p = self.raw["pacing"]

@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable
 
+from politeproxy.cache.redis_answers import RedisAnswers
 from politeproxy.config.loading import Config, env_number
 from politeproxy.policy.services import service_key
 from politeproxy.policy.window import WindowRule
@@ -96,3 +97,17 @@ def make_beats(cfg: Config, store: Store) -> Beats:
     if backend == "redis" and client is not None:
         return RedisBeats(client, cfg["schedule"]["redis_prefix"])
     return MemoryBeats()
+
+
+def make_index_answers(cfg: Config, store: Store) -> RedisAnswers | None:
+    """On the redis store, where kept index answers are shared with proxies of other data dirs (issue 43)."""
+    limits = cfg.cache()
+    client = getattr(getattr(store, "primary", None), "client", None)
+    if (
+        cfg["schedule"]["backend"] != "redis"
+        or client is None
+        or not (limits.enabled and limits.index_answers)
+    ):
+        return None
+    prefix = cfg["schedule"]["redis_prefix"]
+    return RedisAnswers(client, prefix, limits.index_redis_max_answer, limits.index_redis_max_size)

@@ -29,7 +29,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from politeproxy import __version__
-from politeproxy.cache.base import RESULTS, CacheEvents
+from politeproxy.cache.base import INDEX_RESULTS, RESULTS, CacheEvents
 from politeproxy.observe.inplace import CountTable, HistogramTable, InPlace
 from politeproxy.observe.metricparts import (
     FREE_HOST_LABELS,
@@ -193,12 +193,23 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
             ["pipeline"],
             registry=r,
         )
+        self.index_questions = Counter(  # issue 43
+            "politeproxy_index_questions",
+            "CDX questions about published crawls: answered from a kept answer, shared with another asker's"
+            " question in flight, or asked of the index server",
+            ["result", "pipeline"],
+            registry=r,
+        )
 
     # -- CacheEvents ------------------------------------------------------------------------------
 
     def cache_result(self, result: str, pipeline: str) -> None:
         if result in RESULTS:
             self.cache_requests.labels(result, self.pipeline_label.counted_as(pipeline)).inc()
+
+    def index_question(self, result: str, pipeline: str) -> None:
+        if result in INDEX_RESULTS:
+            self.index_questions.labels(result, self.pipeline_label.counted_as(pipeline)).inc()
 
     def cache_slot_saved(self, pipeline: str) -> None:
         self.cache_saved.labels(self.pipeline_label.counted_as(pipeline)).inc()

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from politeproxy import __version__
-from politeproxy.cache.base import CacheEvents
+from politeproxy.cache.base import INDEX_RESULTS, CacheEvents
 from politeproxy.observe.hostrows import host_row, num
 from politeproxy.observe.metrics import Metrics, RateWindow
 from politeproxy.pacing.base import PacerEvents
@@ -83,6 +83,7 @@ class StatusEvents(PacerEvents, ProxyEvents, CacheEvents):
         self.tallies: dict[str, Tally] = {}
         self.cache_counts = dict.fromkeys(("hit", "miss", "stale", "bypass", "slots_saved", "evicted"), 0)
         self.cache_bytes: int | None = None
+        self.index_counts: dict[str, dict[str, int]] = {}  # pipeline -> INDEX_RESULTS counts, bounded
 
     def tally(self, pipeline: str) -> Tally:
         t = self.tallies.get(pipeline)
@@ -143,6 +144,14 @@ class StatusEvents(PacerEvents, ProxyEvents, CacheEvents):
         if result in self.cache_counts:
             self.cache_counts[result] += 1
 
+    def index_question(self, result: str, pipeline: str) -> None:
+        self.sink.index_question(result, pipeline)
+        if result in INDEX_RESULTS:
+            if pipeline not in self.index_counts and len(self.index_counts) >= MAX_TALLIES - 1:
+                pipeline = OTHER_PIPELINE  # a backstop, as for the tallies: names are bounded already
+            counts = self.index_counts.setdefault(pipeline, dict.fromkeys(INDEX_RESULTS, 0))
+            counts[result] += 1
+
     def cache_slot_saved(self, pipeline: str) -> None:
         self.sink.cache_slot_saved(pipeline)
         self.cache_counts["slots_saved"] += 1
@@ -158,10 +167,13 @@ class StatusEvents(PacerEvents, ProxyEvents, CacheEvents):
     def cache_view(self) -> dict[str, Any]:
         c = self.cache_counts
         looked = c["hit"] + c["miss"] + c["stale"]
+        index = {f"index_{r}": sum(p[r] for p in self.index_counts.values()) for r in INDEX_RESULTS}
         return {
             **c,
+            **index,
             "bytes": self.cache_bytes,
             "hit_rate": num(c["hit"] / looked) if looked else None,
+            "index_pipelines": {p: dict(v) for p, v in sorted(self.index_counts.items())},
         }
 
     def prune(self, now: float) -> None:

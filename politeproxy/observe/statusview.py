@@ -310,6 +310,8 @@ def render(doc: Any, footer: str = "", all_proxies: bool = False) -> Group:
         f"\ncache: hit rate {fmt(rate * 100, '%', 0) if rate is not None else '-'}"
         f"  hits {fmt(_get(cache, 'hit'), '', 0)}  misses {fmt(_get(cache, 'miss'), '', 0)}"
         f"  slots saved {fmt(_get(cache, 'slots_saved'), '', 0)}"
+        f"\nindex questions: kept {fmt(_get(cache, 'index_kept'), '', 0)}"
+        f"  shared {fmt(_get(cache, 'index_shared'), '', 0)}  asked {fmt(_get(cache, 'index_asked'), '', 0)}"
     )
     hist = _get(doc, "history")
     spark = sparkline(_get(hist, "points"))

@@ -122,6 +122,10 @@ def _merge_rows(rows: list[dict[str, Any]], more: list[dict[str, Any]], key: str
 def _merge_cache(into: dict[str, Any], other: dict[str, Any]) -> None:
     # The cache directory is shared: its size is one number; the results are each worker's.
     _add(into, other, [k for k, v in other.items() if isinstance(v, int) and k != "bytes"])
+    mine, theirs = into.setdefault("index_pipelines", {}), other.get("index_pipelines") or {}
+    for name, counts in theirs.items() if isinstance(theirs, dict) and isinstance(mine, dict) else ():
+        if isinstance(counts, dict):
+            _add(mine.setdefault(name, {}), counts, [k for k, v in counts.items() if isinstance(v, int)])
     looked = sum(into.get(k, 0) or 0 for k in ("hit", "miss", "stale"))
     into["hit_rate"] = _num(into.get("hit", 0) / looked) if looked else None
 

@@ -16,6 +16,7 @@ from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineRule
 from politeproxy.policy.hosts import host_matches
 from politeproxy.policy.loglimit import LogLimiter, error_key, error_line
 from politeproxy.policy.services import service_key
+from politeproxy.policy.settings import INDEX_REST
 from politeproxy.policy.window import WindowRule
 from politeproxy.stores.base import StoreError
 
@@ -49,6 +50,8 @@ class PacingSettings:
     egress: str = "local"
     window: float = 300.0
     window_limit: int = 4800
+    # issue 43: the index service rests this long after a warning (policy.indexanswers.index_rest)
+    index_rest: float = INDEX_REST
 
     def interval_for(self, host: str) -> float:
         return _interval_for(self.host_intervals, host)

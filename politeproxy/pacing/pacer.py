@@ -27,7 +27,7 @@ from politeproxy.pacing.exempt import ExemptPlaces
 from politeproxy.pacing.holding import Holds
 from politeproxy.pacing.permit import Permit
 from politeproxy.pacing.quota import Quotas
-from politeproxy.pacing.rest import RestNotes, exempt_slot
+from politeproxy.pacing.rest import RestNotes, exempt_slot, index_rested, is_index_warning
 from politeproxy.pacing.snapshot import PacerSnapshot, take
 from politeproxy.pacing.state import HINT_CAP, QueueState, SuccessChecks, Waiter
 from politeproxy.policy.backoff import Delay, Kind, answer_delay, parse_retry_after
@@ -308,7 +308,7 @@ class Pacer:
         self, host: str, status: int | None, retry_after: str | None, signal: Signal | None = None
     ) -> Delay | None:
         """Record an answer in a task of our own, shielded from the caller's cancellation."""
-        kind = self._answer_kind(status, signal)
+        kind = self._answer_kind(host, status, signal)
         if kind is None and not self._success_due(host, self.monotonic()):
             return None  # the usual success, no store write due: nothing to shield, so no task (hot path)
         ra = parse_retry_after(retry_after, time.time())
@@ -319,25 +319,25 @@ class Pacer:
 
     # -- answers ------------------------------------------------------------------------------------
 
-    def _answer_kind(self, status: int | None, signal: Signal | None = None) -> Kind | None:
+    def _answer_kind(self, host: str, status: int | None, signal: Signal | None = None) -> Kind | None:
         """What an answer says (issue 12), read by its cause (issue 24): a block (403 from CloudFront or
         from nobody known), a throttle, a failure (no answer), or None: an ordinary answer, and so an S3
-        denial or a 404 (it came through, so it ends a block like any success)."""
+        denial or a 404 (it came through, so it ends a block like any success); the index's 502/504 too."""
         if signal is not None and not signal.cause.records:
             return None
         if status is None:
             return Kind.FAILURE
         if status in self._settings.block_codes:
             return Kind.BLOCK
-        return Kind.THROTTLE if status in self._settings.throttle_codes else None
+        warns = status in self._settings.throttle_codes or is_index_warning(host, status, self._settings)
+        return Kind.THROTTLE if warns else None
 
     async def _record(
         self, host: str, status: int | None, retry_after: float | None, signal: Signal | None = None
     ) -> Delay | None:
-        """Feed an upstream answer back; ``status`` None means the connection failed or timed out.
-
-        Never raises on a store error: the local hint still holds the host back for the delay."""
-        if (kind := self._answer_kind(status, signal)) is not None:
+        """Feed an upstream answer back (``status`` None: no answer). Never raises on a store error: the
+        local hint still holds the host back for the delay."""
+        if (kind := self._answer_kind(host, status, signal)) is not None:
             why = signal.reason(status) if signal is not None else None
             return await self._throttled(host, status, retry_after, kind, why)
         # A success resets the count even when the throttles were recorded by another proxy sharing the
@@ -362,6 +362,8 @@ class Pacer:
             self._errors.error("recording a throttle", e)
             delay = answer_delay(HostState(), kind, retry_after, s.backoff, 0.5)
         reason = why or (f"{status} from upstream" if status is not None else "no answer from upstream")
+        if not delay.block and is_index_warning(host, status, s):
+            delay, reason = await index_rested(self._store, host, retry_after, delay, s, reason)
         self._rest.remember(host, Kind.BLOCK if delay.block else kind, delay.seconds, reason)
         self.holds.held(host, delay.block, status, delay.seconds, reason)
         now = self.monotonic()
@@ -374,8 +376,7 @@ class Pacer:
         return delay
 
     def _probing(self, host: str) -> bool:
-        """Is this process's unanswered probe of ``host`` out (the grant just made was the one after a
-        block)? The store remembers the probes it granted here."""
+        """Is this process's unanswered probe of ``host`` out? (The store remembers the ones it granted.)"""
         return self._store.probing(host)
 
     def _success_due(self, host: str, now: float) -> bool:

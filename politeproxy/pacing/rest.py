@@ -12,10 +12,38 @@ import time
 from collections.abc import Callable
 
 from politeproxy.pacing.base import PacingSettings, WaitTooLong, window_full
-from politeproxy.policy.backoff import Kind
-from politeproxy.policy.services import service_key
+from politeproxy.policy.backoff import Delay, Kind
+from politeproxy.policy.indexanswers import index_rest, is_warning
+from politeproxy.policy.services import INDEX, service_key, service_of
 from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.base import Store
+
+
+def is_index_warning(host: str, status: int | None, s: PacingSettings) -> bool:
+    """A warning from the index server (502, 503, 504, or no answer) while its rest is on (issue 43)."""
+    return s.index_rest > 0 and is_warning(status) and service_of(host) == INDEX
+
+
+async def index_rested(
+    store: Store, host: str, retry_after: float | None, delay: Delay, s: PacingSettings, reason: str
+) -> tuple[Delay, str]:
+    """The index service's rest after a warning (issue 43): the longest of ``index_rest`` (doubled per
+    warning in a row, as the store counts them), Retry-After and the backoff the store just applied
+    (``delay``). Pushed into the store's record of the host (``mirror_backoff``), so every proxy sharing
+    the store rests it as it would a hold; a store fault leaves the local hold alone to keep it."""
+    try:
+        warnings = (await store.host_view(host)).throttles
+    except Exception:  # noqa: BLE001 - counted as the first: the rest is at least index_rest
+        warnings = 1
+    cap = max(s.backoff.cap, s.index_rest)
+    rest = index_rest(s.index_rest, retry_after, delay.seconds, warnings, cap)
+    if rest > delay.seconds:
+        try:
+            await store.mirror_backoff(host, rest)
+        except Exception:  # noqa: BLE001, S110 - the local hold still rests this proxy
+            pass
+        delay = Delay(rest, delay.capped_from)
+    return delay, f"{reason}: the index server rests {rest:.0f}s"
 
 
 class RestNotes:

@@ -12,12 +12,13 @@ import functools
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from politeproxy.policy import settings as d
 from politeproxy.policy.classify import normalize_path
 from politeproxy.policy.hosts import BUCKET_HOSTS, host_matches
+from politeproxy.policy.indexanswers import crawl_of
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class CacheRule:
     exact: bool = False
     ttl: float = 0.0
     ranges: bool = True
+    cdx: bool = False  # the index server's CDX API answers (issue 43): queries kept, by the crawl's list
 
     def matches(self, host: str, path: str) -> bool:
         return any(host_matches(host, h) for h in self.hosts) and self.path_matches(path)
@@ -62,6 +64,11 @@ def default_rules(collinfo_ttl: float = d.CACHE_COLLINFO_TTL) -> tuple[CacheRule
     )
 
 
+INDEX_HOSTS = ("index.commoncrawl.org",)
+# CDX API answers: kept under the exact target (query included) when their crawl is published (issue 43)
+CDX_RULE = CacheRule("index", INDEX_HOSTS, (), ranges=False, cdx=True)
+
+
 @dataclass(frozen=True)
 class CacheLimits:
     enabled: bool = d.CACHE_ENABLED
@@ -69,6 +76,10 @@ class CacheLimits:
     max_range: int = d.CACHE_MAX_RANGE
     max_size: int = d.CACHE_MAX_SIZE
     rules: tuple[CacheRule, ...] = default_rules()
+    index_answers: bool = d.CACHE_INDEX_ANSWERS
+    index_miss_ttl: float = d.CACHE_INDEX_MISS_TTL
+    index_redis_max_answer: int = d.CACHE_INDEX_REDIS_MAX_ANSWER  # on the redis store (issue 43)
+    index_redis_max_size: int = d.CACHE_INDEX_REDIS_MAX_SIZE
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,7 @@ def request_decision(
     has_body: bool,
     scheme: str = "https",
     port: int = 443,
+    published: Collection[str] = (),
 ) -> Cacheable | Bypass | None:
     """None when no rule covers the request (not the cache's business); else a key or why not.
 
@@ -176,9 +188,16 @@ def request_decision(
     answer may come from anyone on the path, so it is neither stored nor served from the cache (and its
     ``no-cache`` replaces nothing). The key names the scheme and the port: an entry is served only to a
     request for the same object on the same scheme and port.
+
+    The one exception to "a query is never cached" is the index server's CDX API (``cdx_decision``): a
+    question about a crawl in ``published`` (the crawls collinfo.json lists) is kept under its exact target.
     """
     if not limits.enabled:
         return None
+    if limits.index_answers and any(host_matches(host, h) for h in INDEX_HOSTS):
+        c = cdx_decision(limits, method, raw_path, headers, has_body, scheme, port, published)
+        if c is not None:
+            return c
     rules = rules_for(limits.rules, host)
     if not rules:
         return None
@@ -208,6 +227,39 @@ def request_decision(
     )
 
 
+def cdx_decision(
+    limits: CacheLimits,
+    method: str,
+    raw_path: str,
+    headers: Mapping[str, str],
+    has_body: bool,
+    scheme: str,
+    port: int,
+    published: Collection[str],
+) -> Cacheable | Bypass | None:
+    """A CDX API question (``/<crawl>-index?...``) to the index server: kept under its exact raw target,
+    parameter order and all (``?url=a&page=1`` and ``?page=1&url=a`` are two entries), when its crawl is
+    in ``published``; a crawl not (yet) listed is never kept. None when the path is not the CDX API."""
+    path, _, _query = raw_path.partition("?")
+    crawl = crawl_of(path)
+    if crawl is None:
+        return None
+    if scheme != "https":
+        return Bypass("cleartext")
+    if method != "GET" or has_body or "#" in raw_path:
+        return Bypass("method" if method != "GET" else "body")
+    if any(h in headers for h in CONDITIONAL) or "Range" in headers:
+        return Bypass("conditional" if "Range" not in headers else "range")
+    cc = _directives(headers.get("Cache-Control")) | _directives(headers.get("Pragma"))
+    if "no-store" in cc:
+        return Bypass("no-store")
+    if crawl not in published:
+        return Bypass("unpublished")
+    return Cacheable(
+        cache_key(method, CDX_RULE.host_class, port, raw_path, None), CDX_RULE, None, "no-cache" in cc
+    )
+
+
 def cache_key(method: str, host_class: str, port: int, raw_path: str, rng: ByteRange | None) -> str:
     """The key text (hashed by the store, never a path): the method, then a JSON list of the scheme, the
     host class (the names that serve the same objects), the port, the exact target and the range. JSON
@@ -232,7 +284,10 @@ def response_decision(
     limits: CacheLimits, c: Cacheable, method: str, status: int, headers: Mapping[str, str]
 ) -> Store | DontStore:
     """Whether the upstream's answer to ``c`` may be kept: only a 200, or a 206 that is exactly the
-    requested single range, with a Content-Length within the limits, not no-store/private, not varying."""
+    requested single range, with a Content-Length within the limits, not no-store/private, not varying.
+    A CDX answer: ``cdx_response``."""
+    if c.rule.cdx:
+        return cdx_response(limits, status, headers)
     if status not in (200, 206):
         return DontStore("status")
     cc = _directives(headers.get("Cache-Control"))
@@ -258,6 +313,41 @@ def response_decision(
     if method == "GET" and length > limits.max_range:
         return DontStore("too-large")
     return Store(0 if method == "HEAD" else length)
+
+
+def cdx_response(limits: CacheLimits, status: int, headers: Mapping[str, str]) -> Store | DontStore:
+    """A CDX answer may be kept when it is a 200 (its body must then hold a capture line: ``keeps_body``)
+    or pywb's "No Captures found" 404 (kept index_miss_ttl; 0: never); anything else, never. pywb streams
+    its answers: no Content-Length is ``Store(UNKNOWN)``, the tee bounds it at max_object as it comes."""
+    if status not in (200, 404) or (status == 404 and limits.index_miss_ttl <= 0):
+        return DontStore("status")
+    cc = _directives(headers.get("Cache-Control"))
+    if cc & {"no-store", "private", "no-cache"}:
+        return DontStore("no-store")
+    if "Set-Cookie" in headers or _directives(headers.get("Vary")) - {"accept-encoding"}:
+        return DontStore("vary")
+    length = parse_length(headers.get("Content-Length"))
+    if "Content-Length" in headers and length is None:
+        return DontStore("no-length")
+    if length is None:
+        return Store(UNKNOWN)
+    if status == 200 and length == 0:
+        return DontStore("empty")
+    return DontStore("too-large") if length > limits.max_object else Store(length)
+
+
+UNKNOWN = -1  # Store.length of an answer without Content-Length (a CDX answer, streamed)
+
+
+def keeps_body(c: Cacheable, status: int, has_text: bool) -> bool:
+    """Whether a whole body may be kept: a CDX 200 only with a capture line (pywb answers an empty 200 when
+    its backend fails; ``has_text``: a byte other than whitespace came); every other answer, yes."""
+    return not (c.rule.cdx and status == 200 and not has_text)
+
+
+def entry_ttl(limits: CacheLimits, rule: CacheRule, status: int) -> float:
+    """An entry's TTL (0: immutable): its rule's, and for a kept "No Captures found" 404, index_miss_ttl."""
+    return limits.index_miss_ttl if rule.cdx and status == 404 else rule.ttl
 
 
 def fresh(rule_ttl: float, stored_at: float, now: float) -> bool:

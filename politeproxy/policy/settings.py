@@ -122,6 +122,11 @@ CACHE_MAX_OBJECT: int = default("cache.max_object")
 CACHE_MAX_RANGE: int = default("cache.max_range")
 CACHE_MAX_SIZE: int = default("cache.max_size")
 CACHE_COLLINFO_TTL: float = default("cache.collinfo_ttl")  # collinfo.json changes once a month
+CACHE_INDEX_ANSWERS: bool = default("cache.index_answers")  # issue 43: CDX answers of published crawls
+CACHE_INDEX_MISS_TTL: float = default("cache.index_miss_ttl")
+CACHE_INDEX_REDIS_MAX_ANSWER: int = default("cache.index_redis_max_answer")
+CACHE_INDEX_REDIS_MAX_SIZE: int = default("cache.index_redis_max_size")
+INDEX_REST: float = default("pacing.index_rest")  # issue 43: the index service rests after a warning
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("pacing.backoff_base", "duration", 1.0, "first backoff without Retry-After", bounds=(0.0, HOUR), unit=_D, reload=True),
     S("pacing.backoff_cap", "duration", 300.0, "the longest backoff, Retry-After included", bounds=(0.0, DAY), unit=_D, reload=True),
     S("pacing.backoff_jitter", "float", 0.2, "a backoff grows by up to this fraction", bounds=(0.0, 1.0), reload=True),
+    S("pacing.index_rest", "duration", 60.0, "after a 502, 503, 504, reset or empty reply from the index server, no request goes to it for this long (or Retry-After, or the backoff, if longer), doubled per warning in a row; 0: off", bounds=(0.0, DAY), unit=_D, reload=True),
     S("pacing.block_codes", "status codes", (403,), "answers that block the host (hold, then one probe)", reload=True),
     S("pacing.block_hold", "duration", 120.0, "the first hold after a block, doubled per consecutive block", bounds=(0.0, DAY), unit=_D, reload=True),
     S("pacing.block_hold_cap", "duration", 1800.0, "the longest hold (at least block_hold)", bounds=(0.0, DAY), unit=_D, reload=True),
@@ -122,6 +123,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("cache.max_range", "size", 16 << 20, "largest 206 body kept", bounds=SIZE_BOUNDS, unit="bytes"),
     S("cache.max_size", "size", 2 << 30, "total on disk; least recently used entries are evicted beyond it", bounds=SIZE_BOUNDS, unit="bytes"),
     S("cache.collinfo_ttl", "duration", DAY, "how long collinfo.json is served before it is fetched again", bounds=(0.0, 30 * DAY), unit=_D),
+    S("cache.index_answers", "bool", True, "keep the index server's CDX API answers for crawls collinfo.json lists (immutable once published), under the exact query; false: every index query goes upstream"),
+    S("cache.index_miss_ttl", "duration", DAY, "how long pywb's \"No Captures found\" 404 for a published crawl is kept; 0: never", bounds=(0.0, 30 * DAY), unit=_D),
+    S("cache.index_redis_max_answer", "size", 8 << 20, "on the redis store, kept index answers also live in Redis (shared by proxies with data dirs of their own): the largest kept there", bounds=SIZE_BOUNDS, unit="bytes"),
+    S("cache.index_redis_max_size", "size", 256 << 20, "on the redis store, the total of kept index answers in Redis; the oldest go first beyond it", bounds=SIZE_BOUNDS, unit="bytes"),
     S("cache.rules", "cache rules", None, "[[cache.rules]] class, hosts, paths, exact, ttl, ranges; replaces the default table"),
 )
 # fmt: on

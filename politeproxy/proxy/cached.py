@@ -29,40 +29,50 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from politeproxy.cache.base import CacheError, CacheEvents
-from politeproxy.cache.store import LEASE_REFRESH, DiskStore, Found, key_name
+from politeproxy.cache.redis_answers import RedisAnswers
+from politeproxy.cache.store import DiskStore, Found, key_name
 from politeproxy.policy.cacherules import (
     Bypass,
     Cacheable,
     CacheLimits,
     accepts,
     age_seconds,
+    entry_ttl,
     fresh,
-    request_decision,
 )
 from politeproxy.policy.classify import Klass
 from politeproxy.proxy.cachetee import Tee
 from politeproxy.proxy.clientside import ClientSide, Own
 from politeproxy.proxy.exchange import Exchange
-from politeproxy.proxy.flight import Flight, follow
+from politeproxy.proxy.flight import Flight, follow, take_lease
+from politeproxy.proxy.indexshare import IndexShare
 from politeproxy.proxy.passage import stamp
+from politeproxy.proxy.published import Published
 from politeproxy.proxy.speak import standard_fields
 
 log = logging.getLogger("politeproxy")
 T = TypeVar("T")
 IO_WORKERS = 8  # disk reads and writes; bounded, so a slow disk queues work instead of growing threads
 MAX_FOLLOWERS = 256  # requests that follow one key's leader; more go upstream themselves (bounded memory)
-LEASE_POLL = 0.05  # seconds between looks at a lease another process holds (on the loop, a sleep between)
 HEAD_MARGIN = 5.0  # seconds a follower waits for the head beyond max_wait (the leader's connect, first byte)
 HIT_CHUNK = 1 << 20  # a hit reads 1 MiB per thread hop (measured: fewer hops, same RSS order)
 SIZE_EVERY = 15.0  # seconds between reads of the whole cache's size for the gauge
 IO_TIMEOUT = 30.0  # a disk call that takes longer is given up (the answer goes upstream or is cut)
 Go = Callable[[], Awaitable[Own | None]]  # the exchange upstream: the proxy's own answer, or None
+REFUSED = ("max_wait", "queue_full", "local_error")  # notes of an exchange that never reached upstream
+
+
+def _index(d: Cacheable, result: str) -> str | None:
+    """``result`` for an index question's metrics (issue 43), None for any other request."""
+    return result if d.rule.cdx else None
 
 
 class CacheFront:
     """Owns the store, its threads and the in-process single flight; one per proxy process."""
 
-    def __init__(self, store: DiskStore, events: CacheEvents, max_wait: float) -> None:
+    def __init__(
+        self, store: DiskStore, events: CacheEvents, max_wait: float, shared: RedisAnswers | None = None
+    ) -> None:
         self.store = store
         self.limits: CacheLimits = store.limits
         self.events = events
@@ -72,10 +82,17 @@ class CacheFront:
         self._disk_warned = 0.0
         self._tasks: set[asyncio.Task[None]] = set()
         self._sizer: asyncio.Task[None] | None = None
+        self.published = Published(store, self.run)  # the crawls whose CDX answers may be kept (issue 43)
+        self.share = IndexShare(shared, store, self.run) if shared is not None else None  # on Redis
 
     @classmethod
     async def open(
-        cls, limits: CacheLimits, data_dir: Path, events: CacheEvents, max_wait: float
+        cls,
+        limits: CacheLimits,
+        data_dir: Path,
+        events: CacheEvents,
+        max_wait: float,
+        shared: RedisAnswers | None = None,
     ) -> CacheFront | None:
         """The cache in ``<data_dir>/cache``; None when disabled, or (one warning) when unusable."""
         if not limits.enabled:
@@ -85,7 +102,7 @@ class CacheFront:
         except CacheError as e:
             log.warning("%s; running without the cache", e)
             return None
-        front = cls(store, events, max_wait)
+        front = cls(store, events, max_wait, shared)
         try:
             await front.run(store.sweep)  # parts of writers killed mid-write, files the index lost
         except Exception as e:  # noqa: BLE001 - a failed sweep leaves garbage, never a wrong answer
@@ -108,6 +125,8 @@ class CacheFront:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for flight in list(self.flights.values()):
             self._land(flight, False)
+        if self.share is not None:
+            await self.share.close()
         self.io.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(self.store.close)
 
@@ -130,16 +149,7 @@ class CacheFront:
         own answer when there is one to send."""
         if klass is Klass.PASSTHROUGH:
             return await go()
-        d = request_decision(
-            self.limits,
-            client.method,
-            host,
-            url.raw_path_qs,  # the target exactly as it goes upstream: the key's path
-            client.headers,
-            client.has_body,
-            scheme=url.scheme,
-            port=url.port or 0,
-        )
+        d = await self.published.decide(client, host, url, self.disk_problem)
         if d is None:
             return await go()
         if isinstance(d, Bypass):
@@ -150,7 +160,7 @@ class CacheFront:
             return await self._fetch(d, ex, go)
         found = await self._lookup(d, client.headers)
         if isinstance(found, Found):
-            await self._hit(client, found, ex)
+            await self._hit(client, found, ex, _index(d, "kept"))
             return None
         if found == "encoding":
             self._result(ex, "bypass")
@@ -166,14 +176,16 @@ class CacheFront:
         """A fresh entry the client can take, else "absent", "stale", "corrupt", "encoding" or "error"."""
         try:
             found = await self.run(self.store.lookup, d.key)
+            if found == "absent" and self.share is not None and d.rule.cdx and await self.share.fill(d):
+                found = await self.run(self.store.lookup, d.key)  # another proxy's, through Redis
         except Exception as e:  # noqa: BLE001 - a disk or index failure is a miss, never an error answer
             self.disk_problem(e)
             return "error"
         if not isinstance(found, Found):
             return found
         why = None
-        if not fresh(d.rule.ttl, found.meta.stored, time.time()):
-            why = "stale"
+        if not fresh(entry_ttl(self.limits, d.rule, found.meta.status), found.meta.stored, time.time()):
+            why = None if await self.published.keep_stale(d.rule, d.key) else "stale"
         coding = dict(found.meta.headers).get("Content-Encoding", "")
         if why is None and not accepts(req_headers.get("Accept-Encoding"), coding):
             why = "encoding"
@@ -193,18 +205,19 @@ class CacheFront:
         flight = self.flights[name] = Flight(d.key, name, self.max_wait + HEAD_MARGIN)
         handed = False
         try:
-            await self._lease(flight)
+            if not d.rule.cdx:  # an index question takes its lease once its turn came (_turn)
+                await take_lease(self, flight, self.max_wait)
             # Look again, lease held or not: another proxy (or a flight here that ended while we looked
             # the first time) may have stored it since.
             found = await self._lookup(d, client.headers)
             if isinstance(found, Found):
                 self._land(flight, True)
-                await self._hit(client, found, ex)
+                await self._hit(client, found, ex, _index(d, "shared"))
                 return None
             self._result(ex, miss)
             flight.fetching(self.max_wait + HEAD_MARGIN)  # the pacer's wait is bounded by max_wait too
             handed = True  # _fetch lands the flight once its copy is stored or dropped
-            return await self._fetch(d, ex, go, flight)
+            return await self._fetch(d, ex, go, flight, client)
         finally:
             if not handed:
                 self._land(flight, False)
@@ -216,7 +229,7 @@ class CacheFront:
         if flight.followers < MAX_FOLLOWERS:
             flight.followers += 1
             try:
-                served = functools.partial(self._served, ex)
+                served = functools.partial(self._served, ex, _index(d, "shared"))
                 followed = await follow(self, client, flight, ex, served)
             finally:
                 flight.followers -= 1
@@ -224,41 +237,28 @@ class CacheFront:
                 return None
             found = await self._lookup(d, client.headers)
             if isinstance(found, Found):
-                await self._hit(client, found, ex)
+                await self._hit(client, found, ex, _index(d, "shared"))
                 return None
         self._result(ex, miss)
         return await self._fetch(d, ex, go)  # on its own: a copy it stores replaces the entry
 
-    async def _lease(self, flight: Flight) -> None:
-        """Take the key's lease between processes, polling one that another proxy holds for at most
-        max_wait (from the loop: a sleep between looks, each look one short call in a thread). Without it
-        (the wait ran out, or the directory holds no leases) the leader goes anyway."""
-        deadline = time.monotonic() + self.max_wait
-        while True:
-            try:
-                if await self.run(self.store.take_lease, flight.key):
-                    flight.leased = True
-                    flight.refresher = asyncio.get_running_loop().create_task(self._refresh(flight.key))
-                    return
-            except Exception as e:  # noqa: BLE001 - no lease: single flight in this process only
-                self.disk_problem(e)
-                return
-            if time.monotonic() >= deadline:
-                return
-            await asyncio.sleep(LEASE_POLL)
-
-    async def _refresh(self, key: str) -> None:
-        """Keep a held lease fresh while its download runs, so no other proxy takes it over."""
-        while True:
-            await asyncio.sleep(LEASE_REFRESH)
-            try:
-                await self.run(self.store.refresh_lease, key)
-            except Exception as e:  # noqa: BLE001 - a lost refresh at worst lets another proxy fetch too
-                log.debug("cache lease refresh: %s", e)
+    async def _turn(self, client: ClientSide, d: Cacheable, ex: Exchange, flight: Flight) -> bool:
+        """An index question's turn came (issue 43): its lease is taken now, never across the queue wait,
+        so the asker whose turn comes first asks; when another proxy asked meanwhile (its lease held: wait
+        for it, within max_wait), the answer it kept is sent instead (True: no request upstream)."""
+        if not (self.share is not None and await self.share.lease(d.key, self.max_wait)):
+            await take_lease(self, flight, self.max_wait)
+        found = await self._lookup(d, client.headers)
+        if not isinstance(found, Found):
+            return False
+        await self._hit(client, found, ex, "shared", counted=True)  # its look counted a miss, its slot spent
+        return True
 
     def _land(self, flight: Flight, stored: bool) -> None:
         """The flight is over: its followers learn the outcome, and its lease goes. Idempotent."""
         flight.end(stored)
+        if self.share is not None:
+            self.share.release(flight.key)  # its Redis lease, if it held one
         if self.flights.get(flight.name) is flight:
             del self.flights[flight.name]
         if flight.refresher is not None:
@@ -268,8 +268,17 @@ class CacheFront:
             flight.leased = False
             self.bg(functools.partial(self.store.drop_lease, flight.key))
 
-    async def _fetch(self, d: Cacheable, ex: Exchange, go: Go, flight: Flight | None = None) -> Own | None:
+    async def _fetch(
+        self,
+        d: Cacheable,
+        ex: Exchange,
+        go: Go,
+        flight: Flight | None = None,
+        client: ClientSide | None = None,
+    ) -> Own | None:
         tee = Tee(self, d, flight)
+        if d.rule.cdx and flight is not None and client is not None:  # the leader of an index question
+            tee.gate = functools.partial(self._turn, client, d, ex, flight)
         ex.tee = tee
         try:
             resp = await go()
@@ -285,6 +294,8 @@ class CacheFront:
             raise
         finally:
             ex.tee = None
+        if d.rule.cdx and ex.note not in REFUSED and ex.cache != "hit":
+            self.events.index_question("asked", ex.pipeline)
         ok = ex.note is None and ex.status == tee.status
         await asyncio.shield(self._commit(tee, ok, flight))  # followers end with the copy in place
         return resp
@@ -301,18 +312,31 @@ class CacheFront:
         stored = False
         try:
             stored = await tee.finish(ok)
+            if stored and self.published.is_collinfo(tee.d.rule, tee.d.key):
+                self.published.forget()  # a new list: the next question reads it
+            if stored and self.share is not None and tee.d.rule.cdx:
+                await self.share.publish(tee.d)  # before the lease goes: its waiters find it
         finally:
             if flight is not None:
                 self._land(flight, stored)
 
-    def _served(self, ex: Exchange) -> None:
+    def _served(self, ex: Exchange, index: str | None) -> None:
         self._result(ex, "hit")
         self.events.cache_slot_saved(ex.pipeline)  # a request never sent
+        if index is not None:
+            self.events.index_question(index, ex.pipeline)
 
-    async def _hit(self, client: ClientSide, found: Found, ex: Exchange) -> None:
-        """Answer from disk with the stored headers plus Age and Via; never a short body."""
-        self._result(ex, "hit")
-        self.events.cache_slot_saved(ex.pipeline)  # paced or exempt alike: a request never sent
+    async def _hit(
+        self, client: ClientSide, found: Found, ex: Exchange, index: str | None = None, counted: bool = False
+    ) -> None:
+        """Answer from disk with the stored headers plus Age and Via; never a short body. ``index``: how
+        an index question was answered (issue 43), for the metrics; ``counted``: its result already was."""
+        ex.cache = "hit"
+        if not counted:
+            self._result(ex, "hit")
+            self.events.cache_slot_saved(ex.pipeline)  # paced or exempt alike: a request never sent
+        if index is not None:
+            self.events.index_question(index, ex.pipeline)
         meta = found.meta
         headers: CIMultiDict[str] = CIMultiDict(meta.headers)
         headers["Age"] = str(age_seconds(meta.stored, time.time()))

@@ -5,7 +5,7 @@ request goes; the access line (observe/logs.py) renders it once it is done.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,6 +19,9 @@ class Copy(Protocol):
     def would_store(self, method: str, status: int, headers: Mapping[str, str]) -> bool: ...
     async def start(self, method: str, status: int, headers: Mapping[str, str]) -> None: ...
     async def write(self, chunk: bytes) -> None: ...
+
+    # An index question's turn (issue 43), awaited before asking upstream; True: answered without asking
+    gate: Callable[[], Awaitable[bool]] | None
 
 
 @dataclass(slots=True)

@@ -12,18 +12,23 @@ storable, the file gone) returns None: the caller looks the key up again or fetc
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar
 
 from multidict import CIMultiDict
 
+from politeproxy.cache.store import LEASE_REFRESH, DiskStore
 from politeproxy.proxy.clientside import ClientSide
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.passage import stamp
 from politeproxy.proxy.speak import standard_fields
 
+log = logging.getLogger("politeproxy")
 T = TypeVar("T")
+LEASE_POLL = 0.05  # seconds between looks at a lease another process holds (on the loop, a sleep between)
 FOLLOW_CHUNK = 1 << 20  # bytes a follower reads per thread hop (as a hit)
 FOLLOW_STALL = 120.0  # seconds without progress after which a follower gives up (the leader's own read
 # timeout ends a stalled download long before: this only bounds a follower whatever happens)
@@ -32,6 +37,14 @@ FOLLOW_STALL = 120.0  # seconds without progress after which a follower gives up
 class Disk(Protocol):
     async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
     def bg(self, fn: Callable[[], object]) -> None: ...
+
+
+class Leasing(Disk, Protocol):
+    """What taking a key's lease between processes needs of the cache front (cached.CacheFront)."""
+
+    @property
+    def store(self) -> DiskStore: ...
+    def disk_problem(self, e: BaseException) -> None: ...
 
 
 class Flight:
@@ -163,3 +176,32 @@ async def _pump(
 
 def _open(path: Path) -> BinaryIO:
     return open(path, "rb", buffering=0)  # noqa: SIM115 - the follower closes it
+
+
+async def take_lease(front: Leasing, flight: Flight, max_wait: float) -> None:
+    """Take the key's lease between processes, polling one that another proxy holds for at most
+    ``max_wait`` (from the loop: a sleep between looks, each look one short call in a thread). Without it
+    (the wait ran out, or the directory holds no leases) the leader goes anyway."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        try:
+            if await front.run(front.store.take_lease, flight.key):
+                flight.leased = True
+                flight.refresher = asyncio.get_running_loop().create_task(_refresh(front, flight.key))
+                return
+        except Exception as e:  # noqa: BLE001 - no lease: single flight in this process only
+            front.disk_problem(e)
+            return
+        if time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(LEASE_POLL)
+
+
+async def _refresh(front: Leasing, key: str) -> None:
+    """Keep a held lease fresh while its download runs, so no other proxy takes it over."""
+    while True:
+        await asyncio.sleep(LEASE_REFRESH)
+        try:
+            await front.run(front.store.refresh_lease, key)
+        except Exception as e:  # noqa: BLE001 - a lost refresh at worst lets another proxy fetch too
+            log.debug("cache lease refresh: %s", e)

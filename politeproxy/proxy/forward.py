@@ -97,6 +97,10 @@ class Forwarder:
         self.cache: CacheFront | None = None  # the shared disk cache (issue 14), set by app.py when enabled
         self.speaker = Speaker()  # the bucket's refusals in S3's terms, staggered (issue 41)
 
+    async def backoff_left(self, host: str) -> float:
+        """Seconds ``host``'s backoff or rest has left, as the store records it for every proxy."""
+        return (await self.pacer.host_view(host)).backoff_in
+
     def hosts_paced(self, host: str) -> bool:
         return self.classifier.hosts.matches(host)
 
@@ -270,6 +274,9 @@ class Forwarder:
         method = client.method
         pool = p.klass.value if p is not None else Klass.PASSTHROUGH.value
         probe = p is not None and p.probe  # the one request after a block
+        gate = ex.tee.gate if ex.tee is not None and not probe else None
+        if gate is not None and await gate():  # the cache's last look (issue 43): another proxy asked
+            return None
         if probe:
             self.oplog.probe(t.host, method, ex.path)
         exchange = self.upstream.exchange(

@@ -78,7 +78,8 @@ def _toml(up: Upstream, certs: Certs, schedule: str = "") -> str:
         f'[upstream]\nca_file = "{certs.ca_file}"\n[upstream.resolve]\n{resolve_table(up)}\n'
         f'[robots]\nenabled = false\n[schedule]\nglobal_rate = "50ms"\n{schedule}'
         '[hosts."index.commoncrawl.org"]\ninterval = "0s"\n'
-        '[pacing]\nblock_hold = "1s"\nbackoff_base = "200ms"\n'
+        # the index rests 1 s after a warning (issue 43): the 503 below is still retried within max_wait
+        '[pacing]\nblock_hold = "1s"\nbackoff_base = "200ms"\nindex_rest = "1s"\n'
     )
 
 

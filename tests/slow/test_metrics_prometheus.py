@@ -79,7 +79,10 @@ def loaded(
 ) -> Iterator[tuple[ProxyProc, Prometheus]]:
     proxy = proxy_factory(
         upstream,
-        NO_ROBOTS + '[schedule]\nglobal_rate = "50ms"\n[hosts."index.commoncrawl.org"]\ninterval = "0s"\n',
+        # the index rests 1 s after its 503 (issue 43's pacing.index_rest): the throttled request is retried
+        NO_ROBOTS
+        + '[schedule]\nglobal_rate = "50ms"\n[hosts."index.commoncrawl.org"]\ninterval = "0s"\n'
+        + '[pacing]\nindex_rest = "1s"\n',
         env={"POLITEPROXY_RATE_WINDOW": str(WINDOW)},
     )
     prom = Prometheus(tmp_path, f"127.0.0.1:{proxy.port}")

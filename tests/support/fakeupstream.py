@@ -18,8 +18,10 @@ port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once lis
   /slow?delay=S           answers after S seconds
   /cc-index/table/... and /files/NAME   a file from --files-dir, with Range support
   /collinfo.json          a Common Crawl collection list (100 crawls) whose cdx-api URLs name this host
-  /CC-MAIN-*-index        a pywb-style CDX answer: JSON lines (limit= honoured, at most 3), showNumPages,
-                          and 400 for page >= 1 (pywb's "no more pages")
+  /CC-MAIN-*-index        a pywb-style CDX answer, streamed (chunked): JSON lines named after the url=
+                          domain (limit= honoured, at most 3), showNumPages, 400 for page >= 1 (pywb's "no
+                          more pages"); url=empty.* an empty 200 (blank.*: whitespace only), url=nocaptures.*
+                          "No Captures found" 404
   /__log                  the arrival log as JSON lines (not logged itself)
   /__control (POST JSON)  {"throttle": {"host": H, "count": N, "status": 503, "retry_after": "2"}}, with
                           optional "headers": {...} (Server: AmazonS3 ...) and "body": "..." for the answer,
@@ -27,6 +29,7 @@ port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once lis
                           other than GET or HEAD, or a request body), as CloudFront's own 403 does
                           or {"robots": {"host": H, "text": "..."}}, {"reset": true} (a fresh server's state)
                           or {"table_delay": S}: each /cc-index/table/ file answer waits S seconds first
+                          or {"cdx_delay": S}: each CDX answer waits S seconds before its head
                           or {"capacity": {"host": H, "per_second": N}}: H answers 503 SlowDown (no
                           Retry-After) to a request when it already served N in the last second (a storm)
   /__inflight             JSON {"now": N, "max": M}: /cc-index/table/ file answers in flight, now and at most
@@ -80,6 +83,7 @@ async def _control(request: web.Request, state: State) -> web.StreamResponse:
         state.robots.clear()
         state.capacity.clear()
         table["delay"], table["max"] = 0.0, table["now"]
+        state.cdx_delay = 0.0
     if "throttle" in cmd:
         t = cmd["throttle"]
         state.throttles[t["host"]] = dict(t)
@@ -89,6 +93,8 @@ async def _control(request: web.Request, state: State) -> web.StreamResponse:
     if "table_delay" in cmd:
         table["delay"] = float(cmd["table_delay"])
         table["max"] = table["now"]
+    if "cdx_delay" in cmd:
+        state.cdx_delay = float(cmd["cdx_delay"])
     if "robots" in cmd:
         state.robots[cmd["robots"]["host"]] = cmd["robots"]["text"]
     return web.json_response({"ok": True})

@@ -36,6 +36,7 @@ class State:
     robots: dict[str, str] = field(default_factory=dict)
     # /cc-index/table/ file answers: delay, in flight now, peak
     table: dict[str, Any] = field(default_factory=lambda: {"delay": 0.0, "now": 0, "max": 0})
+    cdx_delay: float = 0.0  # seconds each CDX answer waits before its head (/__control "cdx_delay")
 
 
 def _host(request: web.Request) -> str:
@@ -201,18 +202,31 @@ async def _collinfo(request: web.Request, state: State) -> web.StreamResponse:
 
 
 async def _cdx_index(request: web.Request, state: State) -> web.StreamResponse:
+    """pywb's CDX API: the answer streamed (chunked, no Content-Length), its captures named after the
+    url= domain; a domain starting "empty." gets pywb's empty 200 of a failed backend ("blank.": one of
+    whitespace only), one starting "nocaptures." its "No Captures found" 404."""
+    if state.cdx_delay:
+        await asyncio.sleep(state.cdx_delay)
     if request.query.get("showNumPages") == "true":
         return web.json_response({"pages": 1, "pageSize": 5, "blocks": 1})
     if int(request.query.get("page", "0") or 0) >= 1:
         return web.json_response({"error": "no more pages"}, status=400)
     crawl = request.path[1 : -len("-index")]
+    domain = request.query.get("url", "example.com").split("/", 1)[0].lstrip("*.") or "example.com"
+    if domain.startswith(("empty.", "blank.")):  # blank.: whitespace only, streamed
+        return web.Response(
+            status=200, body=b"" if domain[0] == "e" else b"\n \n\t\n", content_type="text/x-ndjson"
+        )
+    if domain.startswith("nocaptures."):
+        return web.Response(status=404, text=f"No Captures found for: {domain}\n", content_type="text/plain")
     n = min(int(request.query.get("limit", "3") or 3), 3)
+    host_key = ",".join(reversed(domain.split(".")))
     lines = [
         json.dumps(
             {
-                "urlkey": f"com,example)/page{i}",
+                "urlkey": f"{host_key})/page{i}",
                 "timestamp": f"2024022{i}120000",
-                "url": f"https://example.com/page{i}",
+                "url": f"https://{domain}/page{i}",
                 "mime": "text/html",
                 "status": "200",
                 "digest": f"DIGEST{i}",
@@ -223,7 +237,13 @@ async def _cdx_index(request: web.Request, state: State) -> web.StreamResponse:
         )
         for i in range(n)
     ]
-    return web.Response(text="".join(line + "\n" for line in lines), content_type="text/x-ndjson")
+    resp = web.StreamResponse(headers={"Content-Type": "text/x-ndjson"})
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    for line in lines:
+        await resp.write((line + "\n").encode())
+    await resp.write_eof()
+    return resp
 
 
 async def _file(request: web.Request, state: State) -> web.StreamResponse:

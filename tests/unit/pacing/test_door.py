@@ -23,7 +23,8 @@ PROXY_CALLS = {"pipeline_of", "host_view", "set_crawl_delay"}
 
 
 def settings(**kw: object) -> PacingSettings:
-    base: dict[str, object] = dict(gap=0.125, max_wait=5.0, host_intervals=())
+    # index_rest 0: B stands for any host here (its rest after a warning is tested in test_index_rest.py)
+    base: dict[str, object] = dict(gap=0.125, max_wait=5.0, host_intervals=(), index_rest=0.0)
     base.update(kw)
     return PacingSettings(**base)  # type: ignore[arg-type]
 

@@ -27,7 +27,8 @@ PACKAGE = Path(politeproxy.__file__).parent
 
 
 def settings(**kw: object) -> PacingSettings:
-    base: dict[str, object] = dict(gap=0.125, max_wait=5.0, host_intervals=(), retries=2)
+    # index_rest 0: B stands for any host here (its rest after a warning is tested in test_index_rest.py)
+    base: dict[str, object] = dict(gap=0.125, max_wait=5.0, host_intervals=(), retries=2, index_rest=0.0)
     base.update(kw)
     return PacingSettings(**base)  # type: ignore[arg-type]
 

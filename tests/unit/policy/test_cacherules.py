@@ -43,7 +43,7 @@ def decide(method: str, host: str, path: str, headers: dict[str, str] | None = N
         ("GET", "commoncrawl.s3.amazonaws.com", WARC, {}, "cache"),
         ("GET", "commoncrawl.s3.us-east-1.amazonaws.com", WARC, {"Range": "bytes=0-99"}, "cache"),
         ("GET", "index.commoncrawl.org", "/collinfo.json", {}, "cache"),
-        ("GET", "index.commoncrawl.org", "/CC-MAIN-2024-10-index", {}, None),  # query answers: never
+        ("GET", "index.commoncrawl.org", "/CC-MAIN-2024-10-index", {}, "unpublished"),  # not listed: never
         ("GET", "index.commoncrawl.org", "/collinfo.json.bak", {}, None),
         ("GET", D, "/robots.txt", {}, None),
         ("GET", "example.org", WARC, {}, None),
