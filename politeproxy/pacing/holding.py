@@ -121,11 +121,10 @@ class Holds:
         return Released(hosts, who, at, tuple(before.values()))
 
     async def _holds(self, host: str) -> bool:
-        """Whether ``host`` waits now: a backoff, a block or its probe in the store, or a rest here."""
+        """Whether ``host`` is held now: a backoff, a block or its probe in the store, or a rest of its
+        exempt reads here (a host that only waits out its interval is not held)."""
         v = await self.store.host_view(host)
-        if v.backoff_in > 0 or v.blocks > 0 or v.probe_in > 0:
-            return True
-        return bool(self.rest.note(host)) or self.state.ready.get(host, 0.0) > self.monotonic()
+        return v.backoff_in > 0 or v.blocks > 0 or v.probe_in > 0 or bool(self.rest.note(host))
 
     async def view(self, hosts: Iterable[str]) -> dict[str, HoldNote]:
         return await self.notes.get_quietly(hosts)
