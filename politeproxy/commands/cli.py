@@ -1,4 +1,4 @@
-"""The command line: run, env, ca, status, cache, doctor, simulate, release, config, check-config."""
+"""The command line: run, env, exec, ca, status, cache, doctor, simulate, release, config, check-config."""
 
 from __future__ import annotations
 
@@ -170,7 +170,8 @@ def _config_and_ca(args: argparse.Namespace) -> tuple[Config, Any] | int:
         return _fail(f"data_dir {e.filename}: {e.strerror}", 1)
 
 
-def cmd_env(args: argparse.Namespace) -> int:
+def _env_lines(args: argparse.Namespace) -> tuple[Config, list[str]] | int:
+    """The lines `env` prints (and `exec` sets), or the exit code of a failure already reported."""
     from politeproxy.commands.envlines import export_lines, java_line, java_truststore, trust_bundle
 
     got = _config_and_ca(args)
@@ -200,8 +201,27 @@ def cmd_env(args: argparse.Namespace) -> int:
         print(
             f"politeproxy: warning: no Java truststore ({e}); see docs/tools.md for keytool", file=sys.stderr
         )
-    print("\n".join(lines))
+    return cfg, lines
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    got = _env_lines(args)
+    if isinstance(got, int):
+        return got
+    print("\n".join(got[1]))
     return 0
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    """COMMAND in a network namespace whose only way out is the proxy (commands/exec_cmd.py)."""
+    from politeproxy.commands.envlines import proxy_netloc
+    from politeproxy.commands.exec_cmd import run
+
+    got = _env_lines(args)
+    if isinstance(got, int):
+        return got
+    command = args.exec_argv[1:] if args.exec_argv[:1] == ["--"] else args.exec_argv
+    return run(proxy_netloc(got[0]), got[1], command)
 
 
 def cmd_ca(args: argparse.Namespace) -> int:
@@ -322,6 +342,11 @@ def parser() -> argparse.ArgumentParser:
     run_flags(env, hidden=True)
     env.add_argument("--pipeline", help="name this pipeline in the proxy URL (its fair share, its metrics)")
     env.set_defaults(func=cmd_env)
+    ex = sub.add_parser("exec", help="run COMMAND where the proxy is its only way out")
+    common(ex)
+    ex.add_argument("--pipeline", help="name this pipeline in the proxy URL (as env --pipeline)")
+    ex.add_argument("exec_argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    ex.set_defaults(func=cmd_exec)
     ca = sub.add_parser("ca", help="print the paths of the CA and the bundle (made if missing)")
     common(ca)
     ca.add_argument("--all", action="store_true", help="list every name the CA permits")
