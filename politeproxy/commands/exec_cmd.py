@@ -99,6 +99,14 @@ class Door:
         self.thread.join(PROBE_TIMEOUT)
 
 
+def _answers(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host.strip("[]"), port), timeout=PROBE_TIMEOUT / 5).close()
+    except OSError:
+        return False
+    return True
+
+
 def _read_report(workdir: Path) -> dict[str, object] | None:
     with contextlib.suppress(OSError, ValueError):
         doc = json.loads((workdir / REPORT).read_text(encoding="utf-8"))
@@ -118,6 +126,12 @@ def run(netloc: str, lines: Sequence[str], command: Sequence[str]) -> int:
         print(f"politeproxy exec: cannot isolate COMMAND: {e}", file=sys.stderr)
         return EXIT_SETUP
     host, _, port = netloc.rpartition(":")
+    if not _answers(host, int(port)):
+        print(
+            f"politeproxy exec: warning: no proxy answers at {netloc} (start it with `politeproxy run`); "
+            "COMMAND's requests through it will fail",
+            file=sys.stderr,
+        )
     workdir = Path(tempfile.mkdtemp(prefix="politeproxy-exec-"))
     try:
         door = Door(workdir / "proxy.sock", host, int(port))
@@ -139,6 +153,8 @@ def run(netloc: str, lines: Sequence[str], command: Sequence[str]) -> int:
         Tally.from_json(report.get("addresses")),
         relayed if isinstance(relayed, int) else 0,
     )
+    if door.relay.failed:
+        lines_out.append(f"politeproxy exec: {door.relay.failed} connection(s) found no proxy at {netloc}")
     print("\n".join(lines_out), file=sys.stderr, flush=True)
     code = report.get("returncode")
     return exit_like(code if isinstance(code, int) and not isinstance(code, bool) else rc)

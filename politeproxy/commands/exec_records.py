@@ -162,8 +162,8 @@ def report_lines(names: Tally, addresses: Tally, relayed: int) -> list[str]:
     """What `exec` prints on stderr when COMMAND ends: nothing went around the proxy, or what did."""
     head = "politeproxy exec:"
     if not names.counts and not addresses.counts and not names.dropped and not addresses.dropped:
-        return [f"{head} nothing went around the proxy ({relayed} connection(s) through it)"]
-    lines = [f"{head} COMMAND tried to go around the proxy ({relayed} connection(s) through it):"]
+        return [f"{head} nothing went around the proxy ({relayed} connection(s) to it)"]
+    lines = [f"{head} COMMAND tried to go around the proxy ({relayed} connection(s) to it):"]
     for title, tally in (("names it tried to resolve", names), ("addresses it tried to reach", addresses)):
         if not tally.counts and not tally.dropped:
             continue

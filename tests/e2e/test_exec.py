@@ -8,7 +8,10 @@ a normal user make a user namespace.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
+import select
 import shutil
 import signal
 import subprocess
@@ -297,3 +300,53 @@ def test_as_a_normal_user(served: tuple[ProxyProc, Upstream]) -> None:
     assert r.stdout.encode() == TEXT
     assert NOTHING in r.stderr
     assert arrivals(up, "/files/door.txt?nobody")
+
+
+def test_ctrl_c_in_a_terminal_reaches_the_command_once(
+    served: tuple[ProxyProc, Upstream], tmp_path: Path
+) -> None:
+    """Ctrl-C in a terminal goes to the whole foreground process group, COMMAND included: exec (both halves)
+    takes it without sending it again (si_code SI_KERNEL), so COMMAND counts one SIGINT, not three."""
+    p, _ = served
+    ready = tmp_path / "ready"
+    code = f"""
+import pathlib, signal, time
+count = []
+signal.signal(signal.SIGINT, lambda *a: count.append(1))
+pathlib.Path({str(ready)!r}).write_text("ok")
+deadline = time.monotonic() + 20
+while not count and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(1)  # time for a second or third copy to arrive, were one sent
+print("sigint", len(count), flush=True)
+"""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root")}
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session of its own with the pty as its terminal, exec in the foreground
+        try:
+            os.chdir(ROOT)
+            os.execve(PY, exec_argv(p, *py(code)), env)
+        finally:
+            os._exit(127)
+    out = b""
+    try:
+        wait_for(ready.exists, timeout=30, what="COMMAND started")
+        os.write(fd, b"\x03")  # the terminal's interrupt character: SIGINT to the foreground group
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready_fds, _, _ = select.select([fd], [], [], 1)
+            if ready_fds:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # EIO: the child side closed
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.close(fd)
+    assert b"sigint 1" in out, out
+    assert os.waitstatus_to_exitcode(status) == 0, out

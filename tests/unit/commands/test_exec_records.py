@@ -118,7 +118,7 @@ def test_a_report_reads_back_defensively(doc: object) -> None:
 def test_the_report_names_what_went_around() -> None:
     names, addresses = Tally(), Tally()
     assert report_lines(names, addresses, 3) == [
-        "politeproxy exec: nothing went around the proxy (3 connection(s) through it)"
+        "politeproxy exec: nothing went around the proxy (3 connection(s) to it)"
     ]
     names.add("data.commoncrawl.org")
     names.add("data.commoncrawl.org")
