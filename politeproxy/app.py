@@ -15,7 +15,7 @@ from aiohttp import web
 
 from politeproxy.config import loading as config_mod
 from politeproxy.config.loading import Config, ConfigError, changes, parse_hostport
-from politeproxy.config.startup import announce_pacing, format_gap, probe_store
+from politeproxy.config.startup import announce_pacing, config_line, config_view, format_gap, probe_store
 from politeproxy.config.storebuild import StartupError, make_beats, make_notes, make_store
 from politeproxy.observe import admin as admin_mod
 from politeproxy.observe.announce import Announcer
@@ -103,6 +103,7 @@ class App:
         self.proxy: Proxy | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._mtime = self._stat()
+        self.config_seen = config_view(config_path, self._mtime is not None)  # for /status
         self._metrics_runner: web.BaseRunner | None = None
         self.stopped = asyncio.Event()
         self.cache: CacheFront | None = None
@@ -185,6 +186,8 @@ class App:
         if self.config_path:
             self._spawn(self._watch_config(), "config watch")
         self._announce(settings.gap, ca.cert_path)
+        start_log.info("%s", config_line(self.config_path, self._mtime is not None))
+        self.status.config = lambda: self.config_seen
         announce_pacing(settings)  # the effective rates, without -v
         return self.proxy
 
@@ -354,6 +357,7 @@ class App:
         self.metrics.configure_pipelines(settings)  # a newly configured pipeline keeps its label
         self.metrics.set_configured_gap(settings.gap)
         self.metrics.reloads.labels("ok").inc()
+        self.config_seen = config_view(self.config_path, True)
         old, self.cfg = self.cfg.raw, new
         # Always shown (the start-up logger): after a rejected reload, the ERROR must not stay the last line.
         start_log.info("config reloaded (%s): %s", why, "; ".join(changes(old, new.raw)) or "no changes")

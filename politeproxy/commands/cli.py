@@ -25,10 +25,15 @@ def _config_path(args: argparse.Namespace) -> str | None:
     given = getattr(args, "config", None) or os.environ.get("POLITEPROXY_CONFIG")
     if given:
         return str(given)
+    path = _default_config()
+    return path if Path(path).is_file() else None
+
+
+def _default_config() -> str:
+    """The default place, watched by `run` even while no file is there: one written later is read."""
     from politeproxy.config.template import default_path
 
-    path = default_path()
-    return str(path) if path.is_file() else None
+    return str(default_path())
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -89,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def main() -> int:
         loop_kind = type(asyncio.get_running_loop()).__module__.split(".")[0]
         logging.getLogger("politeproxy").info("event loop: %s", loop_kind)
-        app = App(cfg, _config_path(args), _overrides(args))
+        app = App(cfg, _config_path(args) or _default_config(), _overrides(args))
         try:
             await app.start()
         except StartupError as e:
@@ -172,7 +177,7 @@ def _config_and_ca(args: argparse.Namespace) -> tuple[Config, Any] | int:
 
 def _env_lines(args: argparse.Namespace) -> tuple[Config, list[str]] | int:
     """The lines `env` prints (and `exec` sets), or the exit code of a failure already reported."""
-    from politeproxy.commands.envlines import export_lines, java_line, java_truststore, trust_bundle
+    from politeproxy.commands.envlines import env_output
 
     got = _config_and_ca(args)
     if isinstance(got, int):
@@ -181,27 +186,7 @@ def _env_lines(args: argparse.Namespace) -> tuple[Config, list[str]] | int:
     name = args.pipeline
     if name is not None and (not name or ":" in name or clean_name(name) != name):
         return _fail(f"--pipeline {name!r}: 1-64 printable characters, no spaces, quotes or ':'")
-    try:
-        bundle, system = trust_bundle(cfg.data_dir, ca.pem())
-        roots = f"the system's roots ({system}), " if system else "no system roots found, "
-    except OSError as e:  # a data dir this user cannot write: the CA's own bundle still works
-        print(
-            f"politeproxy: warning: cannot write the trust bundle ({e.strerror}); using {ca.bundle_path}",
-            file=sys.stderr,
-        )
-        bundle, roots = ca.bundle_path, "no system roots (not writable), "
-    lines = export_lines(cfg, ca, bundle, name)
-    lines.append(f"# {bundle.name}: {roots}certifi's roots and the proxy's CA")
-    try:  # the JVM reads neither HTTPS_PROXY nor SSL_CERT_FILE (docs/tools.md, Java and Spark)
-        lines += [
-            "# Java, Spark: the proxy and a truststore of the bundle",
-            java_line(cfg, java_truststore(cfg.data_dir, bundle)),
-        ]
-    except (OSError, ValueError) as e:
-        print(
-            f"politeproxy: warning: no Java truststore ({e}); see docs/tools.md for keytool", file=sys.stderr
-        )
-    return cfg, lines
+    return cfg, env_output(cfg, ca, name)
 
 
 def cmd_env(args: argparse.Namespace) -> int:

@@ -103,3 +103,17 @@ async def probe_store(store: Any, schedule: dict[str, Any]) -> None:
     client = getattr(getattr(store, "primary", None), "client", None)
     if schedule["backend"] == "redis" and client is not None:
         await probe_redis(client, schedule["redis_url"])
+
+
+def config_view(path: str | None, read: bool) -> dict[str, Any]:
+    """What /status says of the config file (issue 45): where it is looked for, and whether one was read."""
+    return {"path": path, "read": read}
+
+
+def config_line(path: str | None, read: bool) -> str:
+    """The start line that names the config file read, or says that none was: the defaults apply."""
+    if read:
+        return f"config file: {path}"
+    if path:
+        return f"no config file: defaults (a file written at {path} is read when it appears)"
+    return "no config file: defaults"
