@@ -350,3 +350,21 @@ print("sigint", len(count), flush=True)
         os.close(fd)
     assert b"sigint 1" in out, out
     assert os.waitstatus_to_exitcode(status) == 0, out
+
+
+def test_clients_that_ignore_the_settings_are_named(served: tuple[ProxyProc, Upstream]) -> None:
+    """The bypasses of docs/tools.md's recipes, caught: httpx with trust_env=False, and Node's fetch without
+    undici's EnvHttpProxyAgent (Node 20 ignores HTTPS_PROXY), fail under exec and are named."""
+    p, up = served
+    url = "https://data.commoncrawl.org/files/door.txt?bypass"
+    code = f"import httpx\ntry:\n    httpx.get({url!r}, trust_env=False)\n"
+    code += "except httpx.HTTPError:\n    print('refused')"
+    r = run_exec(p, *py(code))
+    assert r.returncode == 0 and r.stdout.strip() == "refused", (r.stdout, r.stderr)
+    assert "data.commoncrawl.org" in r.stderr.split("names it tried to resolve")[1]
+    if shutil.which("node"):
+        script = f"fetch({url!r}).then(() => console.log('through'), () => console.log('refused'))"
+        r = run_exec(p, "node", "-e", script)
+        assert r.stdout.strip() == "refused", (r.stdout, r.stderr)
+        assert "data.commoncrawl.org" in r.stderr.split("names it tried to resolve")[1]
+    assert not arrivals(up, "/files/door.txt?bypass")
