@@ -26,7 +26,7 @@ from pathlib import Path
 
 from politeproxy.commands.exec_child import exit_like, spawn, wait_forwarding
 from politeproxy.commands.exec_records import Tally, report_lines
-from politeproxy.commands.exec_relay import Relay, to_tcp
+from politeproxy.commands.exec_relay import Relay, stop_loop, to_tcp
 
 EXIT_SETUP = 125  # exec itself could not run COMMAND as asked (as env(1), timeout(1) and docker run do)
 PROBE_TIMEOUT = 10.0
@@ -95,8 +95,7 @@ class Door:
         asyncio.run_coroutine_threadsafe(serve(), self.loop).result(PROBE_TIMEOUT)
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(PROBE_TIMEOUT)
+        stop_loop(self.loop, self.thread, PROBE_TIMEOUT)
 
 
 def _answers(host: str, port: int) -> bool:

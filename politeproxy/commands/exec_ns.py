@@ -20,7 +20,15 @@ from pathlib import Path
 
 from politeproxy.commands.exec_child import exit_like, spawn, wait_forwarding
 from politeproxy.commands.exec_records import Tally
-from politeproxy.commands.exec_relay import Relay, Watch, listening, resolver_sockets, stub_resolver, to_unix
+from politeproxy.commands.exec_relay import (
+    Relay,
+    Watch,
+    listening,
+    resolver_sockets,
+    stop_loop,
+    stub_resolver,
+    to_unix,
+)
 
 SETUP_TIMEOUT = 10.0  # each ip/mount call: instant, unless something is badly wrong
 REPORT = "report.json"
@@ -106,8 +114,7 @@ class Inside:
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(stop(), self.loop).result(SETUP_TIMEOUT)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(SETUP_TIMEOUT)
+        stop_loop(self.loop, self.thread, SETUP_TIMEOUT)
         return {
             "names": self.names.to_json(),
             "addresses": self.addresses.to_json(),

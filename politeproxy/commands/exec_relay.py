@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import cast
@@ -194,3 +195,21 @@ class Watch:
         with contextlib.suppress(Exception):
             asyncio.get_running_loop().remove_reader(self.sock.fileno())
         self.sock.close()
+
+
+def stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, timeout: float) -> None:
+    """Stop a loop running in ``thread``: its tasks (relays still open) cancelled and awaited, then the loop
+    stopped and closed, so nothing is left pending when the process ends."""
+
+    async def cancel_all() -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    with contextlib.suppress(Exception):  # a loop already gone: nothing to cancel
+        asyncio.run_coroutine_threadsafe(cancel_all(), loop).result(timeout)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout)
+    if not thread.is_alive():
+        loop.close()

@@ -97,6 +97,7 @@ def test_curl_works_unchanged(served: tuple[ProxyProc, Upstream]) -> None:
     assert r.stdout.encode() == TEXT
     assert NOTHING in r.stderr
     assert [a["path"] for a in arrivals(up, "/files/door.txt?curl")]  # it reached the upstream, via the proxy
+    assert "Traceback" not in r.stderr and "Task was destroyed" not in r.stderr, r.stderr  # a clean end
 
 
 def test_requests_works_unchanged(served: tuple[ProxyProc, Upstream]) -> None:
