@@ -252,13 +252,13 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """A workload through the config's pacing policy on a virtual clock (issue 24 item 6)."""
-    from politeproxy.commands import simulate
+    from politeproxy.commands import simjob, simulate
 
     try:
         cfg = _config(args)
     except ConfigError as e:
         return _fail(str(e))
-    return simulate.main(args, cfg)
+    return simjob.main(args, cfg) if args.job else simulate.main(args, cfg)
 
 
 def cmd_release(args: argparse.Namespace) -> int:
@@ -357,6 +357,7 @@ def parser() -> argparse.ArgumentParser:
         "--workload", help='rates per class, e.g. "exempt=50/s,paced=5/s" (optionally per pipeline)'
     )
     sim.add_argument("--log", help="replay this proxy access log instead of --workload")
+    sim.add_argument("--job", help='counts per kind, e.g. "index=20000,warc=1000000": when the last one goes')
     sim.add_argument("--duration", default="1h", help="simulated time (default 1h)")
     sim.add_argument("--json", action="store_true", help="print the result as one JSON object")
     sim.set_defaults(func=cmd_simulate)
