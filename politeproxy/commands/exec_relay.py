@@ -49,6 +49,14 @@ class Relay:
         self._open = asyncio.Semaphore(MAX_RELAYED)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._relay(reader, writer)
+        except asyncio.CancelledError:
+            # stop_loop cancels a relay still open when COMMAND ends. Ended quietly: Python 3.11's stream
+            # server asks a cancelled handler task for its exception, which logs a traceback.
+            writer.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async with self._open:
             try:
                 far_r, far_w = await asyncio.wait_for(self.opener(), CONNECT_TIMEOUT)

@@ -12,6 +12,7 @@ import contextlib
 import os
 import pty
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -369,3 +370,16 @@ def test_clients_that_ignore_the_settings_are_named(served: tuple[ProxyProc, Ups
         assert r.stdout.strip() == "refused", (r.stdout, r.stderr)
         assert "data.commoncrawl.org" in r.stderr.split("names it tried to resolve")[1]
     assert not arrivals(up, "/files/door.txt?bypass")
+
+
+def test_a_connection_still_open_when_command_ends_ends_quietly(served: tuple[ProxyProc, Upstream]) -> None:
+    """COMMAND leaves a process behind that holds a connection through the relay: exec stops with the relay
+    still open, and closes it without a traceback (Python 3.11's stream server logs one for a cancelled
+    handler)."""
+    p, _ = served
+    holder = f"import socket, time; s = socket.create_connection(('127.0.0.1', {p.port})); time.sleep(3)"
+    script = f'{shlex.quote(PY)} -c "{holder}" >/dev/null 2>&1 & sleep 1'
+    r = run_exec(p, "sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "Task was destroyed" not in r.stderr, r.stderr
+    assert NOTHING in r.stderr
