@@ -133,11 +133,21 @@ def run(netloc: str, lines: Sequence[str], command: Sequence[str]) -> int:
         )
     workdir = Path(tempfile.mkdtemp(prefix="politeproxy-exec-"))
     try:
-        door = Door(workdir / "proxy.sock", host, int(port))
-        inner = [sys.executable, "-m", "politeproxy.commands.exec_ns", "--relay", str(workdir / "proxy.sock")]
-        inner += ["--listen", netloc, "--workdir", str(workdir), "--", *command]
-        env = {**os.environ, **env_values(lines), "POLITEPROXY_EXEC": "1"}
-        proc = spawn([*unshare, *inner], env)
+        try:  # a Unix socket path past 107 bytes (a long TMPDIR), an unshare that cannot be run
+            door = Door(workdir / "proxy.sock", host, int(port))
+            inner = [
+                sys.executable,
+                "-m",
+                "politeproxy.commands.exec_ns",
+                "--relay",
+                str(workdir / "proxy.sock"),
+            ]
+            inner += ["--listen", netloc, "--workdir", str(workdir), "--", *command]
+            env = {**os.environ, **env_values(lines), "POLITEPROXY_EXEC": "1"}
+            proc = spawn([*unshare, *inner], env)
+        except OSError as e:
+            print(f"politeproxy exec: cannot start: {e}", file=sys.stderr)
+            return EXIT_SETUP
         door.start()
         rc = wait_forwarding(proc)
         door.stop()
