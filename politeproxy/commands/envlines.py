@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import ssl
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -225,3 +226,29 @@ def comment_safe(line: str) -> str:
     dir's) would end the comment and run the rest as a command under ``eval``. Values need no such care:
     shlex.quote keeps a newline inside its quotes."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+
+
+def env_output(cfg: Config, ca: Any, pipeline: str | None) -> list[str]:
+    """Everything `politeproxy env` prints (and `exec` sets): the trust bundle written (or, in a data dir
+    this user cannot write, the CA's own bundle), the export lines, the Java line; warnings on stderr."""
+    try:
+        bundle, system = trust_bundle(cfg.data_dir, ca.pem())
+        roots = f"the system's roots ({system}), " if system else "no system roots found, "
+    except OSError as e:  # a data dir this user cannot write: the CA's own bundle still works
+        print(
+            f"politeproxy: warning: cannot write the trust bundle ({e.strerror}); using {ca.bundle_path}",
+            file=sys.stderr,
+        )
+        bundle, roots = ca.bundle_path, "no system roots (not writable), "
+    lines = export_lines(cfg, ca, bundle, pipeline)
+    lines.append(f"# {bundle.name}: {roots}certifi's roots and the proxy's CA")
+    try:  # the JVM reads neither HTTPS_PROXY nor SSL_CERT_FILE (docs/tools.md, Java and Spark)
+        lines += [
+            "# Java, Spark: the proxy and a truststore of the bundle",
+            java_line(cfg, java_truststore(cfg.data_dir, bundle)),
+        ]
+    except (OSError, ValueError) as e:
+        print(
+            f"politeproxy: warning: no Java truststore ({e}); see docs/tools.md for keytool", file=sys.stderr
+        )
+    return lines

@@ -229,6 +229,7 @@ class StatusBoard:
         self._lock = asyncio.Lock()
         self.proxies: Callable[[], list[dict[str, Any]]] | None = None  # live proxies (observe.announce)
         self.carried = 0  # grants of this worker's earlier lives (observe/workers.py), in grants_since_start
+        self.config: Callable[[], dict[str, Any]] | None = None  # the config file: its path, whether read
 
     async def run(self) -> None:
         self.sample()  # the first point comes one step after start
@@ -270,6 +271,7 @@ class StatusBoard:
             "version": __version__,
             "time": round(time.time(), 3),
             "uptime_s": num(snap.at - self.started, 1),
+            "config": self.config() if self.config else None,
             # The store as it stands after this document's reads: one that failed over shows at once.
             "overall": self._overall(snap, self.pacer.snapshot()),
             "hosts": hosts,

@@ -244,3 +244,28 @@ def test_after_a_worker_restart_the_merged_grant_count_dropped_the_dead_workers_
     doc = status(a)
     assert doc["overall"]["grants_since_start"] == n, doc["workers"]
     assert doc["workers"][victim["worker"]]["grants_since_start"] == victim["grants_since_start"]
+
+
+def test_workers_start_on_the_port_a_one_process_proxy_just_left(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    """Issue 45: after a one-process proxy stopped with connections open, `run --workers 2` on its port
+    failed with "Address already in use" for about a minute (the connections' TIME_WAIT, which the
+    supervisor's held socket did not pass). It starts now, at once."""
+    import socket
+
+    first = proxy_factory(upstream, CONFIG)
+    clients = [socket.create_connection(("127.0.0.1", first.port), timeout=10) for _ in range(3)]
+    for c in clients:  # each connection served once and kept open
+        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert c.recv(4096).startswith(b"HTTP/1.1 200")
+    first.stop()  # the proxy closes them first: TIME_WAIT on its port
+    for c in clients:
+        while c.recv(4096):
+            pass
+        c.close()
+    second = proxy_factory(
+        upstream, CONFIG, port=first.port, args=("--workers", "2"), data_dir=first.data_dir
+    )
+    assert second.proc.poll() is None, second.log()
+    both_up(second)

@@ -73,6 +73,8 @@ COSTS: dict[str, int] = {
     "tests/e2e/test_front_limits.py": 10,
     "tests/e2e/test_access.py": 10,
     "tests/e2e/test_doctor.py": 9,
+    "tests/e2e/test_exec.py": 12,  # issue 45: eleven exec runs, pyarrow and duckdb among them
+    "tests/e2e/test_simulate_job.py": 12,  # issue 45: a 10 s job on the stand-in
     "tests/unit/commands/test_simulate.py": 9,
     "tests/e2e/test_pacing_hardening.py": 9,
     "tests/e2e/test_redis_url.py": 8,
