@@ -109,6 +109,24 @@ class Dispatcher:
         else:
             self._too_late(host, head, c, now)
 
+    async def claim_here(self, host: str, now: float, deadline: float, pipeline: str) -> bool:
+        """Global pacing off and nobody ahead for this host: the request claims in its own task, skipping
+        the hand-off to this loop. The store still answers, so a host's interval and backoff still hold."""
+        try:
+            s = self.settings()
+            w = s.window_for(host)
+            c = await self.store.claim(host, 0.0, s.interval_for(host), deadline - now, window=w)
+        except StoreError:
+            return False
+        if c.granted and c.wait <= 0:
+            self.grants += 1
+            self.state.charge(pipeline)
+            self.events.granted(host, 0.0, pipeline)
+            return True
+        if c.outcome is Outcome.HOST_NOT_READY:
+            self.state.set_ready(host, now + c.wait, now)
+        return False
+
     def _fair_ask(self, head: Waiter[asyncio.Future[float]], now: float) -> FairAsk:
         """The head's pipeline and weight, and every pipeline this proxy has ready: the shared store marks
         them backlogged, so the turns hold whichever proxy a pipeline's requests enter (issue 27)."""

@@ -29,6 +29,8 @@ from politeproxy.stores.holdnotes import HoldNotes, MemoryNotes
 log = logging.getLogger("politeproxy.pacing.holds")
 
 WATCH_EVERY = 0.5  # seconds between looks for a release made by another proxy (the promise is 1 s)
+LEARN_EVERY = 1.0  # seconds between reads of one host's note for the text of a refusal
+LEARN_TIMEOUT = 0.2  # a refusal waits this long at most for the note; then it goes with the pacer's words
 
 
 def proxy_name() -> str:
@@ -66,6 +68,7 @@ class Holds:
         self.name = proxy_name()
         self._since: dict[str, float] = {}  # host -> when this proxy last held it (wall clock), bounded
         self._seen: dict[str, float] = {}  # host -> the release this proxy last acted on, bounded
+        self._learned: dict[str, float] = {}  # host -> when its note was last read for a refusal, bounded
         self.wake = wake  # the dispatcher sleeps until the soonest hint: a dropped hint must wake it
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -144,6 +147,26 @@ class Holds:
                 await self.store.release(host)  # this proxy's fallback mirror too; the shared record is clear
                 self._drop_local(host)
                 log.info("%s: released by %s; the local hold is dropped", host, note.released_by or "hand")
+
+    async def learn(self, host: str) -> str:
+        """Why ``host`` rests, from its note, when another proxy or worker held it (read at most once a
+        LEARN_EVERY per host: a client retrying refusals in a loop costs the store nothing more)."""
+        now = self.monotonic()
+        if now - self._learned.get(host, -LEARN_EVERY) < LEARN_EVERY:
+            return ""
+        self._learned.pop(host, None)
+        self._learned[host] = now
+        while len(self._learned) > HINT_CAP:
+            del self._learned[next(iter(self._learned))]
+        try:
+            async with asyncio.timeout(LEARN_TIMEOUT):
+                found = await self.notes.get_quietly([host])
+        except TimeoutError:
+            return ""
+        note = found.get(host)
+        if note is not None:
+            self._adopt(host, note)
+        return self.rest.note(host)
 
     def _adopt(self, host: str, note: HoldNote) -> None:
         """A live hold another proxy (or worker) noted, that this one only knows from the store's answer:

@@ -29,13 +29,13 @@ from politeproxy.pacing.permit import Permit
 from politeproxy.pacing.quota import Quotas
 from politeproxy.pacing.rest import RestNotes, exempt_slot, index_rested, is_index_warning
 from politeproxy.pacing.snapshot import PacerSnapshot, take
-from politeproxy.pacing.state import HINT_CAP, QueueState, Waiter
+from politeproxy.pacing.state import HINT_CAP, QueueState, SuccessChecks, Waiter
 from politeproxy.policy.backoff import Delay, Kind, answer_delay, parse_retry_after
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, FAIR_NAMES, PipelineNames, PipelineRule
 from politeproxy.policy.signals import Signal
-from politeproxy.policy.slots import HostState, Outcome
-from politeproxy.stores.base import HostView, Store, StoreError
+from politeproxy.policy.slots import HostState
+from politeproxy.stores.base import HostView, Store
 from politeproxy.stores.holdnotes import HoldNotes
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
 
 log = logging.getLogger("politeproxy.pacing.pacer")
 
-SUCCESS_RECHECK = 1.0  # seconds between store resets of a host's throttle count on success
 FEEDBACK_CLOSE_TIMEOUT = 5.0  # close() waits this long for feedback still being recorded
 MAX_REMEMBERED_NAMES = 1024  # requested pipeline names remembered with the name each counts as
 
@@ -101,9 +100,7 @@ class Pacer:
         self._rules: dict[str, PipelineRule] = {}
         self._weights: dict[str, float] = {}
         self._configure_pipelines(self._settings.pipelines)
-        # When each host's throttle count in the store was last reset (or found clean) by a success here;
-        # a host missing is checked on its next success, so dropping an entry only costs a store write.
-        self._checked: dict[str, float] = {}
+        self._checked = SuccessChecks()  # when a success here last reset each host's count in the store
         self._errors = RepeatLog(log, monotonic)
         self._task: asyncio.Task[None] | None = None
         self._feedback_tasks: set[asyncio.Task[Delay | None]] = set()
@@ -227,7 +224,7 @@ class Pacer:
             self._events.rejected(host, "max_wait", pipeline)
             raise WaitTooLong(est, f"{host} is paced and this request would wait {est:.1f}s")
         if s.gap <= 0 and not self._state.depth(host) and self._state.ready_at(host) <= now:
-            if await self._claim_here(host, now, deadline, pipeline):
+            if await self._dispatcher.claim_here(host, now, deadline, pipeline):
                 return self._waited(host, Klass.PACED, arrived, pipeline)
         self._refuse_if_full(host, pipeline)
         w = Waiter(host, arrived, deadline, asyncio.get_running_loop().create_future(), pipeline, again=again)
@@ -243,24 +240,6 @@ class Pacer:
                 w.ticket.cancel()  # a refused or departed waiter: the dispatcher passes its slot on
             self._state.remove(w)
         return self._waited(host, Klass.PACED, arrived, pipeline)
-
-    async def _claim_here(self, host: str, now: float, deadline: float, pipeline: str) -> bool:
-        """Global pacing off and nobody ahead for this host: claim in this task, skipping the hand-off to
-        the dispatcher. The store still answers, so a host's interval and backoff still hold."""
-        try:
-            s = self._settings
-            w = s.window_for(host)
-            c = await self._store.claim(host, 0.0, s.interval_for(host), deadline - now, window=w)
-        except StoreError:
-            return False
-        if c.granted and c.wait <= 0:
-            self._dispatcher.grants += 1
-            self._state.charge(pipeline)
-            self._events.granted(host, 0.0, pipeline)
-            return True
-        if c.outcome is Outcome.HOST_NOT_READY:
-            self._state.set_ready(host, now + c.wait, now)
-        return False
 
     def _waited(self, host: str, klass: Klass, arrived: float, pipeline: str) -> float:
         waited = self.monotonic() - arrived
@@ -321,9 +300,9 @@ class Pacer:
         ``again``: the client's retry of a refused request (``policy.clients.sdk_attempt``)."""
         return Permit(self, host, klass, 0.0, self.pipeline_of(pipeline), arrived, bound, again)
 
-    def _rest_note(self, host: str) -> str:
-        """The "; <host> is blocked until <time>" (or backing off) note the permit adds to a refusal."""
-        return self._rest.note(host)
+    async def _rest_note(self, host: str, wait: float) -> str:
+        """Why ``host`` rests, when this proxy knows or (a wait this long) another proxy noted it."""
+        return self._rest.note(host) or (await self.holds.learn(host) if wait > 1.0 else "")
 
     async def _feedback(
         self, host: str, status: int | None, retry_after: str | None, signal: Signal | None = None
@@ -364,12 +343,12 @@ class Pacer:
         # A success resets the count even when the throttles were recorded by another proxy sharing the
         # store, or by this one before a restart; checking at most once a second keeps the store quiet.
         if self._success_due(host, now := self.monotonic()):
-            self._mark_checked(host, now)
+            self._checked.mark(host, now)
             try:
                 await self._store.succeeded(host)
             except Exception as e:  # noqa: BLE001 - feedback never raises; the next success retries
                 self._errors.error("recording a success", e)
-                self._checked.pop(host, None)
+                self._checked.forget(host)
         return None
 
     async def _throttled(
@@ -389,7 +368,7 @@ class Pacer:
         self.holds.held(host, delay.block, status, delay.seconds, reason)
         now = self.monotonic()
         self._state.hold(host, now + delay.seconds, now)
-        self._checked.pop(host, None)  # the next success must reset the count in the store
+        self._checked.forget(host)  # the next success must reset the count in the store
         self._events.throttled(host, status or 0, delay.seconds)
         if delay.capped_from is not None:
             log.warning("%s: Retry-After %.0fs cut to the %.0fs cap", host, delay.capped_from, delay.seconds)
@@ -401,17 +380,8 @@ class Pacer:
         return self._store.probing(host)
 
     def _success_due(self, host: str, now: float) -> bool:
-        """Must this success reach the store: not checked here within SUCCESS_RECHECK, or our probe?"""
-        last = self._checked.get(host)
-        return last is None or now - last >= SUCCESS_RECHECK or self._store.probing(host)
-
-    def _mark_checked(self, host: str, now: float) -> None:
-        self._checked.pop(host, None)  # re-inserted last: the dict's order is the order of checks
-        self._checked[host] = now
-        if len(self._checked) > HINT_CAP:
-            stale = [h for h, t in self._checked.items() if now - t >= SUCCESS_RECHECK]
-            for h in stale or [next(iter(self._checked))]:
-                del self._checked[h]
+        """Must this success reach the store: not checked here lately, or it answers our probe?"""
+        return self._checked.due(host, now) or self._store.probing(host)
 
     # Host records are read, and robots.txt's Crawl-delay written, through the pacer, not the store.
     async def host_view(self, host: str) -> HostView:

@@ -41,7 +41,7 @@ class Turns(Protocol):
     async def _feedback(
         self, host: str, status: int | None, retry_after: str | None, signal: Signal | None
     ) -> Delay | None: ...
-    def _rest_note(self, host: str) -> str: ...
+    async def _rest_note(self, host: str, wait: float) -> str: ...
 
 
 class Permit:
@@ -95,7 +95,7 @@ class Permit:
                     self.host, self._arrived, self.pipeline, self.bound, self.again
                 )
         except WaitTooLong as e:
-            e.note = pacer._rest_note(self.host)  # why the host rests, for the body of the refusal
+            e.note = await pacer._rest_note(self.host, e.wait)  # why the host rests: the refusal's text
             raise
         self.probe = pacer._probing(self.host)
         return self

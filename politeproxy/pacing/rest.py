@@ -75,14 +75,14 @@ class RestNotes:
         return until if until > self.clock() else 0.0
 
     def note(self, host: str) -> str:
-        """ "<host> is blocked since <UTC> until <UTC> (<why>)" (or "backing off"), or "" when it does not
-        rest: the whole reason of a refusal while it rests."""
+        """ "<host> is blocked until <UTC> (since <UTC>: <why>)" (or "backing off"), or "" when it does
+        not rest: the whole reason of a refusal while it rests."""
         kind, since, until, why = self._hosts.get(host, (Kind.THROTTLE, 0.0, 0.0, ""))
         if until <= self.clock():
             return ""
         state = "blocked" if kind is Kind.BLOCK else "backing off"
-        text = f"{host} is {state} since {_utc(since)} until {_utc(until)}"
-        return f"{text} ({why})" if why else text
+        text = f"{host} is {state} until {_utc(until)} (since {_utc(since)}"
+        return f"{text}: {why})" if why else f"{text})"
 
     def reasons(self) -> dict[str, str]:
         """host -> why this proxy last held it ("403 from CloudFront (Server: CloudFront)"), for /status."""

@@ -330,3 +330,33 @@ def estimate(
     host_wait = max(0.0, ready.get(host, 0.0) - now)
     global_wait = lead + (own + sum(ahead.values())) * gap
     return max(global_wait, host_wait + host_ahead * max(gap, interval))
+
+
+SUCCESS_RECHECK = 1.0  # seconds between store resets of a host's throttle count on success
+
+
+class SuccessChecks:
+    """When each host's throttle count in the store was last reset (or found clean) by a success here; a
+    host missing is checked on its next success, so dropping an entry only costs a store write. Bounded at
+    ``cap`` hosts: the stale ones go first, else the oldest."""
+
+    def __init__(self, cap: int = HINT_CAP) -> None:
+        self.cap = cap
+        self._checked: dict[str, float] = {}
+
+    def due(self, host: str, now: float) -> bool:
+        """Must this success reach the store: not checked here within SUCCESS_RECHECK?"""
+        last = self._checked.get(host)
+        return last is None or now - last >= SUCCESS_RECHECK
+
+    def mark(self, host: str, now: float) -> None:
+        self._checked.pop(host, None)  # re-inserted last: the dict's order is the order of checks
+        self._checked[host] = now
+        if len(self._checked) > self.cap:
+            stale = [h for h, t in self._checked.items() if now - t >= SUCCESS_RECHECK]
+            for h in stale or [next(iter(self._checked))]:
+                del self._checked[h]
+
+    def forget(self, host: str) -> None:
+        """The next success of ``host`` must reach the store (a throttle came, or the last write failed)."""
+        self._checked.pop(host, None)

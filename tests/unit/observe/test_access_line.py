@@ -139,7 +139,27 @@ def test_operator_lines_for_backoff_block_and_probe() -> None:
         "data.commoncrawl.org: sending the probe after a block: GET /crawl-data/x",
         "data.commoncrawl.org: the probe after a block got 200; the host is paced again",
     ]
-    assert {lvl for lvl, _m in lines} == {"INFO"}
+    # a block stops every pipeline: WARNING (issue 41); the rest are INFO
+    assert [lvl for lvl, _m in lines] == ["INFO", "WARNING", "INFO", "INFO"]
+
+
+def test_refusals_of_one_cause_make_one_line_per_interval() -> None:
+    """A client retrying a refusal at once (issue 41): one line per cause and pipeline per 30 s, then the
+    count of the rest; another cause or pipeline has its own line."""
+    op, lines, now = _oplog()
+    for i in range(500):
+        now[0] = i * 0.1  # 50 s of a tight loop
+        op.refused("etl", 503, f"would wait {i}s", "max_wait")
+    op.refused("etl", 503, "queue", "queue_full")
+    op.refused("other", 503, "would wait", "max_wait")
+    texts = [m for _lvl, m in lines]
+    assert texts == [
+        "etl: refused 503: would wait 0s",
+        "etl 503 max_wait: 299 more refusals not logged (rate-limited)",
+        "etl: refused 503: would wait 300s",
+        "etl: refused 503: queue",
+        "other: refused 503: would wait",
+    ]
 
 
 def test_operator_lines_are_rate_limited_and_bounded() -> None:

@@ -49,12 +49,12 @@ async def test_a_refusal_says_why_the_host_rests(vclock: VirtualClock) -> None:
         paced = await refusal(pacer, A, Klass.PACED)
         assert paced.why == f"{A} is paced and this request would wait 30.0s"  # the pacer's own words
         # one cause, one text (issue 41): the rest is the whole message, since and until when, and why
-        assert re.fullmatch(rf"{A} is backing off since \S+Z until \S+Z \(503 from upstream\)", paced.note)
+        assert re.fullmatch(rf"{A} is backing off until \S+Z \(since \S+Z: 503 from upstream\)", paced.note)
         assert paced.message == paced.note
         async with pacer.permit(B, Klass.PACED) as p:
             await p.answered(403, None)  # a block: exempt reads wait it out too
         exempt = await refusal(pacer, B, Klass.EXEMPT)
-        assert exempt.note.startswith(f"{B} is blocked since ") and exempt.message == exempt.note
+        assert exempt.note.startswith(f"{B} is blocked until ") and exempt.message == exempt.note
     finally:
         await pacer.close()
 
