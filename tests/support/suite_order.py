@@ -90,7 +90,7 @@ COSTS: dict[str, int] = {
     "tests/e2e/test_ca_constraints.py": 6,
     "tests/e2e/test_env_pipeline_password.py": 6,
     "tests/e2e/test_cache_clients.py": 6,
-    "tests/e2e/test_index_answers_redis.py": 6,  # issue 43: two proxies and a redis-server (-n 0)
+    "tests/e2e/test_index_answers_redis.py": 10,  # issue 43: two proxies, a redis-server, cdx_toolkit (-n 0)
     "tests/e2e/test_fastnet_e2e.py": 5,
     "tests/unit/proxy/test_robots_fetch.py": 5,
     "tests/e2e/test_cache_desync.py": 5,
