@@ -215,6 +215,7 @@ def test_after_a_503_the_index_rests_and_kept_answers_are_served_at_once(fresh: 
         for p in (env.a, env.b):
             t0 = time.monotonic()
             s, body, _h = get(p, kept)
+            print(f"a kept answer during the rest: {time.monotonic() - t0:.3f}s")
             assert s == 200 and b"kept.example" in body and time.monotonic() - t0 < REST / 2
         time.sleep(max(0.0, 1.1 - (time.monotonic() - warned)))
         s, _b, h = get(env.b, "/collinfo.json")  # stale (collinfo_ttl 1 s), and not fetched during the rest
@@ -223,4 +224,5 @@ def test_after_a_503_the_index_rests_and_kept_answers_are_served_at_once(fresh: 
     arrivals = [a for a in env.up.log() if a["host"] == IX]
     assert [a["path"] for a in arrivals] == [question("warn.example"), question("new.example")]
     # Strict: the rest starts once the 503 is read, after it arrived, so the next request comes REST later
+    print(f"the next index request {arrivals[1]['t'] - arrivals[0]['t']:.2f}s after the 503 (rest {REST}s)")
     assert arrivals[1]["t"] - arrivals[0]["t"] >= REST
