@@ -38,7 +38,14 @@ $(VENV)/duckdb15/.installed: | $(BIN)/python
 	$(BIN)/python -m pip install -q --no-deps --target $(VENV)/duckdb15 'duckdb==$(DUCKDB15)' 'duckdb-extension-httpfs==$(DUCKDB15)'
 	touch $@
 
-test: $(VENV)/.installed-test $(VENV)/duckdb15/.installed
+# undici 6 for the Node recipe of docs/tools.md (tests/e2e/test_recipes.py, which skips without it): npm
+# where it is installed; a machine without npm, or without the registry, only skips that test.
+$(VENV)/node/.installed: | $(BIN)/python
+	mkdir -p $(VENV)/node
+	if command -v npm >/dev/null 2>&1; then npm install --silent --no-audit --no-fund --prefix $(VENV)/node undici@6 || echo "undici not installed: the Node recipe test skips"; fi
+	touch $@
+
+test: $(VENV)/.installed-test $(VENV)/duckdb15/.installed $(VENV)/node/.installed
 	$(BIN)/ruff check politeproxy tests bench
 	$(BIN)/lint-imports
 	$(BIN)/mypy --config-file pyproject.toml

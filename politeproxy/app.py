@@ -15,7 +15,14 @@ from aiohttp import web
 
 from politeproxy.config import loading as config_mod
 from politeproxy.config.loading import Config, ConfigError, changes, parse_hostport
-from politeproxy.config.startup import announce_pacing, format_gap, probe_store
+from politeproxy.config.startup import (
+    announce_pacing,
+    config_line,
+    config_view,
+    format_gap,
+    open_data_dir,
+    probe_store,
+)
 from politeproxy.config.storebuild import StartupError, make_beats, make_index_answers, make_notes, make_store
 from politeproxy.observe import admin as admin_mod
 from politeproxy.observe.announce import Announcer
@@ -31,7 +38,7 @@ from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.table import restart_only
-from politeproxy.proxy.ca import CAError, CertificateAuthority
+from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import events_log
 from politeproxy.proxy.events import Tee
@@ -52,44 +59,6 @@ def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def _check_writable(data_dir: Path) -> None:
-    """Create and remove a file: a read-only data dir is refused at start, not at the first CONNECT."""
-    probe = data_dir / f".politeproxy-write-test-{os.getpid()}"
-    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.close(fd)
-    os.unlink(probe)
-
-
-def open_data_dir(data_dir: Path, hosts: HostSet) -> CertificateAuthority:
-    """Make the data dir, check it is writable, load (or make) the CA and the well-known leaves.
-
-    Every failure is a one-line StartupError: an unwritable dir, a corrupt or unreadable CA file.
-    Runs in a thread: it signs and writes files.
-    """
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-        _check_writable(data_dir)
-    except OSError as e:
-        raise StartupError(f"data_dir {data_dir} is not a writable directory: {e.strerror}") from None
-    try:
-        ca = CertificateAuthority(data_dir, hosts.permitted_subtrees())
-        if ca.created:
-            log.warning("made a new CA in %s; trust %s (see `politeproxy env`)", data_dir, ca.cert_path)
-        for h in hosts.concrete_hosts():
-            ca.context_for(h)
-    except CAError as e:
-        raise StartupError(one_line(str(e))) from None
-    except OSError as e:
-        raise StartupError(f"the CA in {data_dir}: {e.filename or ''}: {e.strerror}") from None
-    except ValueError as e:  # cryptography's parse errors, should the CA code let one through
-        raise StartupError(f"the CA in {data_dir} cannot be read: {one_line(str(e))}") from None
-    return ca
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())[:300]
-
-
 class App:
     def __init__(
         self, cfg: Config, config_path: str | None = None, overrides: dict[str, Any] | None = None
@@ -103,6 +72,7 @@ class App:
         self.proxy: Proxy | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._mtime = self._stat()
+        self.config_seen = config_view(config_path, self._mtime is not None)  # for /status
         self._metrics_runner: web.BaseRunner | None = None
         self.stopped = asyncio.Event()
         self.cache: CacheFront | None = None
@@ -129,9 +99,10 @@ class App:
         host, port = cfg.listen
         try:
             tokens = cfg.pipeline_tokens()  # [pipelines.NAME] token_env / token_file (issue 27)
+            admin_token = cfg.admin_token()  # [admin] token_env / token_file: /release wants it (issue 42)
         except ConfigError as e:
             raise StartupError(str(e)) from None
-        access = Access(cfg["allow_clients"], cfg["auth"]["users"], tokens, on_guest=self._guest)
+        access = Access(cfg["allow_clients"], cfg["auth"]["users"], tokens, self._guest, admin_token)
         if not is_loopback(host) and host != "localhost" and not access.open_beyond_loopback:
             raise StartupError(
                 f"refusing to listen on {host}:{port} as an open proxy: "
@@ -188,6 +159,8 @@ class App:
         if self.config_path:
             self._spawn(self._watch_config(), "config watch")
         self._announce(settings.gap, ca.cert_path)
+        start_log.info("%s", config_line(self.config_path, self._mtime is not None))
+        self.status.config = lambda: self.config_seen
         announce_pacing(settings)  # the effective rates, without -v
         return self.proxy
 
@@ -212,8 +185,9 @@ class App:
         )
         status, hosts, listen = self.status.document, cfg["admin_hosts"], cfg.listen[0]
         self.admin = ReleasingAdmin(
-            self.metrics, self._health, ca.pem, status, hosts=hosts, listen=listen, release=self._release
-        )
+            self.metrics, self._health, ca.pem, status, hosts=hosts, listen=listen, release=self._release,
+            token=access.admin_token,
+        )  # fmt: skip
         return Proxy(
             ca=ca,
             classifier=self.classifier,
@@ -241,6 +215,8 @@ class App:
         """``POST /release``: the pacer lifts the hold for every proxy on the store."""
         assert self.pacer is not None
         r = await self.pacer.holds.release(host, who)
+        if r.refused:  # not held, or released moments ago (issue 42): nothing was written
+            return {"released": [], "refused": r.refused, "retry_after": r.retry_in}
         if self.status is not None:
             self.status.invalidate()
         was = [f"{n.host}: {n.reason or n.kind} since {_utc(n.since)}" for n in r.was]
@@ -282,7 +258,7 @@ class App:
         if self.workers is None:
             return
         self.admin.workers = self.workers
-        self._worker_runner = await serve_private(self.workers, self.metrics.render, self.status.document)
+        self._worker_runner = await serve_private(self.workers, self.metrics.render, self.status)
 
     async def _start_metrics(self, addr: str) -> None:
         h, p = parse_hostport(addr, "metrics_listen")
@@ -357,6 +333,7 @@ class App:
         self.metrics.configure_pipelines(settings)  # a newly configured pipeline keeps its label
         self.metrics.set_configured_gap(settings.gap)
         self.metrics.reloads.labels("ok").inc()
+        self.config_seen = config_view(self.config_path, True)
         old, self.cfg = self.cfg.raw, new
         # Always shown (the start-up logger): after a rejected reload, the ERROR must not stay the last line.
         start_log.info("config reloaded (%s): %s", why, "; ".join(changes(old, new.raw)) or "no changes")

@@ -33,7 +33,7 @@ SECTIONS = (
     "cache",
 )
 # Variables of the test and bench tooling, documented with them, not read by the package.
-TOOLING_VARS = {"POLITEPROXY_BENCH_SRC", "POLITEPROXY_DOCS_SCREENSHOT"}
+TOOLING_VARS = {"POLITEPROXY_BENCH_SRC", "POLITEPROXY_DOCS_SCREENSHOT", "POLITEPROXY_JOBS_SCALE"}
 
 
 def pages() -> list[Path]:

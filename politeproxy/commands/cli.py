@@ -1,4 +1,4 @@
-"""The command line: run, env, ca, status, cache, doctor, simulate, release, config, check-config."""
+"""The command line: run, env, exec, ca, status, cache, doctor, simulate, release, config, check-config."""
 
 from __future__ import annotations
 
@@ -25,10 +25,15 @@ def _config_path(args: argparse.Namespace) -> str | None:
     given = getattr(args, "config", None) or os.environ.get("POLITEPROXY_CONFIG")
     if given:
         return str(given)
+    path = _default_config()
+    return path if Path(path).is_file() else None
+
+
+def _default_config() -> str:
+    """The default place, watched by `run` even while no file is there: one written later is read."""
     from politeproxy.config.template import default_path
 
-    path = default_path()
-    return str(path) if path.is_file() else None
+    return str(default_path())
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -89,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     async def main() -> int:
         loop_kind = type(asyncio.get_running_loop()).__module__.split(".")[0]
         logging.getLogger("politeproxy").info("event loop: %s", loop_kind)
-        app = App(cfg, _config_path(args), _overrides(args))
+        app = App(cfg, _config_path(args) or _default_config(), _overrides(args))
         try:
             await app.start()
         except StartupError as e:
@@ -170,8 +175,9 @@ def _config_and_ca(args: argparse.Namespace) -> tuple[Config, Any] | int:
         return _fail(f"data_dir {e.filename}: {e.strerror}", 1)
 
 
-def cmd_env(args: argparse.Namespace) -> int:
-    from politeproxy.commands.envlines import export_lines, java_line, java_truststore, trust_bundle
+def _env_lines(args: argparse.Namespace) -> tuple[Config, list[str]] | int:
+    """The lines `env` prints (and `exec` sets), or the exit code of a failure already reported."""
+    from politeproxy.commands.envlines import env_output
 
     got = _config_and_ca(args)
     if isinstance(got, int):
@@ -180,28 +186,30 @@ def cmd_env(args: argparse.Namespace) -> int:
     name = args.pipeline
     if name is not None and (not name or ":" in name or clean_name(name) != name):
         return _fail(f"--pipeline {name!r}: 1-64 printable characters, no spaces, quotes or ':'")
-    try:
-        bundle, system = trust_bundle(cfg.data_dir, ca.pem())
-        roots = f"the system's roots ({system}), " if system else "no system roots found, "
-    except OSError as e:  # a data dir this user cannot write: the CA's own bundle still works
-        print(
-            f"politeproxy: warning: cannot write the trust bundle ({e.strerror}); using {ca.bundle_path}",
-            file=sys.stderr,
-        )
-        bundle, roots = ca.bundle_path, "no system roots (not writable), "
-    lines = export_lines(cfg, ca, bundle, name)
-    lines.append(f"# {bundle.name}: {roots}certifi's roots and the proxy's CA")
-    try:  # the JVM reads neither HTTPS_PROXY nor SSL_CERT_FILE (docs/tools.md, Java and Spark)
-        lines += [
-            "# Java, Spark: the proxy and a truststore of the bundle",
-            java_line(cfg, java_truststore(cfg.data_dir, bundle)),
-        ]
-    except (OSError, ValueError) as e:
-        print(
-            f"politeproxy: warning: no Java truststore ({e}); see docs/tools.md for keytool", file=sys.stderr
-        )
+    return cfg, env_output(cfg, ca, name)
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    got = _env_lines(args)
+    if isinstance(got, int):
+        return got
+    lines = got[1]
+    if args.pipeline and (token := next((ln for ln in lines if "needs its token" in ln), None)):
+        print(f"politeproxy env: {token.lstrip('# ')}", file=sys.stderr)  # the shell's user sees it too
     print("\n".join(lines))
     return 0
+
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    """COMMAND in a network namespace whose only way out is the proxy (commands/exec_cmd.py)."""
+    from politeproxy.commands.envlines import proxy_netloc
+    from politeproxy.commands.exec_cmd import run
+
+    got = _env_lines(args)
+    if isinstance(got, int):
+        return got
+    command = args.exec_argv[1:] if args.exec_argv[:1] == ["--"] else args.exec_argv
+    return run(proxy_netloc(got[0]), got[1], command)
 
 
 def cmd_ca(args: argparse.Namespace) -> int:
@@ -247,28 +255,27 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """A workload through the config's pacing policy on a virtual clock (issue 24 item 6)."""
-    from politeproxy.commands import simulate
+    from politeproxy.commands import simjob, simulate
 
     try:
         cfg = _config(args)
     except ConfigError as e:
         return _fail(str(e))
-    return simulate.main(args, cfg)
+    return simjob.main(args, cfg) if args.job else simulate.main(args, cfg)
 
 
 def cmd_release(args: argparse.Namespace) -> int:
     """Lift a host's hold or backoff through the admin endpoint (issue 24 item 5)."""
     from politeproxy.commands import release
+    from politeproxy.observe import statusview
 
-    url = args.admin
-    if url is None:
-        from politeproxy.observe import statusview
-
-        try:
-            url = statusview.admin_url(*_config(args).listen)
-        except ConfigError as e:
-            return _fail(str(e))
-    return release.main(url, args.host)
+    try:
+        cfg = _config(args)
+        url = args.admin or statusview.admin_url(*cfg.listen)
+        token = cfg.admin_token()  # [admin] token_env / token_file, read from this shell (issue 42)
+    except ConfigError as e:
+        return _fail(str(e))
+    return release.main(url, args.host, token)
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -326,6 +333,11 @@ def parser() -> argparse.ArgumentParser:
     run_flags(env, hidden=True)
     env.add_argument("--pipeline", help="name this pipeline in the proxy URL (its fair share, its metrics)")
     env.set_defaults(func=cmd_env)
+    ex = sub.add_parser("exec", help="run COMMAND where the proxy is its only way out")
+    common(ex)
+    ex.add_argument("--pipeline", help="name this pipeline in the proxy URL (as env --pipeline)")
+    ex.add_argument("exec_argv", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    ex.set_defaults(func=cmd_exec)
     ca = sub.add_parser("ca", help="print the paths of the CA and the bundle (made if missing)")
     common(ca)
     ca.add_argument("--all", action="store_true", help="list every name the CA permits")
@@ -352,6 +364,7 @@ def parser() -> argparse.ArgumentParser:
         "--workload", help='rates per class, e.g. "exempt=50/s,paced=5/s" (optionally per pipeline)'
     )
     sim.add_argument("--log", help="replay this proxy access log instead of --workload")
+    sim.add_argument("--job", help='counts per kind, e.g. "index=20000,warc=1000000": when the last one goes')
     sim.add_argument("--duration", default="1h", help="simulated time (default 1h)")
     sim.add_argument("--json", action="store_true", help="print the result as one JSON object")
     sim.set_defaults(func=cmd_simulate)

@@ -8,7 +8,9 @@ Checks, in order, each printed as ok or what is wrong and how to fix it:
    CA, and makes a paced host's certificate (the proxy's leaf) verify, in a TLS handshake through the proxy;
 4. no_proxy and NO_PROXY are both set and neither covers a Common Crawl host;
 5. one GET of a paced URL through the proxy comes back 2xx with ``Via: 1.1 politeproxy`` (a 502 the proxy
-   made, or any other error, is a failure that shows the answer's first line).
+   made, or any other error, is a failure that shows the answer's first line), sent with ``Cache-Control:
+   no-cache`` so the proxy's cache never answers it: the line says the path it took (intercepted, paced,
+   answered by the upstream) and what the upstream said.
 
 The fix lines name the command as this shell can run it (``command()``): bare ``politeproxy`` only when
 that is the one on PATH, else the installed script's absolute path (``make run`` leaves it in .venv/bin).
@@ -66,6 +68,8 @@ CONNECT_TIMEOUT = 5.0
 REQUEST_TIMEOUT = 30.0  # a paced request may be held; 30 s is what cdx_toolkit and duckdb wait
 MAX_BUNDLE = 16 * 1024 * 1024  # bytes of a CA bundle read (a system bundle is about 200 KiB)
 MAX_BODY = 64 * 1024  # bytes of the answer read before closing: the headers are what count
+# What the upstream said besides its status: who answered (CloudFront, S3, pywb) and whether a CDN cache did.
+UPSTREAM_HEADERS = ("Server", "X-Cache", "Age")
 
 
 @dataclass(frozen=True)
@@ -285,7 +289,8 @@ def check_request(env: Mapping[str, str], proxy: ProxyAddr, url: str) -> Check:
     conn.set_tunnel(u.hostname or "", u.port or 443, headers=_auth(proxy))
     try:
         target = (u.path or "/") + (f"?{u.query}" if u.query else "")
-        conn.request("GET", target, headers={"User-Agent": "politeproxy-doctor"})
+        # no-cache: the proxy fetches again (and replaces its copy), so the check reaches Common Crawl
+        conn.request("GET", target, headers={"User-Agent": "politeproxy-doctor", "Cache-Control": "no-cache"})
         resp = conn.getresponse()
         body = resp.read(MAX_BODY)
     except (OSError, http.client.HTTPException) as e:  # ssl.SSLError is an OSError
@@ -299,14 +304,22 @@ def check_request(env: Mapping[str, str], proxy: ProxyAddr, url: str) -> Check:
     if not 200 <= resp.status < 300:  # a 502 the proxy made, a 403 from upstream: not a working path
         why = f"GET {url} through the proxy: {resp.status} {resp.reason}: {_first_line(body)}"
         return Check(False, why, "the answer says why; the proxy's log has the details")
-    wait, pipeline, cache = (resp.getheader(h) for h in (WAIT_HEADER, PIPELINE_HEADER, "X-Politeproxy-Cache"))
-    notes = [
-        f"held {wait} s" if wait else "",
-        f"pipeline {pipeline}" if pipeline else "",
-        f"cache {cache}" if cache else "",
-    ]
-    more = f" ({', '.join(n for n in notes if n)})" if any(notes) else ""
-    return Check(True, f"GET {url} through the proxy: {resp.status}, Via: {via}{more}")
+    return _path_taken(url, resp)
+
+
+def _path_taken(url: str, resp: http.client.HTTPResponse) -> Check:
+    """Which way the answer came (issue 45): intercepted (our Via on an https answer: a blind tunnel
+    carries none), paced (the wait header only the pacer's answers carry; a cache hit has none), and
+    answered by the upstream, with what it said."""
+    wait, pipeline = (resp.getheader(h) for h in (WAIT_HEADER, PIPELINE_HEADER))
+    said = ", ".join(f"{h}: {v}" for h in UPSTREAM_HEADERS if (v := resp.getheader(h)))
+    head = f"GET {url} through the proxy: {resp.status}, Via: {resp.getheader('Via')}"
+    if not wait:
+        why = f"{head}: intercepted, but not paced: the answer did not come from Common Crawl (the cache?)"
+        return Check(False, why, "the proxy's access line for it says where it came from")
+    paced = f"paced (held {wait} s{f', pipeline {pipeline}' if pipeline else ''})"
+    upstream = f"answered by the upstream: {resp.status} {resp.reason}" + (f" ({said})" if said else "")
+    return Check(True, f"{head}; intercepted, {paced}, {upstream}")
 
 
 def _auth(proxy: ProxyAddr) -> dict[str, str] | None:

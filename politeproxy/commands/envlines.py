@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import ssl
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -142,17 +143,41 @@ def _sql(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_PLAIN_URL = re.compile(r"[A-Za-z0-9%.:\[\]_~-]+")  # nothing a shell's double quotes would read
+
+
+def token_of(cfg: Config, pipeline: str | None) -> tuple[str, str]:
+    """(how the pipeline's token is kept, where): ("env", VAR), ("file", PATH), or ("", "") for none."""
+    t = cfg.raw["pipelines"].get(pipeline or "") or {}
+    if t.get("token_env"):
+        return "env", str(t["token_env"])
+    if t.get("token_file"):
+        return "file", str(t["token_file"])
+    return "", ""
+
+
+def proxy_value(netloc: str, pipeline: str | None, token_env: str) -> str:
+    """The proxy URL as a shell value. The pipeline is the URL's user name, percent-encoded, sent as
+    Proxy-Authorization. A password is needed: requests sends no credentials for a user name alone, and
+    botocore (the AWS CLI, boto3) none for an empty password; without a token and without [auth] users the
+    proxy ignores it (policy/access.py). With a token, the password is a reference to its variable,
+    ``"http://NAME:${VAR}@HOST:PORT"``, expanded by the shell that runs the line: never the secret."""
+    if not pipeline:
+        return shlex.quote(f"http://{netloc}")
+    user = quote(pipeline, safe="")
+    if token_env and _ENV_NAME.fullmatch(token_env) and _PLAIN_URL.fullmatch(user + netloc):
+        return f'"http://{user}:${{{token_env}}}@{netloc}"'
+    return shlex.quote(f"http://{user}:{PIPELINE_PASSWORD}@{netloc}")
+
+
 def export_lines(cfg: Config, ca: Any, bundle: Path, pipeline: str | None) -> list[str]:
     """The lines `politeproxy env` prints; ``pipeline`` is a name already checked by the caller."""
     netloc = proxy_netloc(cfg)
-    # The pipeline is the proxy URL's user name, percent-encoded, sent as Proxy-Authorization. A password
-    # is needed: requests sends no credentials for a user name alone, and botocore (the AWS CLI, boto3)
-    # none for an empty password. Without [auth] users the proxy ignores it (policy/access.py).
-    proxy = (
-        f"http://{quote(pipeline, safe='')}:{PIPELINE_PASSWORD}@{netloc}" if pipeline else f"http://{netloc}"
-    )
+    kind, where = token_of(cfg, pipeline)
+    proxy = proxy_value(netloc, pipeline, where if kind == "env" else "")
     values = [
-        *(f"{k}={shlex.quote(proxy)}" for k in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")),
+        *(f"{k}={proxy}" for k in ("HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy")),
         # wget and some Go tools read only the lower-case one; others only the upper-case one.
         f"NO_PROXY={shlex.quote(NO_PROXY)}",
         f"no_proxy={shlex.quote(NO_PROXY)}",
@@ -171,9 +196,26 @@ def export_lines(cfg: Config, ca: Any, bundle: Path, pipeline: str | None) -> li
     )
     if pipeline:
         # duckdb 1.4 sends no proxy credentials without a non-empty password (any, without [auth] users)
-        user, password = _sql(pipeline), _sql(PIPELINE_PASSWORD)
+        user = _sql(pipeline)
+        password = f"<the token in ${where}>" if kind == "env" else _sql(PIPELINE_PASSWORD)
         lines.append(f"# duckdb: SET http_proxy_username = {user}; SET http_proxy_password = {password};")
+    if kind:
+        lines.append(f"# {token_note(pipeline or '', kind, where)}")
     return [comment_safe(line) if line.startswith("#") else line for line in lines]
+
+
+def token_note(pipeline: str, kind: str, where: str) -> str:
+    """What ``env --pipeline`` says of a pipeline that needs its token (issue 42, item 9)."""
+    guest = f"without it, its requests count as the guest pipeline {pipeline}~guest (weight 1)"
+    if kind == "env":
+        return (
+            f"pipeline {pipeline} needs its token: the proxy URL reads it from ${where} when the shell runs "
+            f"these lines (set {where} first; its value must be URL-safe: letters, digits, -._~); {guest}"
+        )
+    return (
+        f"pipeline {pipeline} needs its token (token_file {where}): put it in the proxy URL as the "
+        f"password, in place of {PIPELINE_PASSWORD!r}; {guest}"
+    )
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -184,3 +226,29 @@ def comment_safe(line: str) -> str:
     dir's) would end the comment and run the rest as a command under ``eval``. Values need no such care:
     shlex.quote keeps a newline inside its quotes."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line)
+
+
+def env_output(cfg: Config, ca: Any, pipeline: str | None) -> list[str]:
+    """Everything `politeproxy env` prints (and `exec` sets): the trust bundle written (or, in a data dir
+    this user cannot write, the CA's own bundle), the export lines, the Java line; warnings on stderr."""
+    try:
+        bundle, system = trust_bundle(cfg.data_dir, ca.pem())
+        roots = f"the system's roots ({system}), " if system else "no system roots found, "
+    except OSError as e:  # a data dir this user cannot write: the CA's own bundle still works
+        print(
+            f"politeproxy: warning: cannot write the trust bundle ({e.strerror}); using {ca.bundle_path}",
+            file=sys.stderr,
+        )
+        bundle, roots = ca.bundle_path, "no system roots (not writable), "
+    lines = export_lines(cfg, ca, bundle, pipeline)
+    lines.append(f"# {bundle.name}: {roots}certifi's roots and the proxy's CA")
+    try:  # the JVM reads neither HTTPS_PROXY nor SSL_CERT_FILE (docs/tools.md, Java and Spark)
+        lines += [
+            "# Java, Spark: the proxy and a truststore of the bundle",
+            java_line(cfg, java_truststore(cfg.data_dir, bundle)),
+        ]
+    except (OSError, ValueError) as e:
+        print(
+            f"politeproxy: warning: no Java truststore ({e}); see docs/tools.md for keytool", file=sys.stderr
+        )
+    return lines

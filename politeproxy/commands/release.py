@@ -16,9 +16,11 @@ from politeproxy.observe.statusview import StatusError, admin_call
 HEADER = {"X-Politeproxy-Release": "1"}
 
 
-def main(url: str, host: str) -> int:
+def main(url: str, host: str, token: str = "") -> int:
+    """``token``: the ``[admin]`` token, sent as a Bearer token when the proxy asks for one."""
+    headers = HEADER | ({"Authorization": f"Bearer {token}"} if token else {})
     try:
-        doc = admin_call(url, f"/release?host={quote(host, safe='')}", "POST", HEADER)
+        doc = admin_call(url, f"/release?host={quote(host, safe='')}", "POST", headers)
     except StatusError as e:
         print(f"politeproxy release: {e}", file=sys.stderr)
         return 1

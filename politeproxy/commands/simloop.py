@@ -134,6 +134,8 @@ class Simulation:
                 self._place_timeout(what)
             elif kind == "timeout":
                 self._timeout(what)
+            elif kind == "arrive":  # a request made by the simulation itself (simjob.py: a job's next one)
+                self._arrive(what)
 
     def _arrive(self, a: Arrival) -> None:
         if (name := self.names.counted_as(a.pipeline)) != a.pipeline:  # beyond the proxy's bound: "other"

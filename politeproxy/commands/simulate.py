@@ -23,6 +23,8 @@ from politeproxy.policy.simulation import (
     EXEMPT,
     MAX_ARRIVALS,
     MAX_LINE,
+    MAX_LOG,
+    MAX_LONG_LINE,
     PACED,
     Arrival,
     Stream,
@@ -78,15 +80,27 @@ def _as_configured(logged: list[Arrival], cfg: Config, notes: list[str]) -> list
     return out
 
 
-def bounded_lines(f: IO[str], limit: int = MAX_LINE) -> Iterator[str]:
+def bounded_lines(
+    f: IO[str], limit: int = MAX_LINE, longest: int = MAX_LONG_LINE, total: int = MAX_LOG
+) -> Iterator[str]:
     """The lines of ``f``, each read at most ``limit`` characters at a time: a longer one is skipped
-    whole, so a log without newlines never fills the memory."""
+    whole, so a log without newlines never fills the memory. A line longer than ``longest``, or more than
+    ``total`` characters in all, is no access log (``--log /dev/zero`` never ended): WorkloadError."""
+    read = 0
     while line := f.readline(limit + 1):
-        if len(line) > limit and not line.endswith("\n"):
+        read += len(line)
+        too_long = len(line) > limit and not line.endswith("\n")
+        if too_long:
+            skipped = 0
             while (rest := f.readline(limit + 1)) and not rest.endswith("\n"):
-                pass
-            continue
-        yield line
+                skipped += len(rest)
+                if skipped > longest:
+                    raise WorkloadError(f"a line of more than {longest:,} characters: not an access log")
+            read += skipped + len(rest)
+        if read > total:
+            raise WorkloadError(f"more than {total:,} characters of log; cut it first")
+        if not too_long:
+            yield line
 
 
 def _requests(args: argparse.Namespace, cfg: Config, seconds: float, notes: list[str]) -> Iterable[Arrival]:

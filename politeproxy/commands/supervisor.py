@@ -64,9 +64,14 @@ def reserve(host: str, port: int) -> socket.socket:
         probe.bind(addr)
         port = int(probe.getsockname()[1])  # port 0: the one the kernel chose
     held = socket.socket(family, socket.SOCK_STREAM)
-    try:  # no SO_REUSEADDR: while no worker listens, another proxy's probe above still meets this one
+    try:
+        # SO_REUSEADDR for the bind only: it passes the TIME_WAIT connections a previous proxy left on the
+        # port (without it the bind failed for a minute after a one-process proxy stopped; issue 45). Off
+        # again once bound, so while no worker listens another proxy's probe (above) still meets this one.
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         held.bind((addr[0], port, *addr[2:]))
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
     except BaseException:
         held.close()
         raise

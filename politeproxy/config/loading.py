@@ -285,26 +285,15 @@ class Config:
         a ConfigError names the key and never the secret."""
         out: dict[str, str] = {}
         for name, t in self.raw["pipelines"].items():
-            env, path = t["token_env"], t["token_file"]
-            key = f"pipelines.{name}"
-            if env and path:
-                raise ConfigError(f"{key}: token_env or token_file, not both")
-            if env:
-                secret = os.environ.get(env, "")
-                if not secret:
-                    raise ConfigError(f"{key}.token_env: the variable {env} is not set (or empty)")
-            elif path:
-                try:
-                    with open(os.path.expanduser(path), encoding="utf-8") as f:
-                        secret = f.readline(4096).strip()
-                except (OSError, UnicodeDecodeError) as e:
-                    raise ConfigError(f"{key}.token_file: cannot read {path}: {type(e).__name__}") from None
-                if not secret:
-                    raise ConfigError(f"{key}.token_file: {path} holds no secret on its first line")
-            else:
-                continue
-            out[name] = secret
+            secret = _secret(f"pipelines.{name}", t["token_env"], t["token_file"])
+            if secret:
+                out[name] = secret
         return out
+
+    def admin_token(self) -> str:
+        """The token ``POST /release`` requires ([admin] token_env / token_file), "" when none is set."""
+        a = self.raw["admin"]
+        return _secret("admin", a["token_env"], a["token_file"])
 
     def pacing(self) -> PacingSettings:
         p = self.raw["pacing"]
@@ -420,3 +409,25 @@ def load(
         return build(raw, str(path), overrides)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+def _secret(key: str, env: str, path: str) -> str:
+    """A secret from the variable ``env`` or the first line of the file ``path`` (neither: ""); a
+    ConfigError names the key and never the secret."""
+    if env and path:
+        raise ConfigError(f"{key}: token_env or token_file, not both")
+    if env:
+        secret = os.environ.get(env, "")
+        if not secret:
+            raise ConfigError(f"{key}.token_env: the variable {env} is not set (or empty)")
+        return secret
+    if not path:
+        return ""
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            secret = f.readline(4096).strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{key}.token_file: cannot read {path}: {type(e).__name__}") from None
+    if not secret:
+        raise ConfigError(f"{key}.token_file: {path} holds no secret on its first line")
+    return secret

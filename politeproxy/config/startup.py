@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
+from politeproxy.config.storebuild import StartupError
 from politeproxy.pacing.base import PacingSettings
+from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.redis_url import redis_address
 from politeproxy.policy.settings import format_duration, format_gap, format_rate
+from politeproxy.proxy.ca import CAError, CertificateAuthority
 
 log = logging.getLogger("politeproxy")
 start_log = logging.getLogger("politeproxy.start")  # always at INFO (logs.setup_logging)
@@ -103,3 +108,55 @@ async def probe_store(store: Any, schedule: dict[str, Any]) -> None:
     client = getattr(getattr(store, "primary", None), "client", None)
     if schedule["backend"] == "redis" and client is not None:
         await probe_redis(client, schedule["redis_url"])
+
+
+def config_view(path: str | None, read: bool) -> dict[str, Any]:
+    """What /status says of the config file (issue 45): where it is looked for, and whether one was read."""
+    return {"path": path, "read": read}
+
+
+def config_line(path: str | None, read: bool) -> str:
+    """The start line that names the config file read, or says that none was: the defaults apply."""
+    if read:
+        return f"config file: {path}"
+    if path:
+        return f"no config file: defaults (a file written at {path} is read when it appears)"
+    return "no config file: defaults"
+
+
+def _check_writable(data_dir: Path) -> None:
+    """Create and remove a file: a read-only data dir is refused at start, not at the first CONNECT."""
+    probe = data_dir / f".politeproxy-write-test-{os.getpid()}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.close(fd)
+    os.unlink(probe)
+
+
+def open_data_dir(data_dir: Path, hosts: HostSet) -> CertificateAuthority:
+    """Make the data dir, check it is writable, load (or make) the CA and the well-known leaves.
+
+    Every failure is a one-line StartupError: an unwritable dir, a corrupt or unreadable CA file.
+    Runs in a thread: it signs and writes files.
+    """
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        _check_writable(data_dir)
+    except OSError as e:
+        raise StartupError(f"data_dir {data_dir} is not a writable directory: {e.strerror}") from None
+    try:
+        ca = CertificateAuthority(data_dir, hosts.permitted_subtrees())
+        if ca.created:
+            log.warning("made a new CA in %s; trust %s (see `politeproxy env`)", data_dir, ca.cert_path)
+        for h in hosts.concrete_hosts():
+            ca.context_for(h)
+    except CAError as e:
+        raise StartupError(one_line(str(e))) from None
+    except OSError as e:
+        raise StartupError(f"the CA in {data_dir}: {e.filename or ''}: {e.strerror}") from None
+    except ValueError as e:  # cryptography's parse errors, should the CA code let one through
+        raise StartupError(f"the CA in {data_dir} cannot be read: {one_line(str(e))}") from None
+    return ca
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())[:300]

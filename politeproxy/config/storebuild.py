@@ -13,9 +13,12 @@ from collections.abc import Callable
 
 from politeproxy.cache.redis_answers import RedisAnswers
 from politeproxy.config.loading import Config, env_number
+from politeproxy.policy.services import service_key
+from politeproxy.policy.window import WindowRule
 from politeproxy.stores.base import Store, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
+from politeproxy.stores.file_windows import boot_clock
 from politeproxy.stores.heartbeats import Beats, FileBeats, MemoryBeats, RedisBeats
 from politeproxy.stores.holdnotes import FileNotes, HoldNotes, MemoryNotes, RedisNotes
 from politeproxy.stores.memory import MemoryStore
@@ -43,7 +46,7 @@ def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
     if backend == "memory":
         return MemoryStore(max_backoff=cap)  # monotonic: no other process reads its records
     try:
-        local: Store = FileStore(cfg.data_dir, clock, max_backoff=cap)
+        local: Store = FileStore(cfg.data_dir, clock, max_backoff=cap, boottime=boot_clock)
     except StoreError as e:
         # Never a silent fall back to memory: that paces this process alone and fails open on the
         # budget shared with other proxies and ccrawl. (A lock that cannot be taken, NFS, is the store's.)
@@ -52,13 +55,26 @@ def make_store(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store:
             'permissions, or set schedule.backend = "memory" to pace this process alone'
         ) from None
     if backend == "file":
-        return FailoverStore(local, MemoryStore(max_backoff=cap), mult, on_change=on_change)
+        return watching(cfg, FailoverStore(local, MemoryStore(max_backoff=cap), mult, on_change=on_change))
     from politeproxy.stores.redis_store import RedisStore
 
     primary = RedisStore(
         sched["redis_url"], prefix=sched["redis_prefix"], key_ttl=sched["redis_key_ttl"], max_backoff=cap
     )
-    return FailoverStore(primary, local, mult, on_change=on_change)
+    return watching(cfg, FailoverStore(primary, local, mult, on_change=on_change))
+
+
+def watching(cfg: Config, store: FailoverStore) -> FailoverStore:
+    """The failover store told the request window from the start, so it mirrors every service's window
+    into its fallback before this proxy has sent anything (issue 42 item 2)."""
+    egress = cfg["egress"]
+    if egress["limit"] > 0:
+        store.mirror.watch(
+            WindowRule(
+                service_key("data.commoncrawl.org"), cfg.egress_name, egress["window"], egress["limit"]
+            )
+        )
+    return store
 
 
 def make_notes(cfg: Config, store: Store) -> HoldNotes:

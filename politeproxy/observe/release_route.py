@@ -8,7 +8,9 @@ checked as a host name; the answer says what was released and what it was held f
 
 from __future__ import annotations
 
+import hmac
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,12 +34,20 @@ def who(request: web.BaseRequest) -> str:
     return f"{user}@{request.remote or '?'}" if user else (request.remote or "?")
 
 
+def token_ok(token: str, header: str | None) -> bool:
+    """Whether ``header`` is ``Bearer <token>`` (compared in constant time); never raises."""
+    if not header or len(header) > 4096 or header[:7].lower() != "bearer ":
+        return False
+    return hmac.compare_digest(header[7:].strip().encode("utf-8", "replace"), token.encode())
+
+
 class ReleasingAdmin(Admin):
     """The admin endpoints plus ``POST /release``."""
 
-    def __init__(self, *args: Any, release: Release, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, release: Release, token: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.release = release
+        self.token = token  # [admin] token_env / token_file: "" = none asked (issue 42, item 4)
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.rel_url.path != "/release":
@@ -50,6 +60,12 @@ class ReleasingAdmin(Admin):
             return error_response(405, "/release takes POST (politeproxy release HOST)")
         if request.headers.get(HEADER) != "1":
             return error_response(403, f"/release needs the header {HEADER}: 1 (politeproxy release)")
+        if self.token and not token_ok(self.token, request.headers.get("Authorization")):
+            log.warning("a release without the admin token from %s refused", who(request))
+            return error_response(
+                401, "/release needs the admin token ([admin] token_env): politeproxy release sends it",
+                {"WWW-Authenticate": 'Bearer realm="politeproxy release"'},
+            )  # fmt: skip
         host = normalize_host(request.rel_url.query.get("host", ""))
         if not valid_hostname(host):
             return error_response(400, "/release?host=HOST: HOST must be a host name")
@@ -58,4 +74,9 @@ class ReleasingAdmin(Admin):
         except StoreError as e:
             log.warning("release of %s failed: %s", host, e)
             return error_response(503, f"the schedule store could not be written: {e}")
+        refused, wait = answer.get("refused"), answer.get("retry_after") or 0
+        if refused:  # 429 (released moments ago, with when to ask again) or 404 (not held)
+            if wait > 0:
+                return error_response(429, str(refused), {"Retry-After": str(max(1, math.ceil(wait)))})
+            return error_response(404, str(refused))
         return web.json_response(answer)

@@ -228,6 +228,8 @@ class StatusBoard:
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._lock = asyncio.Lock()
         self.proxies: Callable[[], list[dict[str, Any]]] | None = None  # live proxies (observe.announce)
+        self.carried = 0  # grants of this worker's earlier lives (observe/workers.py), in grants_since_start
+        self.config: Callable[[], dict[str, Any]] | None = None  # the config file: its path, whether read
 
     async def run(self) -> None:
         self.sample()  # the first point comes one step after start
@@ -240,6 +242,10 @@ class StatusBoard:
         gap = snap.gap
         self.history.sample(snap.at, time.time(), snap.grants, 1.0 / gap if gap > 0 else 0.0, snap.queued)
         self.events.prune(snap.at)
+
+    def granted(self) -> int:
+        """This process's grants since it started (without ``carried``)."""
+        return self.pacer.snapshot().grants
 
     def invalidate(self) -> None:
         """The next document is built afresh (a release changed what it says)."""
@@ -265,6 +271,7 @@ class StatusBoard:
             "version": __version__,
             "time": round(time.time(), 3),
             "uptime_s": num(snap.at - self.started, 1),
+            "config": self.config() if self.config else None,
             # The store as it stands after this document's reads: one that failed over shows at once.
             "overall": self._overall(snap, self.pacer.snapshot()),
             "hosts": hosts,
@@ -381,7 +388,7 @@ class StatusBoard:
             "achieved_window_s": num(span, 1),
             # and over the last minute (or since start, when sooner): the two side by side (issue 26)
             "achieved_rate_1m": num(self.events.total.count(snap.at) / minute),
-            "grants_since_start": snap.grants,
+            "grants_since_start": snap.grants + self.carried,
             "queued": snap.queued,
             "exempt_waiting": sum(snap.exempt_waiting_by_pipeline.values()),
             "exempt_in_flight": sum(snap.exempt_in_flight.values()),

@@ -297,6 +297,9 @@ def render(doc: Any, footer: str = "", all_proxies: bool = False) -> Group:
     head.append(plain(_get(st, "active"), 20).plain)
     if _get(st, "degraded") is True:
         head.append(" DEGRADED (local pacing)", style="bold red")
+    cf = _get(doc, "config")  # the file read, or none: the defaults (issue 45)
+    read = _get(cf, "read") is True
+    head.append("\nconfig: " + (plain(_get(cf, "path"), 160).plain if read else "no config file (defaults)"))
     head.append("\nrate: configured " + (fmt(conf, "/s") if conf else "off"))
     window = fmt(_get(o, "achieved_window_s"), " s", 0)
     head.append(f"  achieved {fmt(_get(o, 'achieved_rate'), '/s')} (last {window})")

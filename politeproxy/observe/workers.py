@@ -6,6 +6,11 @@ The supervisor (commands/supervisor.py) names the folder, the worker's index and
 ``POLITEPROXY_WORKER`` ("INDEX:COUNT:RESTARTS:FOLDER"); a proxy without it is the only worker and answers
 alone, exactly as before. A peer that does not answer within ``ASK_TIMEOUT`` (restarting, or stuck) is
 left out of that answer and shown as not answering; its body is read up to ``MAX_BODY``.
+
+A worker the supervisor restarts starts counting its grants from 0. So each worker writes its count to
+``w<INDEX>.grants`` in the folder every ``CARRY_EVERY`` seconds, and its next life adds the grants of the
+lives before it (``Board.carried``) to its count since start: the merged count keeps a dead worker's grants
+(issue 42, item 11; at most ``CARRY_EVERY`` seconds of them are lost to a kill -9).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -26,8 +31,63 @@ from politeproxy.observe.workermerge import merge_metrics, merge_status
 ENV = "POLITEPROXY_WORKER"
 ASK_TIMEOUT = 1.0  # seconds for one peer's answer
 MAX_BODY = 32 << 20  # a peer's /metrics or /status, at most (a worker's text is tens of KiB)
+CARRY_EVERY = 1.0  # seconds between writes of this worker's grant count
+MAX_GRANTS = 1 << 62  # a count read back from the folder is bounded (the file is this user's, but a record)
 Render = Callable[[], bytes]
 Document = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class Board(Protocol):
+    """The status board as the private channel uses it (observe/status.py's StatusBoard)."""
+
+    carried: int  # grants of this worker index's earlier lives, in its count since start
+
+    async def document(self) -> dict[str, Any]: ...
+
+    def granted(self) -> int:
+        """This life's grants so far."""
+        ...
+
+
+def read_carried(path: Path, pid: int) -> int:
+    """The grants of the earlier lives of one worker index: what the last one wrote, its own count and the
+    count it carried (0 when nothing readable was written)."""
+    try:
+        parts = path.read_text(encoding="ascii")[:100].split()
+    except (OSError, UnicodeDecodeError):
+        return 0
+    if len(parts) != 3 or not all(p.isdigit() and len(p) < 20 for p in parts):
+        return 0
+    old_pid, grants, carried = (int(p) for p in parts)
+    return min(MAX_GRANTS, carried if old_pid == pid else carried + grants)
+
+
+def write_carried(path: Path, pid: int, grants: int, carried: int) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{pid} {grants} {carried}\n", encoding="ascii")
+    os.replace(tmp, path)  # whole or not at all: a restart never reads half a count
+
+
+async def keep_carried(path: Path, board: Board) -> None:
+    """Forever: this life's grant count to ``path`` (off the event loop); a write that fails is retried."""
+    pid = os.getpid()
+    while True:
+        await asyncio.sleep(CARRY_EVERY)
+        try:
+            await asyncio.to_thread(write_carried, path, pid, board.granted(), board.carried)
+        except OSError:
+            pass  # the folder went away (the supervisor is stopping): nothing to keep
+
+
+class _PrivateRunner(web.ServerRunner):
+    """The private channel's runner; its cleanup stops the grant count's writer too."""
+
+    writer: asyncio.Task[None] | None = None
+
+    async def cleanup(self) -> None:
+        if self.writer is not None:
+            self.writer.cancel()
+        await super().cleanup()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +161,9 @@ async def merged_status(ws: WorkerSet, own: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-async def serve_private(ws: WorkerSet, render: Render, status: Document | None) -> web.BaseRunner:
+async def serve_private(ws: WorkerSet, render: Render, board: Board | None) -> web.BaseRunner:
     """This worker's own /metrics and /status on its socket (never merged: no worker asks in a circle)."""
+    status = board.document if board is not None else None
 
     async def handler(request: web.BaseRequest) -> web.StreamResponse:
         if request.rel_url.path == "/metrics":
@@ -116,7 +177,11 @@ async def serve_private(ws: WorkerSet, render: Render, status: Document | None) 
         path.unlink()  # the socket of this worker's previous life
     except FileNotFoundError:
         pass
-    runner = web.ServerRunner(web.Server(handler), access_log=None)
+    runner = _PrivateRunner(web.Server(handler), access_log=None)
+    if board is not None:
+        carry = ws.folder / f"w{ws.index}.grants"
+        board.carried = await asyncio.to_thread(read_carried, carry, os.getpid()) if ws.restarts else 0
+        runner.writer = asyncio.get_running_loop().create_task(keep_carried(carry, board))
     await runner.setup()
     try:
         await web.UnixSite(runner, str(path)).start()

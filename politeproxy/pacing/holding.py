@@ -31,6 +31,9 @@ log = logging.getLogger("politeproxy.pacing.holds")
 WATCH_EVERY = 0.5  # seconds between looks for a release made by another proxy (the promise is 1 s)
 LEARN_EVERY = 1.0  # seconds between reads of one host's note for the text of a refusal
 LEARN_TIMEOUT = 0.2  # a refusal waits this long at most for the note; then it goes with the pacer's words
+# Seconds between two releases of one host, from any proxy on the store (issue 42, item 4): a process that
+# asks every 0.1 s lets one request reach a blocking host per release, so at most 3 in 30 s, not 118.
+RELEASE_GAP = 10.0
 
 
 def proxy_name() -> str:
@@ -46,6 +49,8 @@ class Released:
     by: str
     at: float
     was: tuple[HoldNote, ...]
+    refused: str = ""  # why nothing was released ("" when it was): the host is not held, or too soon
+    retry_in: float = 0.0  # with a refusal for too soon: seconds until a release may be asked again
 
 
 class Holds:
@@ -69,6 +74,7 @@ class Holds:
         self._since: dict[str, float] = {}  # host -> when this proxy last held it (wall clock), bounded
         self._seen: dict[str, float] = {}  # host -> the release this proxy last acted on, bounded
         self._learned: dict[str, float] = {}  # host -> when its note was last read for a refusal, bounded
+        self._released: dict[str, float] = {}  # host -> when this proxy last released it, bounded
         self.wake = wake  # the dispatcher sleeps until the soonest hint: a dropped hint must wake it
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -86,10 +92,26 @@ class Holds:
 
     async def release(self, host: str, who: str) -> Released:
         """Lift ``host``'s hold (and its service's record, where the bucket's ceiling lives) for every
-        proxy on the store; raise StoreError when the store cannot be written."""
+        proxy on the store; raise StoreError when the store cannot be read or written.
+
+        Only a host the store holds is released (nothing is written for any other name), and one host at
+        most once per ``RELEASE_GAP`` seconds, counted from the last release any proxy noted."""
         hosts = tuple(dict.fromkeys((host, service_key(host))))
         before = await self.notes.get_quietly(hosts)
         at = self.clock()
+        last = max([n.released_at for n in before.values()] + [self._released.get(h, 0.0) for h in hosts])
+        if 0.0 <= at - last < RELEASE_GAP:
+            wait = RELEASE_GAP - (at - last)
+            return Released(
+                (), who, at, (), f"released {at - last:.1f}s ago; once per {RELEASE_GAP:g}s", wait
+            )
+        if not [h for h in hosts if await self._holds(h)]:
+            return Released((), who, at, (), f"{host} is not held")
+        for h in hosts:
+            self._released.pop(h, None)
+            self._released[h] = at
+        while len(self._released) > HINT_CAP:
+            del self._released[next(iter(self._released))]
         for h in hosts:
             await self.store.release(h)
         for h in hosts:
@@ -97,6 +119,12 @@ class Holds:
             self._drop_local(h)
         log.warning("released %s by hand (asked by %s)", ", ".join(hosts), who)
         return Released(hosts, who, at, tuple(before.values()))
+
+    async def _holds(self, host: str) -> bool:
+        """Whether ``host`` is held now: a backoff, a block or its probe in the store, or a rest of its
+        exempt reads here (a host that only waits out its interval is not held)."""
+        v = await self.store.host_view(host)
+        return v.backoff_in > 0 or v.blocks > 0 or v.probe_in > 0 or bool(self.rest.note(host))
 
     async def view(self, hosts: Iterable[str]) -> dict[str, HoldNote]:
         return await self.notes.get_quietly(hosts)

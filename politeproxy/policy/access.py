@@ -8,6 +8,8 @@ import hmac
 import ipaddress
 from collections.abc import Callable
 
+from politeproxy.policy.fairness import clean_name
+
 
 def _address(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """The address of a peer name, without an IPv6 zone; None when it is not an address.
@@ -38,11 +40,13 @@ class Access:
         users: dict[str, str],
         tokens: dict[str, str] | None = None,
         on_guest: Callable[[str, str], None] = lambda _name, _client: None,
+        admin_token: str = "",
     ) -> None:
         self.networks = [ipaddress.ip_network(c, strict=False) for c in allow_clients]
         self.users = users
         self.tokens = tokens or {}  # pipeline -> its secret ([pipelines.NAME] token_env / token_file)
         self.on_guest = on_guest  # told (name, client) of each request naming a pipeline without its token
+        self.admin_token = admin_token  # what POST /release must carry as a Bearer token ("": none asked)
 
     @property
     def open_beyond_loopback(self) -> bool:
@@ -76,6 +80,24 @@ class Access:
         user, password = creds
         want = self.users.get(user)
         return want is not None and hmac.compare_digest(want.encode(), password.encode())
+
+    def look_alike(self, header: str | None) -> str | None:
+        """Why a request is refused (407) when its user name is counted as a pipeline with a token but is
+        not that name as sent ("url fetch", "url\\x01fetch", a 65-character name: all counted as
+        ``url_fetch``); None otherwise. Tokens are checked on the name as it will be counted (issue 42,
+        item 3): checked on the raw name, any look-alike took the protected pipeline's share unchecked."""
+        if not self.tokens or self.users:  # [auth] users come first: their names are checked exactly
+            return None
+        creds = basic_credentials(header)
+        if creds is None or not creds[0]:
+            return None
+        counted = clean_name(creds[0])
+        if counted == creds[0] or counted not in self.tokens:
+            return None
+        return (
+            f"the proxy user name is counted as pipeline {counted}, which needs its token: "
+            f"send the name exactly as configured ([pipelines.{counted}] token_env or token_file)"
+        )
 
     def pipeline(self, header: str | None, client: str | None) -> str:
         """Who is asking: the Basic user name (without ``[auth] users`` any name, with any or no password,

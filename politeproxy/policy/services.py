@@ -3,8 +3,11 @@
 A service is what Common Crawl counts as one: the data distribution (``data.commoncrawl.org``), the index
 server (``index.commoncrawl.org``), the web site (``commoncrawl.org``), and the S3 bucket under every name
 a tool can use for it: virtual-hosted (``commoncrawl.s3.amazonaws.com``), regional, dualstack, FIPS, the
-legacy dash form, and path-style (``s3[.<region>].amazonaws.com/commoncrawl/...``). Any other host is its
-own service, under its own (normalised) name. Limits kept per service (the exempt ceiling) are therefore
+legacy dash form, and path-style (``s3[.<region>].amazonaws.com/commoncrawl/...``). Every other name
+under ``commoncrawl.org`` is one service together (``OTHER_CC``, issue 42, item 10): names are a client's
+choice, and each with a window of its own would give each a fresh window and a record (an open file) of its
+own. Any other host (one a user added to the paced hosts) is its own service, under its own (normalised)
+name. Limits kept per service (the exempt ceiling) are therefore
 kept once for the bucket, however many of its names the clients use.
 """
 
@@ -25,8 +28,10 @@ DATA = "data"
 INDEX = "index"
 WWW = "www"
 BUCKET = "bucket"
+OTHER_CC = "other-cc"  # every other name under commoncrawl.org, together
 OTHER = "other"  # a name that is no host name: never a key of its own
-NAMED: frozenset[str] = frozenset({DATA, INDEX, WWW, BUCKET, OTHER})
+NAMED: frozenset[str] = frozenset({DATA, INDEX, WWW, BUCKET, OTHER_CC, OTHER})
+CC_DOMAIN = "commoncrawl.org"
 
 # The one host name that stands for each named service where a host name is needed (store records,
 # metric labels): the ceiling of the bucket lives in the record of its virtual-hosted name.
@@ -35,6 +40,7 @@ SERVICE_HOST: dict[str, str] = {
     INDEX: "index.commoncrawl.org",
     WWW: "commoncrawl.org",
     BUCKET: "commoncrawl.s3.amazonaws.com",
+    OTHER_CC: "other.commoncrawl.org",
 }
 
 _EXACT: dict[str, str] = {h: s for s, h in SERVICE_HOST.items()} | {"www.commoncrawl.org": WWW}
@@ -56,6 +62,8 @@ def service_of(host: str, path: str | None = None) -> str:
     named = _EXACT.get(h)
     if named is not None:
         return named
+    if h.endswith("." + CC_DOMAIN):
+        return OTHER_CC
     if _BUCKET_NAMES.matches(h):
         return BUCKET
     if _PATH_STYLE.matches(h) and (path is None or (isinstance(path, str) and bucket_request(h, path))):

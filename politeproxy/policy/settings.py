@@ -354,5 +354,38 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for key in sorted(a.keys() | b.keys()):
         if a.get(key) != b.get(key):
             hidden = key.startswith(_HIDDEN)
-            out.append(f"{key} changed" if hidden else f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+            out.append(
+                f"{key} changed"
+                if hidden
+                else f"{key}: {in_units(key, a.get(key))} -> {in_units(key, b.get(key))}"
+            )
     return out
+
+
+_BINARY = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def format_size(n: int) -> str:
+    """A size as the config would write it: "64MiB"; plain bytes when no binary unit divides it."""
+    for unit, size in _BINARY:
+        if n and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n}B"
+
+
+def in_units(key: str, value: Any) -> str:
+    """A validated value as the config file writes it (issue 45): a duration "200ms", a rate "200ms (5/s)",
+    a size "64MiB"; any other value, or a key the table does not know, as Python shows it."""
+    try:
+        kind = setting(key).kind
+    except KeyError:
+        return repr(value)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return repr(value)
+    if kind == "rate":
+        return format_gap(value)
+    if kind == "duration":
+        return format_duration(value) if value > 0 else "0s"
+    if kind == "size" and isinstance(value, int):
+        return format_size(value)
+    return repr(value)

@@ -5,7 +5,9 @@ WAF's "Request blocked" page) is a block of this machine: hold the host, then on
 (``Server: AmazonS3``, an XML ``<Code>AccessDenied</Code>`` body: most often an unsigned request, since S3
 requires signed ones) answers that one request and says nothing about load. CloudFront adds
 ``X-Cache: Error from cloudfront`` to an origin's error too, so that header alone proves nothing. A 403
-that fits neither is held as a block, as before. A 404 is never a throttle.
+that fits neither is held as a block, as before. A 404 is never a throttle. CloudFront also answers its
+own 403 to a request of a form it refuses by itself (a method its distribution does not allow, a GET with a
+body; issue 42): such a 403 is that request's answer (``Cause.FORM``), never a block, whatever its page says.
 
 Decided from the head (status, Server, Content-Type) and, for a 403 with an XML or HTML body, at most
 ``PEEK`` bytes of the body's start. Never raises, whatever the upstream sent.
@@ -27,6 +29,7 @@ class Cause(Enum):
     STATUS = "status"  # not a 403: the status code decides (throttle codes, block codes, or nothing)
     CLOUDFRONT = "cloudfront"  # CloudFront / its WAF refused this machine: a block
     S3_DENIED = "s3_denied"  # S3 refused this one request: no hold, no backoff
+    FORM = "form"  # CloudFront refused this request's form (method, body): that request's answer only
     UNKNOWN_403 = "unknown_403"  # a 403 from neither: a block, as before, logged once with its headers
     NOT_FOUND = "not_found"  # 404: an ordinary answer, never a throttle
     LOCAL = "local"  # the proxy's own failure (TLS trust, DNS, refused, pool): nothing about the upstream
@@ -35,7 +38,7 @@ class Cause(Enum):
     def records(self) -> bool:
         """Whether this answer may count as a throttle or block at all (an S3 denial or a 404 came
         through: the pacer reads it as any success; a local failure never reaches it)."""
-        return self not in (Cause.S3_DENIED, Cause.NOT_FOUND, Cause.LOCAL)
+        return self not in (Cause.S3_DENIED, Cause.FORM, Cause.NOT_FOUND, Cause.LOCAL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,7 @@ class Signal:
         who = {
             Cause.CLOUDFRONT: "CloudFront",
             Cause.S3_DENIED: "S3",
+            Cause.FORM: "CloudFront (the request's form)",
             Cause.UNKNOWN_403: "an unknown server",
         }.get(self.cause)
         what = str(status) if status is not None else "no answer"
@@ -87,9 +91,12 @@ def wants_body(status: int | None, headers: Mapping[str, str]) -> bool:
     return "xml" in ct or "html" in ct or not ct
 
 
-def read_signal(status: int | None, headers: Mapping[str, str], head: bytes = b"") -> Signal:
+def read_signal(
+    status: int | None, headers: Mapping[str, str], head: bytes = b"", *, odd_form: bool = False
+) -> Signal:
     """The cause of an answer with ``status`` and ``headers``; ``head``: at most the first ``PEEK`` bytes
-    of its body (only a 403's is ever asked for; ``wants_body``)."""
+    of its body (only a 403's is ever asked for; ``wants_body``). ``odd_form``: the request was of a form
+    CloudFront refuses by itself (``policy.forms.cloudfront_refuses``)."""
     if status != 403:  # every answer passes here: no header is read for the others (the hot path)
         return _NOT_FOUND if status == 404 else _STATUS
     server = _server(headers)
@@ -101,7 +108,7 @@ def read_signal(status: int | None, headers: Mapping[str, str], head: bytes = b"
     if "<error>" in text and "<code>accessdenied</code>" in text:
         return Signal(Cause.S3_DENIED, server)
     if low.startswith("cloudfront") or "request blocked" in text:
-        return Signal(Cause.CLOUDFRONT, server)
+        return Signal(Cause.FORM if odd_form else Cause.CLOUDFRONT, server)
     return Signal(Cause.UNKNOWN_403, server)
 
 

@@ -36,6 +36,8 @@ MAX_TEXT = 4096  # characters of a workload
 MAX_RATE = 10_000.0  # requests per second of one stream
 MAX_ARRIVALS = 2_000_000  # requests one simulation makes at most (about a minute of CPU)
 MAX_LINE = 65536  # characters of an access line read (a longer one is skipped)
+MAX_LONG_LINE = 1 << 20  # characters of a line skipped at most: a longer one is no access log (/dev/zero)
+MAX_LOG = 2 << 30  # characters of a log read at most (2,000,000 requests take about 0.5 GB of lines)
 
 _RATE = re.compile(r"([0-9]{1,15}(?:\.[0-9]{1,15})?) ?/ ?(s|sec|m|min|h|hour)")
 _PER = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hour": 3600.0}

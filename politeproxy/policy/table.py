@@ -66,6 +66,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("allow_ip_connect", "bool", False, "tunnel a CONNECT (or send a plain http:// request) to an IP literal when no paced name resolves to the address; off: refused, no name to pace or sign for"),
     S("admin_hosts", "names", ("politeproxy", "politeproxy.politeproxy.svc", "politeproxy.politeproxy.svc.cluster.local"), "Host names the admin paths answer besides IP addresses, localhost, this machine's name and the listen address (a DNS-rebinding guard)"),
     S("intercept_s3_path_style", "bool", False, "also intercept s3[.<region>].amazonaws.com and pace only /commoncrawl/ there"),
+    S("admin.token_env", "string", "", "the environment variable that holds a token POST /release must carry (Authorization: Bearer TOKEN; politeproxy release sends it from the same variable); empty: no token. Recommended where others share the machine or the allowed networks"),
+    S("admin.token_file", "string", "", "a file whose first line is that token, instead of token_env (~ expanded)"),
     S("auth.users", "users", {}, '{ name = "password" }: require Proxy-Authorization: Basic (else 407)', env="POLITEPROXY_AUTH_USERS"),
     S("client.handshake_timeout", "duration", 10.0, "TLS handshake with a client", bounds=(0.0, HOUR), unit=_D),
     S("client.header_timeout", "duration", 15.0, "the first request head on a connection", bounds=(0.0, HOUR), unit=_D),

@@ -182,3 +182,65 @@ def divided(rule: WindowRule | None, n: float) -> WindowRule | None:
     if rule is None or not rule.on or n <= 1:
         return rule
     return WindowRule(rule.service, rule.egress, rule.seconds, max(1, int(rule.limit // n)))
+
+
+# -- carrying a window across stores and clocks (stores/window_mirror.py, stores/file_windows.py) -----------
+#
+# Stores keep their windows on different clocks (memory: monotonic, file: wall, Redis: the server's), so a
+# window crosses from one store to another as relative times: each bucket's end, in seconds from now.
+
+Relative = tuple[tuple[float, int], ...]  # (bucket end - now, count), ascending
+
+
+def relative(state: WindowState, now: float, rule: WindowRule) -> Relative:
+    """The live buckets of ``state`` as (end - now, count): what another store needs to count them."""
+    w = rule.width
+    return tuple(((i + 1) * w - now, c) for i, c in state.buckets if c > 0)
+
+
+ALIGN = 1e-3  # of a bucket: a relative end this close past a bucket's end is that bucket's (float rounding)
+
+
+def merged(
+    state: WindowState, counts: Relative, now: float, rule: WindowRule, add: bool = False
+) -> WindowState:
+    """``state`` (live) holding at least ``counts`` too, each in the bucket whose end is at or after the
+    count's end (so a count lasts at least as long as it did where it came from, less ALIGN of a bucket;
+    misaligned bucket grids cost at most one bucket). ``counts`` landing in one bucket add up; then per
+    bucket the larger of that and ``state``'s count: the same requests arriving by two ways (this proxy's
+    own grants and the shared store's snapshot) are not counted twice when their buckets align, and are
+    counted twice (the safe side) when they do not. ``add``: added to ``state``'s instead (requests
+    ``state`` never saw). Counts outside the window's span are dropped or moved to its furthest bucket, as
+    ``live`` bounds a record."""
+    w = rule.width
+    lo = _index(now - rule.reach, w)
+    hi = _index(now, w) + AHEAD
+    more: dict[int, int] = {}
+    for rel, c in counts:
+        if not (math.isfinite(rel) and 0 < c):
+            continue
+        i = min(hi, math.ceil((now + rel) / w - ALIGN) - 1)
+        if i >= lo:
+            more[i] = min(MAX_COUNT, more.get(i, 0) + c)
+    out = dict(state.buckets)
+    for i, c in more.items():
+        out[i] = min(MAX_COUNT, out.get(i, 0) + c) if add else max(out.get(i, 0), c)
+    return WindowState(w, tuple(sorted(out.items())), True)
+
+
+def full(rule: WindowRule) -> Relative:
+    """The counts of a window taken to be full now: nothing leaves for one window (``reach``). What a
+    fallback starts from when it was never told what the shared window held."""
+    return ((0.0, max(1, rule.limit)),)
+
+
+def shifted(state: WindowState, seconds: float) -> WindowState:
+    """``state`` with every bucket moved ``seconds`` later (earlier when negative), by whole buckets and
+    never less far forward than asked (nor further back): the wall clock stepped by ``seconds`` since the
+    record was written, and the counts must keep their real age, not the clock's."""
+    if not state.buckets or not math.isfinite(seconds) or state.width <= 0:
+        return state
+    k = math.ceil(seconds / state.width - 1e-9)
+    if k == 0:
+        return state
+    return WindowState(state.width, tuple((i + k, c) for i, c in state.buckets), state.checked)

@@ -34,6 +34,12 @@ Relied on, and why:
 8. The client side: ``ClientResponse.connection`` and its ``protocol`` (aiohttp's ResponseHandler), whose
    ``closed`` future ends with an exception on a reset and whose ``eof_received`` hears a TLS close_notify
    (``connection_parts``). Why: upstream.EndWatch tells a cut close-delimited body from a clean end.
+10. ``RequestHandler.eof_received`` overridden to return True while a request read is unanswered, with
+   ``close()`` (documented: no further request; the connection closes once the request being handled is
+   answered, and a request pipelined behind it is never handled): a client that half-closes after its
+   request gets the answer (RFC 9112 section 9.6; issue 42 item 7). aiohttp's own returns None, so the
+   transport closed at the client's FIN and the answer was lost. Reads ``_task_handler`` (the connection's
+   serving task), ``_messages`` (1) and ``_waiter`` (set while that task waits for the next request).
 9. ``TCPConnector._get(key, traces)`` overridden (unasked.CheckedConnector), and ``ResponseHandler``'s
    ``should_close`` and ``Connection.protocol`` read: a pooled connection handed out is first checked for
    bytes nobody asked for (issue 25 item 4), and one that spoke is closed, never reused.
@@ -113,6 +119,15 @@ class HandlerSeam(RequestHandler):
 
     def answering(self) -> bool:
         return self._current_request is not None
+
+    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio's protocol returns bool | None
+        """The client closed its sending side (10): with a request read and not yet answered, the
+        connection stays open to write the answer, and closes after it (nothing more can come); with none,
+        it closes now (asyncio does, on a false return)."""
+        owed = self._task_handler is not None and (bool(self._messages) or self._waiter is None)
+        if owed:
+            self.close()
+        return owed
 
 
 class ServerSeam(web.Server):

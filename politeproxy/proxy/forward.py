@@ -24,6 +24,7 @@ from politeproxy.policy.answers import POOL_FULL, error_type
 from politeproxy.policy.backoff import Delay
 from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.clients import sdk_attempt
+from politeproxy.policy.forms import cloudfront_refuses, refused_form
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.signals import PEEK, Signal, read_signal, wants_body
 from politeproxy.proxy.cached import CacheFront
@@ -109,12 +110,16 @@ class Forwarder:
         raw = request.raw_path
         if raw.startswith("/") or raw == "*":
             return await self.admin(request)
-        if not self.access.auth_ok(request.headers.get("Proxy-Authorization")):
+        creds = request.headers.get("Proxy-Authorization")
+        why = (
+            "proxy authentication required"
+            if not self.access.auth_ok(creds)
+            else self.access.look_alike(creds)
+        )
+        if why is not None:
             self.events.rejected("other", "auth")
-            self.oplog.refused(request.remote or "?", 407, "proxy authentication required")
-            return error_response(
-                407, "proxy authentication required", {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
-            )
+            self.oplog.refused(request.remote or "?", 407, why)
+            return error_response(407, why, {"Proxy-Authenticate": 'Basic realm="politeproxy"'})
         try:
             url = URL(raw, encoded=True)
         except ValueError:
@@ -168,7 +173,10 @@ class Forwarder:
         if klass is not Klass.PASSTHROUGH:
             ex.quota = self.pacer.quotas.cached(host)  # the last reading: a cache hit waits for nothing
         try:
-            if self.cache is None:
+            out = self._refused_form(client, ex, path)
+            if out is not None:  # never leaves: no cache lookup, no slot, no count in the window
+                pass
+            elif self.cache is None:
                 out = await self._exchange(client, ex, url, started)
             else:  # a hit is answered before the pacer; a miss goes through _exchange, teed to disk
                 go = lambda: self._exchange(client, ex, url, started)  # noqa: E731
@@ -190,6 +198,22 @@ class Forwarder:
             ex.duration = time.monotonic() - started
             self.events.access(ex)
         self.events.answered(ex.label, klass.value, ex.status or None, ex.pipeline)
+
+    def _refused_form(self, client: ClientSide, ex: Exchange, path: str) -> Own | None:
+        """Issue 42: a paced request of a form its service refuses by itself (policy/forms.py) is answered
+        here; upstream it would spend a slot, and CloudFront's own 403 to it looks like the WAF's block."""
+        if ex.klass is Klass.PASSTHROUGH:
+            return None
+        r = refused_form(ex.host, path, client.method, client.has_body)
+        if r is None:
+            return None
+        ex.status, ex.note = r.status, "form"
+        self.events.rejected(ex.host, "form")
+        self.oplog.refused(ex.pipeline, r.status, r.message)
+        out = own(r.status, r.message, r.headers)
+        # a client waiting for 100 Continue still holds its body back: this connection cannot go on
+        out.close = client.has_body and client.headers.get("Expect", "").lower() == "100-continue"
+        return out
 
     async def _exchange(self, client: ClientSide, ex: Exchange, url: URL, arrived: float) -> Own | None:
         """The exchange upstream; the proxy's own answer when there is one to send (None: relayed)."""
@@ -273,7 +297,11 @@ class Forwarder:
             if p is not None:
                 # who made the answer (a 403 from S3 holds nothing); only a 403 may wait for body bytes
                 st, heads = upstream.status, upstream.headers
-                signal = await _peeked(upstream) if wants_body(st, heads) else read_signal(st, heads)
+                odd = cloudfront_refuses(method, t.body is not None)  # its 403 is never the WAF's block
+                if wants_body(st, heads):
+                    signal = await _peeked(upstream, odd)
+                else:
+                    signal = read_signal(st, heads, odd_form=odd)
                 self.oplog.signal(t.host, upstream.status, signal, upstream.headers)
                 delay = await self._answered(p, upstream.status, upstream.headers.get("Retry-After"), signal)
                 self.oplog.answered(t.host, upstream.status, delay, probe)
@@ -344,10 +372,11 @@ class Forwarder:
             raise
 
 
-async def _peeked(upstream: Answer) -> Signal:
+async def _peeked(upstream: Answer, odd_form: bool) -> Signal:
     """A 403's cause from its head and its body's first bytes (peeked, left for the relay). Never raises:
     an answer that cannot be read is a 403 from nobody known."""
     try:
-        return read_signal(upstream.status, upstream.headers, await body_head(upstream, PEEK))
+        head = await body_head(upstream, PEEK)
+        return read_signal(upstream.status, upstream.headers, head, odd_form=odd_form)
     except Exception:  # noqa: BLE001 - an odd answer must not lose its feedback
-        return read_signal(upstream.status, {}, b"")
+        return read_signal(upstream.status, {}, b"", odd_form=odd_form)

@@ -193,6 +193,11 @@ class FrontProtocol(asyncio.Protocol):
                 407, "Proxy Authentication Required", "proxy authentication required", "auth", challenge
             )
             return
+        look_alike = self.proxy.access.look_alike(headers.get("proxy-authorization"))
+        if look_alike is not None:  # a name counted as a token pipeline's, but not its exact name
+            challenge = {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
+            self._fail(407, "Proxy Authentication Required", look_alike, "auth", challenge)
+            return
         # Validated before anything else sees it: classification, leaf files, metrics labels.
         target = routing.parse_connect_target(req.target.decode("latin-1"))
         if isinstance(target, Refusal):

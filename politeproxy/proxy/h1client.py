@@ -33,6 +33,14 @@ HAPPY_EYEBALLS_DELAY = (
     0.25  # seconds before the next address is tried alongside (RFC 8305; aiohttp's default)
 )
 RETRIES_ON_STALE = 3  # reused connections found closed before their answer, tried past in one GET
+# Seconds after an answer's end before its connection is written to again (issue 42 item 6). Bytes the
+# upstream sends just after an answer may still be on their way when the connection is checked empty, and
+# would then arrive after the next request was written, as its answer. A connection quiet for this long is
+# taken first; else the request waits out the rest on one, and checks it empty again right before it writes.
+# The answer is acknowledged at once when it is done with (TCP_QUICKACK): a sender's Nagle holds a small
+# write until its last one is acknowledged, and a delayed ACK (40 ms on Linux) would hold such bytes back
+# until the next request's own packet acknowledged it, to arrive right after that request.
+QUIET = 0.005
 
 
 class H1Client:
@@ -65,7 +73,7 @@ class H1Client:
         key = (url.scheme, host, port)
         head = _request_head(url, host, port, headers)
         for _ in range(RETRIES_ON_STALE + 1):  # a reused connection the upstream closed meanwhile: next one
-            conn = self._take(key) or await self._connect(key)
+            conn = await self._reuse(key) or await self._connect(key)
             answer = H1Answer(conn, url, self.read_timeout, self.high_water)
             answer.on_release = self._put
             conn.answer = answer
@@ -83,11 +91,31 @@ class H1Client:
             return answer
         raise AssertionError("unreachable")  # pragma: no cover
 
+    async def _reuse(self, key: tuple[str, str, int]) -> H1Conn | None:
+        """An idle connection to write the next request on, quiet for QUIET since its last answer ended."""
+        while (conn := self._take(key)) is not None:
+            rest = conn.idle_since + QUIET - time.monotonic()
+            if rest <= 0:
+                return conn
+            try:
+                await asyncio.sleep(rest)  # an unasked byte sent just after the answer is still on its way
+            except BaseException:
+                conn.abort()
+                raise
+            if conn.usable() and not unread(conn.transport):  # what arrived meanwhile aborted it already
+                return conn
+            conn.abort()
+        return None
+
     def _take(self, key: tuple[str, str, int]) -> H1Conn | None:
+        """The newest idle connection quiet for QUIET, else the oldest (the shortest wait); checked."""
         conns = self.idle.get(key)
         now = time.monotonic()
         while conns:
-            conn = conns.pop()
+            k = len(conns) - 1
+            while k >= 0 and now - conns[k].idle_since < QUIET:
+                k -= 1
+            conn = conns.pop(max(k, 0))
             self.idle_count -= 1
             # unread: bytes the upstream sent on the idle connection that the loop has not read yet
             if conn.usable() and now - conn.idle_since < KEEPALIVE and not unread(conn.transport):
@@ -101,6 +129,7 @@ class H1Client:
             conn.abort()
             return
         conn.idle_since = time.monotonic()
+        _ack_now(conn.transport)
         self.idle.setdefault(conn.key, []).append(conn)
         self.idle_count += 1
         if self.sweeper is None:
@@ -211,6 +240,19 @@ class H1Client:
                 conn.abort()
         self.idle.clear()
         self.idle_count = 0
+
+
+def _ack_now(transport: asyncio.BaseTransport | None) -> None:
+    """Acknowledge what was read now (Linux's TCP_QUICKACK; elsewhere nothing): see QUIET."""
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None and QUICKACK is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
+        except (OSError, ValueError, AttributeError):
+            pass  # a socket that takes no options: the quiet time alone
+
+
+QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
 def _request_head(url: URL, host: str, port: int, headers: CIMultiDict[str]) -> bytes:

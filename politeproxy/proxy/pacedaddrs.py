@@ -4,8 +4,10 @@ A CONNECT to an IP literal has no name to pace or sign for. With ``allow_ip_conn
 unless the address is one a paced name resolves to (then only a TLS hello naming a paced host opens it,
 intercepted and paced). The concrete paced names (``HostSet.concrete_hosts``) are resolved per port,
 through the operator's ``upstream.resolve`` map first, and remembered for ``ttl`` seconds; one refresh
-runs at a time, bounded by ``timeout``. A name that does not resolve is skipped. Addresses a CDN rotates
-through are only as complete as one resolution: the default stays off.
+runs at a time, bounded by ``timeout``. A name that does not resolve is skipped. A name the map sends
+somewhere on every port of ``PORTS`` is not looked up at all: the proxy never asks DNS for it, so what the
+machine's resolver says of it (an ``/etc/hosts`` line pointing it at a local stand-in) is beside the
+point. Addresses a CDN rotates through are only as complete as one resolution: the default stays off.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib
 import ipaddress
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from politeproxy.policy.routing import Address, Target, unmap
 from politeproxy.proxy.tunnel import resolve
@@ -26,6 +28,7 @@ TTL = 60.0  # seconds an address list is trusted: DNS answers for CloudFront liv
 PORTS = (443, 80)  # where the operator's map is read for each name, besides the port asked about
 
 Table = dict[tuple[Address, int | None], str]  # (address, port) from the map; (address, None) from DNS
+Resolve = Callable[[Target], Awaitable[list[Address]]]  # tunnel.resolve, or a test's stub
 
 
 def _address(text: str) -> Address | None:
@@ -44,8 +47,10 @@ class PacedAddresses:
         lookup: Callable[[str, int], tuple[str, int] | None],
         timeout: float,
         ttl: float = TTL,
+        resolve_target: Resolve = resolve,
     ) -> None:
         self.names = names
+        self.resolve_target = resolve_target
         self.lookup = lookup
         self.timeout = timeout
         self.ttl = ttl
@@ -89,8 +94,9 @@ class PacedAddresses:
                 a = _address(m[0]) if m is not None else None
                 if m is not None and a is not None:
                     table.setdefault((a, m[1]), name)
-        got = await asyncio.gather(*(self._resolve(n) for n in names), return_exceptions=True)
-        for name, addrs in zip(names, got, strict=True):
+        asked = [n for n in names if any(self.lookup(n, p) is None for p in PORTS)]
+        got = await asyncio.gather(*(self._resolve(n) for n in asked), return_exceptions=True)
+        for name, addrs in zip(asked, got, strict=True):
             if isinstance(addrs, BaseException):
                 log.debug("paced name %s does not resolve: %s", name, addrs)
                 continue
@@ -100,4 +106,4 @@ class PacedAddresses:
 
     async def _resolve(self, name: str) -> list[Address]:
         async with asyncio.timeout(self.timeout):
-            return [unmap(a) for a in await resolve(Target(name, 443))]
+            return [unmap(a) for a in await self.resolve_target(Target(name, 443))]

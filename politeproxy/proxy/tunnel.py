@@ -95,6 +95,9 @@ class RelayPair:
         self.on_close()
 
 
+LOOPBACK: tuple[Address, ...] = (ipaddress.ip_address("127.0.0.1"), ipaddress.ip_address("::1"))
+
+
 def is_local_address(addr: Address) -> bool:
     """True when ``addr`` is an address of this host: only a local address can be bound to."""
     a = unmap(addr)
@@ -110,9 +113,13 @@ def is_local_address(addr: Address) -> bool:
 
 
 async def resolve(target: Target) -> list[Address]:
-    """The addresses of ``target`` in resolver order; raises OSError when the name does not resolve."""
+    """The addresses of ``target`` in resolver order; raises OSError when the name does not resolve.
+    ``localhost`` and names under it are loopback by rule (RFC 6761), never looked up: one rule for the
+    loopback, written as an address or a name."""
     if target.ip is not None:
         return [target.ip]
+    if target.host == "localhost" or target.host.endswith(".localhost"):
+        return list(LOOPBACK)
     infos = await asyncio.get_running_loop().getaddrinfo(
         target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
     )
@@ -179,7 +186,13 @@ class Destinations:
         where = self.where(client)
         if self.lookup(target.host, target.port) is not None:
             return None
-        if target.ip is None and (where.client_loopback or where.allow_private):
+        # A name may skip the lookup only where no answer could refuse it: this proxy's own ports are
+        # refused to everyone, written as an address or as a name (localhost:PORT), issue 42 item 4.
+        if (
+            target.ip is None
+            and (where.client_loopback or where.allow_private)
+            and target.port not in where.own_ports
+        ):
             return None
         try:
             async with asyncio.timeout(self.timeout):

@@ -72,8 +72,14 @@ _URL_QUERY = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^\s?#'\"]*)[?#][^\s'\"]*")
 
 def loggable(text: object, limit: int = 300) -> str:
     """Text for the logs: one line, bounded, and every URL in it without its query (presigned S3 URLs
-    carry their signature and credential there). Works on a URL and on an exception message alike."""
+    carry their signature and credential there). Works on a URL and on an exception message alike.
+
+    Whitespace runs become one space; every other character that is not printable is dropped: C0 and C1
+    controls, and Unicode format characters (category Cf: bidi overrides such as U+202E, zero-width
+    characters), which make a terminal show a line as something it is not (issue 42, item 8)."""
     flat = " ".join(str(text).split())
+    if not flat.isprintable():
+        flat = "".join(c for c in flat if c.isprintable())
     return _URL_QUERY.sub(r"\1", flat)[:limit]
 
 

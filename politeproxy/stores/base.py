@@ -16,13 +16,18 @@ from dataclasses import dataclass
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.slots import Claim, HostState, Outcome, adaptive_interval
-from politeproxy.policy.window import WindowRule
+from politeproxy.policy.window import Relative, WindowRule
 
 log = logging.getLogger("politeproxy.store")
 
 
 class StoreError(Exception):
     """The store could not answer (lock failed, server unreachable); the caller may fail over."""
+
+
+class StoreBusy(StoreError):
+    """The store works but another process holds it (the data dir's flock) past the wait: the caller waits
+    or refuses, never paces on a fresh fallback (a hostile or stuck holder would else reset the window)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,16 @@ class Store(ABC):
         """Requests the service's window holds now (slots reserved for later included), for status."""
         return 0
 
+    async def window_counts(self, rule: WindowRule) -> Relative:
+        """The service's window as ``policy.window.relative`` counts (bucket ends in seconds from now):
+        read by the failover store while this store answers, to seed its fallback with. () keeps none."""
+        return ()
+
+    async def mirror_window(self, rule: WindowRule, counts: Relative) -> None:
+        """Count at least ``counts`` in the service's window (``policy.window.merged``): the failover store
+        seeds its fallback with the shared window before pacing on it, so a switch never starts empty."""
+        raise NotImplementedError(f"{self.name} cannot be a fallback store")
+
     @abstractmethod
     async def grants(self) -> int:
         """Grants counted by the global record (all processes sharing this store)."""
@@ -177,6 +192,17 @@ class Store(ABC):
         """Push the host's backoff out to at least ``seconds`` from now, leaving its throttle count alone:
         the failover store copies every backoff the shared store records here, so the fallback knows it."""
         raise NotImplementedError(f"{self.name} cannot be a fallback store")
+
+    async def window_known(self, rule: WindowRule) -> bool:
+        """Does this store hold a copy of the service's window written within the window's reach (mirrored
+        while the shared store answered, or its own counting)? A fallback that does not starts full."""
+        return False
+
+    async def add_window(self, rule: WindowRule, counts: Relative) -> None:
+        """Count ``counts`` in the service's window on top of what it holds: the grants the failover
+        store's fallback made while this store was down, added when it answers again (they are in no
+        other proxy's copy, so each proxy adds its own and the sum is exact)."""
+        raise NotImplementedError(f"{self.name} cannot take a fallback's grants")
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass

@@ -16,7 +16,12 @@ reserved before its wait, so the last grant of one schedule may still lie ahead 
 
 Both are one ``_floor`` (monotonic): no paced grant before it. Every backoff and crawl-delay the primary
 records is mirrored into the fallback, so a proxy that loses (or starts without) the shared store still
-knows which hosts are resting.
+knows which hosts are resting; and so is each service's request window (``stores/window_mirror.py``), so
+the fallback never starts from an empty one.
+
+A primary that works but is held by another process past its wait (``StoreBusy``: the data dir's flock)
+is no outage: a claim then waits (or is refused at its deadline), never paces on the fallback, and the log
+names the holder; feedback that cannot wait is recorded in the fallback meanwhile.
 """
 
 from __future__ import annotations
@@ -33,11 +38,13 @@ from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.heartbeat import MAX_PROXIES, multiplier
 from politeproxy.policy.slots import Claim, Outcome, duration
 from politeproxy.policy.window import WindowRule, divided
-from politeproxy.stores.base import HostView, Store, StoreError, WarnOnce
+from politeproxy.stores.base import HostView, Store, StoreBusy, StoreError, WarnOnce
+from politeproxy.stores.window_mirror import WindowMirror
 
 log = logging.getLogger("politeproxy.store")
 T = TypeVar("T")
 FAILS = (StoreError, OSError, ConnectionError)
+BUSY_WAIT = 1.0  # a claim refused because another process holds the store asks again after this
 
 
 class FailoverStore(Store):
@@ -66,6 +73,9 @@ class FailoverStore(Store):
         self._gap = 0.0  # the gap of the last paced claim
         self._last_shared = 0.0  # slot of the last paced grant from the primary alone (monotonic)
         self._last_local = 0.0  # slot of the last paced grant that went by the local schedule
+        self.mirror = WindowMirror(monotonic)  # the shared windows, to seed the fallback with
+        self._reader: asyncio.Task[None] | None = None  # the mirror's snapshot read in flight
+        self._busy_since: float | None = None  # the primary held by another process since (monotonic)
 
     @property
     def active(self) -> Store:
@@ -84,6 +94,7 @@ class FailoverStore(Store):
         primary answered, is the one that says how many proxies now pace alone)."""
         if not self.degraded:
             self.live_seen = max(0, min(int(count), MAX_PROXIES))
+            self._read_when_due()
 
     @property
     def _wide(self) -> float:
@@ -93,6 +104,7 @@ class FailoverStore(Store):
         if self.degraded:
             return
         self.degraded = True
+        self.mirror.seeded.clear()  # each service's window is seeded anew on its first local claim
         self._floor = max(self._floor, max(self.monotonic(), self._last_shared) + self._wide)
         msg = "schedule store %s failed (%s); pacing on %s with the gap x%g until it answers again"
         args = (self.primary.name, err, self.fallback.name, self.gap_multiplier)
@@ -117,20 +129,69 @@ class FailoverStore(Store):
             await asyncio.sleep(self.probe_interval)
             try:
                 await self.primary.grants()
+                await self.mirror.hand_back(self.primary)  # the window's grants made here, before the return
             except FAILS:
                 continue
             except Exception as e:  # noqa: BLE001 - a probe that dies would leave the proxy degraded for good
                 self._warn("probe", "probing schedule store %s failed unexpectedly: %r", self.primary.name, e)
                 continue
             self._returned()
+            if self.mirror.local:  # granted while the hand-back was on its way
+                with contextlib.suppress(*FAILS, NotImplementedError):
+                    await self.mirror.hand_back(self.primary)
 
     async def _run(self, call: Callable[[Store], Awaitable[T]]) -> T:
         if not self.degraded:
             try:
-                return await call(self.primary)
+                answer = await call(self.primary)
+            except StoreBusy:
+                pass  # this call only: held by another process is no outage
             except FAILS as e:
                 self._degrade(e)
+            else:
+                self._read_when_due()  # the windows are mirrored from the first answer on, claims or none
+                return answer
         return await call(self.fallback)
+
+    # -- the primary held by another process, and the windows' mirror -------------------------------
+
+    def _busy(self, err: StoreBusy) -> Claim:
+        """A claim the primary could not take because another process holds it: wait, never fail over."""
+        if self._busy_since is None:
+            self._busy_since = self.monotonic()
+            msg = "schedule store %s: %s; paced requests wait for it (never a fresh window)"
+            log.warning(msg, self.primary.name, err)
+        return Claim(Outcome.HOST_NOT_READY, BUSY_WAIT, time.time() + BUSY_WAIT)
+
+    def _answered(self, window: WindowRule | None, c: Claim) -> Claim:
+        """The primary answered a claim: count its grant in the mirror, and snapshot the shared windows
+        when one is due."""
+        if self._busy_since is not None:
+            held = self.monotonic() - self._busy_since
+            log.warning("schedule store %s is free again after %.1f s", self.primary.name, held)
+            self._busy_since = None
+        if c.granted:
+            self.mirror.granted(window, c.wait)
+        self._read_when_due()
+        return c
+
+    def _read_when_due(self) -> None:
+        if self.mirror.due() and (self._reader is None or self._reader.done()):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # called outside the loop (a test): the next call on it reads
+                return
+            self._reader = loop.create_task(self._read_windows())
+
+    async def _read_windows(self) -> None:
+        """Snapshot the shared windows, and copy them into the fallback (as backoffs are mirrored)."""
+        try:
+            await self.mirror.read(self.primary)
+            for rule in list(self.mirror.rules.values()):
+                if not self.degraded and (counts := self.mirror.counts(rule)) is not None:
+                    await self.fallback.mirror_window(rule, counts)
+        except (*FAILS, NotImplementedError) as e:  # the claims find out for themselves; the last copy stays
+            log.debug("could not mirror the windows of %s: %r", self.primary.name, e)
 
     # -- claims -----------------------------------------------------------------------------------
 
@@ -175,6 +236,8 @@ class FailoverStore(Store):
                 if paced and self.monotonic() < self._grace_until:
                     return await self._grace_claim(host, gap, interval, max_wait, not_before, window)
                 c = await self.primary.claim(host, gap, interval, max_wait, not_before, window, fair)
+            except StoreBusy as e:
+                return self._busy(e)
             except FAILS as e:
                 self._degrade(e)
                 if paced and (held := self._held()) is not None:
@@ -182,11 +245,14 @@ class FailoverStore(Store):
             else:
                 if c.granted and paced:
                     self._shared_granted(c)
-                return c
+                return self._answered(window, c)
         wide = gap * self.gap_multiplier
+        await self.mirror.seed(self.fallback, window)
         c = await self.fallback.claim(host, wide, interval, max_wait, not_before, self._local(window))
-        if c.granted and paced:
-            self._local_granted(c, grace=False)
+        if c.granted:
+            self.mirror.granted_locally(window, c.wait)
+            if paced:
+                self._local_granted(c, grace=False)
         return c
 
     def _local(self, rule: WindowRule | None) -> WindowRule | None:
@@ -219,7 +285,7 @@ class FailoverStore(Store):
         c = await self.primary.claim(host, gap, interval, max_wait, earliest, window)
         if c.granted:  # else the local slot goes unused: a gap, never a burst
             self._local_granted(c, grace=True)
-        return c
+        return self._answered(window, c)
 
     # -- feedback: recorded in the active store, and every backoff mirrored into the fallback --------
 
@@ -240,6 +306,8 @@ class FailoverStore(Store):
         if not self.degraded:
             try:
                 delay = await self.primary.throttled(host, retry_after, policy, kind, base)
+            except StoreBusy:
+                pass  # recorded in the fallback meanwhile: a backoff must not wait for the holder
             except FAILS as e:
                 self._degrade(e)
             else:
@@ -260,23 +328,39 @@ class FailoverStore(Store):
         # Degraded, the fallback's ceiling is per proxy: widened like the gap, so N proxies keep the sum.
         if not self.degraded:
             try:
-                return await self.primary.exempt_claim(host, rate, burst, max_wait, hold, ceiling, window)
+                c = await self.primary.exempt_claim(host, rate, burst, max_wait, hold, ceiling, window)
+            except StoreBusy as e:
+                return self._busy(e)
             except FAILS as e:
                 self._degrade(e)
+            else:
+                return self._answered(window, c)
         wide = duration(rate) * self.gap_multiplier
         burst = max(1, int(burst / self.gap_multiplier))
+        await self.mirror.seed(self.fallback, window)
         local = self._local(window)
-        return await self.fallback.exempt_claim(host, wide, burst, max_wait, hold, ceiling, local)
+        c = await self.fallback.exempt_claim(host, wide, burst, max_wait, hold, ceiling, local)
+        if c.granted:
+            self.mirror.granted_locally(window, c.wait)
+        return c
 
     async def window_used(self, rule: WindowRule) -> int:
+        """Read for the gauges every few seconds, claims or none: the windows are mirrored from then on
+        (a proxy that has sent nothing yet still has a copy when the shared store goes)."""
         if self.degraded:
             return await self.fallback.window_used(rule)
-        return await self._run(lambda s: s.window_used(rule))
+        used = await self._run(lambda s: s.window_used(rule))
+        if not self.degraded and rule.on:
+            self.mirror.watch(rule)
+            self._read_when_due()
+        return used
 
     async def set_crawl_delay(self, host: str, delay: float, ttl: float) -> None:
         if not self.degraded:
             try:
                 await self.primary.set_crawl_delay(host, delay, ttl)
+            except StoreBusy:
+                pass
             except FAILS as e:
                 self._degrade(e)
             else:
@@ -310,10 +394,11 @@ class FailoverStore(Store):
         return await self._run(lambda s: s.grants())
 
     async def close(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe
-            self._probe = None
+        for task in (self._probe, self._reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._probe = self._reader = None
         await self.primary.close()
         await self.fallback.close()

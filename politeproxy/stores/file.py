@@ -25,9 +25,9 @@ from pathlib import Path
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.fairclaim import FairAsk, FairState, fair_charge, fair_gate, sane_state
 from politeproxy.policy.slots import MAX_BACKOFF, Claim, HostState, Outcome, duration
-from politeproxy.policy.window import WindowRule, WindowState
-from politeproxy.stores import fair_records, window_records
-from politeproxy.stores.base import HostView, Store, StoreError, jitter_source, other_ceiling
+from politeproxy.policy.window import Relative, WindowRule, WindowState
+from politeproxy.stores import datadir, fair_records
+from politeproxy.stores.base import HostView, Store, StoreBusy, StoreError, jitter_source, other_ceiling
 from politeproxy.stores.file_records import (
     GLOBAL,
     HOST,
@@ -39,11 +39,12 @@ from politeproxy.stores.file_records import (
     encode_host,
     host_file_name,
 )
-from politeproxy.stores.flock import Held, LockWait, run_held
+from politeproxy.stores.file_windows import FileWindows, boot_clock, boot_id
+from politeproxy.stores.flock import Held, LockWait, lock_holders, run_held
 from politeproxy.stores.memory import StateMachine
 
 
-class FileStore(Store):
+class FileStore(FileWindows, Store):
     name = "file"
 
     def __init__(
@@ -52,25 +53,32 @@ class FileStore(Store):
         clock: Callable[[], float] = time.time,
         rand: Callable[[], float] = jitter_source,
         max_backoff: float = MAX_BACKOFF,
+        boottime: Callable[[], float] | None = None,
+        boot: int | None = None,
     ) -> None:
         self.dir = Path(data_dir)
         self.sm = StateMachine(clock, rand, self.name)
         self.sm.max_backoff = duration(max_backoff, MAX_BACKOFF)
         self.path = self.dir / "ratelimit.lock"
         self.host_dir = self.dir / "hosts"
-        self.window_dir = self.dir / "windows"  # one record per service (stores/window_records.py)
-        for d in (self.host_dir, self.window_dir):
-            try:
-                d.mkdir(parents=True, exist_ok=True)
-            except FileExistsError:
-                msg = f"{d} is a file, not a directory: move it away (the store keeps records in it)"
-                raise StoreError(msg) from None
-            except OSError as e:
-                raise StoreError(f"cannot make {d}: {e}") from e
+        self.window_dir = self.dir / "windows"  # one record per service (stores/file_windows.py)
+        # The window records' stamps compare ``clock`` with the boot clock: on with the real wall clock
+        # (or when both are given, as tests do with virtual ones); a virtual clock alone would look stepped.
+        real = boottime is None and clock is time.time
+        self.boottime = boot_clock if boottime is None else boottime
+        self.boot = (boot_id() if real or boottime is not None else 0) if boot is None else boot
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
+            raise StoreError(f"cannot make {self.dir}: {e}") from e
+        # Checked folders (stores/datadir.py): a symlink planted in place of one is refused.
+        self.host_dir_fd = datadir.folder(self.dir, "hosts")
+        self.window_dir_fd = datadir.folder(self.dir, "windows")
+        try:
+            self.fd = datadir.record(None, self.path, shown=self.path)
+        except FileNotFoundError as e:
             raise StoreError(f"cannot open {self.path}: {e}") from e
+        datadir.own_only(self.fd, self.path)
         self.host_fds: OrderedDict[str, int] = OrderedDict()
         self.window_fds: dict[str, int] = {}  # one per named service: a handful
         self.fair_fd: int | None = None  # ``fair``: the pipelines' turns (stores/fair_records.py)
@@ -111,7 +119,8 @@ class FileStore(Store):
                 raise StoreError(f"cannot lock {self.path}: {e!r}") from e
             raise
         if not got:
-            raise StoreError(f"cannot lock {self.path}: held by another process for {self.lock_timeout:g}s")
+            who = lock_holders(self.fd)
+            raise StoreBusy(f"{self.path} is locked by {who} for over {self.lock_timeout:g} s")
 
     def _unlock(self) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
@@ -145,7 +154,7 @@ class FileStore(Store):
             self.host_fds.move_to_end(name)
             return fd
         try:
-            fd = os.open(os.path.join(self.host_dir, name), os.O_RDWR | (os.O_CREAT if create else 0), 0o644)
+            fd = datadir.record(self.host_dir_fd, name, create, shown=self.host_dir / name)
         except FileNotFoundError:
             if create:
                 raise
@@ -239,7 +248,7 @@ class FileStore(Store):
 
     def _read_fair(self, now: float, gap: float) -> FairState:
         if self.fair_fd is None:
-            self.fair_fd = os.open(self.dir / "fair", os.O_RDWR | os.O_CREAT, 0o644)
+            self.fair_fd = datadir.record(None, self.dir / "fair", shown=self.dir / "fair")
         state, ok = fair_records.decode(os.pread(self.fair_fd, fair_records.MAX_SIZE, 0))
         state, sane = sane_state(state, now, gap)
         if not (ok and sane):
@@ -253,32 +262,31 @@ class FileStore(Store):
         os.pwrite(self.fair_fd, data, 0)
         os.ftruncate(self.fair_fd, len(data))
 
-    def _window_fd(self, rule: WindowRule) -> int:
-        name = host_file_name(rule.service)
-        fd = self.window_fds.get(name)
-        if fd is None:
-            while len(self.window_fds) >= MAX_HOST_FDS:  # services are a handful; the bound is a fence
-                os.close(self.window_fds.pop(next(iter(self.window_fds))))
-            fd = os.open(os.path.join(self.window_dir, name), os.O_RDWR | os.O_CREAT, 0o644)
-            self.window_fds[name] = fd
-        return fd
-
-    def _read_window(self, rule: WindowRule) -> WindowState:
-        state, ok = window_records.decode(os.pread(self._window_fd(rule), window_records.SIZE, 0))
-        if not ok:
-            msg = "file store: the window record of %s is not one; treated as empty"
-            self.sm.warn("window", msg, rule.service)
-        return state
-
-    def _write_window(self, rule: WindowRule, state: WindowState) -> None:
-        fd = self._window_fd(rule)
-        data = window_records.encode(state)
-        os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
-
     async def window_used(self, rule: WindowRule) -> int:
         async with self._held():
             return self.sm.window_used(self._read_window(rule), rule)
+
+    async def window_counts(self, rule: WindowRule) -> Relative:
+        if not rule.on:
+            return ()
+        async with self._held():
+            return self.sm.window_counts(self._read_window(rule), rule)
+
+    async def mirror_window(self, rule: WindowRule, counts: Relative) -> None:
+        if not rule.on:
+            return
+        async with self._held():
+            self._write_window(rule, self.sm.window_mirrored(self._read_window(rule), rule, counts))
+
+    async def window_known(self, rule: WindowRule) -> bool:
+        async with self._held():
+            return self._window_known(rule)
+
+    async def add_window(self, rule: WindowRule, counts: Relative) -> None:
+        if not rule.on:
+            return
+        async with self._held():
+            self._write_window(rule, self.sm.window_mirrored(self._read_window(rule), rule, counts, add=True))
 
     async def exempt_claim(
         self,
@@ -359,7 +367,9 @@ class FileStore(Store):
 
     async def close(self) -> None:
         fair = [] if self.fair_fd is None else [self.fair_fd]
-        for fd in [self.fd, *self.host_fds.values(), *self.window_fds.values(), *fair]:
+        fds = {self.fd, self.host_dir_fd, self.window_dir_fd, *self.host_fds.values()}
+        fds |= set(self.window_fds.values())  # the overflow record is kept under several names
+        for fd in [*fds, *fair]:
             try:
                 os.close(fd)
             except OSError:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from politeproxy.stores.base import StoreError
+from politeproxy.stores.base import StoreBusy
 
 T = TypeVar("T")
 
@@ -49,7 +50,7 @@ class Held:
                 async with asyncio.timeout(store.lock_timeout):
                     await inproc.acquire()
             except TimeoutError as e:
-                raise StoreError(f"cannot lock {store.path}: busy in this process") from e
+                raise StoreBusy(f"cannot lock {store.path}: busy in this process") from e
         else:
             await inproc.acquire()
         try:
@@ -116,3 +117,35 @@ class LockWait:
             if self.acquired:
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
                 self.acquired = False
+
+
+def lock_holders(fd: int, locks: str = "/proc/locks") -> str:
+    """Who holds the flock of ``fd``'s file, for the log: "pid 123 (ccrawl)", from ``/proc/locks`` (Linux);
+    "another process" when that cannot be told. Never raises (the file and the names are the system's)."""
+    try:
+        st = os.fstat(fd)
+        with open(locks, encoding="ascii", errors="replace") as f:
+            lines = f.read(1 << 20).splitlines()
+    except OSError:
+        return "another process"
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids: list[int] = []
+    for line in lines:
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 4242 08:01:131 0 EOF"; a waiter's line has "->" after the number
+        if len(parts) >= 6 and "->" not in parts[1] and parts[1] == "FLOCK" and parts[5] == inode:
+            if parts[4].isdigit() and int(parts[4]) != os.getpid():
+                pids.append(int(parts[4]))
+    if not pids:
+        return "another process"
+    return ", ".join(f"pid {p} ({_command(p)})" for p in sorted(set(pids))[:3])
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read(512).split(b"\0")
+    except OSError:
+        return "?"
+    shown = " ".join(a.decode("utf-8", "replace") for a in args[:4] if a)
+    return "".join(ch if ch.isprintable() else "?" for ch in shown)[:120] or "?"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from politeproxy.policy.heartbeat import DROP_AFTER, LIVE_FOR, MAX_PROXIES, MAX_RECORD_BYTES, Beat, decode
+from politeproxy.stores import datadir
 
 MAX_FILES = 4 * MAX_PROXIES  # directory entries looked at per read
 _NAME = re.compile(r"[0-9a-f]{32}\.json")
@@ -83,11 +84,11 @@ class FileBeats(Beats):
         return self.dir / f"{beat_key(ident)}.json"
 
     def _write(self, beat: Beat) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self._path(beat.id)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(beat.encode()))
-        os.replace(tmp, path)  # a reader sees the old record or the new one, never half
+        fd = datadir.folder(self.dir.parent, self.dir.name)  # checked: never written through a symlink
+        try:
+            datadir.replace_whole(fd, self._path(beat.id).name, json.dumps(beat.encode()).encode())
+        finally:
+            os.close(fd)
 
     def _read(self, now: float) -> list[Beat]:
         out: list[Beat] = []
@@ -102,8 +103,7 @@ class FileBeats(Beats):
                 if not _NAME.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
                     continue
                 try:
-                    with open(entry.path, "rb") as f:
-                        beat = parse(f.read(MAX_RECORD_BYTES + 1))
+                    beat = parse(datadir.read_small(None, entry.path, MAX_RECORD_BYTES + 1))
                     stale = beat is None or now - beat.at > DROP_AFTER
                     if stale and now - entry.stat(follow_symlinks=False).st_mtime > DROP_AFTER:
                         os.unlink(entry.path)  # damaged or long dead: whoever reads it clears it

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from politeproxy.policy.holds import HoldNote, decode
+from politeproxy.stores import datadir
 from politeproxy.stores.base import WarnOnce
 from politeproxy.stores.file_records import host_file_name
 
-MAX_NOTES = 1024  # hosts remembered in memory at most (the oldest forgotten)
+MAX_NOTES = 1024  # hosts remembered in memory, and notes kept in holds/, at most (the oldest forgotten)
 MAX_NOTE_BYTES = 4096  # a note file or value larger than this is not one
 KEEP_AFTER = 86400.0  # a Redis note lives this long past its hold's end
 
@@ -87,20 +88,21 @@ class FileNotes(HoldNotes):
         return self.dir / f"{host_file_name(host)}.json"
 
     def _write(self, note: HoldNote) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self._path(note.host)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(note.encode()))
-        os.replace(tmp, path)  # a reader sees the old note or the new one, never half
+        # A checked folder and a rename (stores/datadir.py): a planted symlink is never written through;
+        # at most MAX_NOTES notes, the oldest removed first (notes are advisory, the holds are the store's).
+        fd = datadir.folder(self.dir.parent, self.dir.name)
+        try:
+            name = self._path(note.host).name
+            if datadir.read_small(fd, name, 0) is None:
+                datadir.bounded(fd, MAX_NOTES)
+            datadir.replace_whole(fd, name, json.dumps(note.encode()).encode())
+        finally:
+            os.close(fd)
 
     def _read(self, hosts: list[str]) -> dict[str, HoldNote]:
         out: dict[str, HoldNote] = {}
         for h in hosts:
-            try:
-                with open(self._path(h), "rb") as f:
-                    note = _parse(f.read(MAX_NOTE_BYTES + 1))
-            except OSError:
-                continue
+            note = _parse(datadir.read_small(None, self._path(h), MAX_NOTE_BYTES + 1))
             if note is not None and note.host == h:
                 out[h] = note
         return out

@@ -10,7 +10,7 @@ from politeproxy.policy import backoff, slots, window
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.fairclaim import FairAsk, FairState, fair_charge, fair_gate
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_DURATION, Bounds, Claim, HostState, Outcome, duration
-from politeproxy.policy.window import WindowRule, WindowState
+from politeproxy.policy.window import Relative, WindowRule, WindowState
 from politeproxy.stores.base import HostView, Store, WarnOnce, jitter_source, other_ceiling
 
 # Outside a claim the host's interval is unknown: bound next_allowed by the longest interval a config may
@@ -123,6 +123,19 @@ class StateMachine:
         now = self.clock()
         return window.used(window.live(state, now, rule)[0], now, rule)
 
+    def window_counts(self, state: WindowState, rule: WindowRule) -> Relative:
+        if not rule.on:
+            return ()
+        now = self.clock()
+        return window.relative(window.live(state, now, rule)[0], now, rule)
+
+    def window_mirrored(
+        self, state: WindowState | None, rule: WindowRule, counts: Relative, add: bool = False
+    ) -> WindowState:
+        """The window holding at least ``counts`` too (the shared store's mirror), or ``counts`` added."""
+        now = self.clock()
+        return window.merged(window.live(state or WindowState(), now, rule)[0], counts, now, rule, add)
+
     def throttled(
         self,
         host: HostState,
@@ -198,6 +211,7 @@ class MemoryStore(Store):
         self.count = 0
         self.hosts: dict[str, HostState] = {}
         self.windows: dict[str, WindowState] = {}  # service -> its request window (a few named services)
+        self.window_written: dict[str, float] = {}  # service -> when its window was last written (clock)
         self.fair = FairState()  # pipelines' turns, for dispatchers sharing this object (tests, simulate)
 
     async def claim(
@@ -218,7 +232,7 @@ class MemoryStore(Store):
             return c
         c, counted = self._windowed(c, window, max_wait)
         if counted is not None and window is not None:
-            self.windows[window.service] = counted  # the slot counted, or a stray record bounded
+            self._put_window(window, counted)  # the slot counted, or a stray record bounded
         if c.window:  # the window has no room: nothing reserved
             return c
         self.global_next, self.hosts[host] = new_next, new_host  # a corrupt record's sane form too
@@ -239,6 +253,26 @@ class MemoryStore(Store):
     async def window_used(self, rule: WindowRule) -> int:
         return self.sm.window_used(self.windows.get(rule.service, WindowState()), rule)
 
+    async def window_counts(self, rule: WindowRule) -> Relative:
+        return self.sm.window_counts(self.windows.get(rule.service, WindowState()), rule)
+
+    def _put_window(self, rule: WindowRule, state: WindowState) -> None:
+        self.windows[rule.service] = state
+        self.window_written[rule.service] = self.sm.clock()
+
+    async def mirror_window(self, rule: WindowRule, counts: Relative) -> None:
+        if rule.on:
+            self._put_window(rule, self.sm.window_mirrored(self.windows.get(rule.service), rule, counts))
+
+    async def add_window(self, rule: WindowRule, counts: Relative) -> None:
+        if rule.on:
+            old = self.windows.get(rule.service)
+            self._put_window(rule, self.sm.window_mirrored(old, rule, counts, add=True))
+
+    async def window_known(self, rule: WindowRule) -> bool:
+        at = self.window_written.get(rule.service)
+        return at is not None and 0.0 <= self.sm.clock() - at <= rule.reach
+
     async def exempt_claim(
         self,
         host: str,
@@ -256,7 +290,7 @@ class MemoryStore(Store):
         )
         c, counted = self._windowed(c, window, max_wait)
         if counted is not None and window is not None:
-            self.windows[window.service] = counted
+            self._put_window(window, counted)
         if c.granted:
             self.hosts[host] = new
             if key is not None and new_ceiling is not None:

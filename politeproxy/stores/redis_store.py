@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_CRAWL_DELAY, MAX_ROBOTS_TTL, Claim, Outcome, duration
-from politeproxy.policy.window import WindowRule
+from politeproxy.policy.window import MAX_COUNT, MAX_KEPT, Relative, WindowRule
 from politeproxy.stores import redis_lua, redis_view_lua
 from politeproxy.stores.base import HostView, Store, StoreError, WarnOnce, jitter_source
 
@@ -109,6 +109,7 @@ class RedisStore(Store):
         self._host_view = self.client.register_script(redis_view_lua.HOST_VIEW)
         self._window_used = self.client.register_script(redis_view_lua.WINDOW_USED)
         self._release = self.client.register_script(redis_view_lua.RELEASE)
+        self._add_window = self.client.register_script(redis_view_lua.ADD_WINDOW)
 
     @property
     def global_key(self) -> str:
@@ -202,6 +203,28 @@ class RedisStore(Store):
             return 0
         keys, args = [self.window_key(rule)], [_us(duration(rule.seconds))]
         return int(await self._script("window_used", self._window_used, keys, args))
+
+    async def window_counts(self, rule: WindowRule) -> Relative:
+        """The window's hash read with the server's TIME in one transaction, as relative counts."""
+        if not rule.on:
+            return ()
+
+        async def read() -> list[Any]:
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.time()
+                pipe.hgetall(self.window_key(rule))
+                return list(await pipe.execute())
+
+        (secs, usecs), raw = await self._call("window_counts", read)
+        return hash_counts(raw, int(secs) * US + int(usecs), rule)
+
+    async def add_window(self, rule: WindowRule, counts: Relative) -> None:
+        if not rule.on or not counts:
+            return
+        args: list[int | str] = [_us(duration(rule.seconds))]
+        for rel, c in counts[-MAX_KEPT:]:
+            args += [round(rel * US), c]
+        await self._script("add_window", self._add_window, [self.window_key(rule)], args)
 
     async def exempt_claim(
         self,
@@ -308,3 +331,29 @@ class RedisStore(Store):
             await self.client.aclose()
         except (RedisError, OSError):
             pass
+
+
+def hash_counts(raw: dict[Any, Any], now_us: int, rule: WindowRule) -> Relative:
+    """A window hash (``w`` = the bucket width in us, ``<bucket>`` = count; stores/redis_window_lua.py) as
+    ``policy.window.relative`` counts at the server's ``now_us``: the buckets that still count. Untrusted
+    (any program may write the key): what is not a number is skipped, counts are bounded."""
+
+    def integer(v: Any) -> int | None:
+        try:
+            return int(v.decode() if isinstance(v, bytes) else v)
+        except (ValueError, UnicodeDecodeError, AttributeError, TypeError):
+            return None
+
+    w = integer(raw.get(b"w", raw.get("w")))
+    if w is None or w <= 0:
+        return ()
+    reach = rule.reach
+    out: list[tuple[float, int]] = []
+    for k, v in raw.items():
+        i, c = integer(k), integer(v)
+        if k in (b"w", "w") or i is None or c is None or c <= 0:
+            continue
+        rel = ((i + 1) * w - now_us) / US
+        if rel > -reach:
+            out.append((rel, min(c, MAX_COUNT)))
+    return tuple(sorted(out)[-MAX_KEPT:])

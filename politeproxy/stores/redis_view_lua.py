@@ -53,3 +53,30 @@ if not ok then corrupt = 2 end
 return {now, h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11], h[12], corrupt}
 """
 )
+
+# KEYS: window. ARGV: window_us, then pairs of (bucket end - now in us, count): window.merged(add=True) on
+# the server's clock, the record written back whole (win_put). Returns the buckets it holds.
+ADD_WINDOW = (
+    PRELUDE
+    + """
+local now = now_us()
+local W = tonumber(ARGV[1])
+local b, ok, w = win_live(KEYS[1], now, W)
+local lo = math.floor((now - win_reach(W)) / w)
+local hi = math.floor(now / w) + WAHEAD
+local counts = {}
+for _, e in ipairs(b) do counts[e[1]] = e[2] end
+for k = 2, #ARGV - 1, 2 do
+  local rel, c = tonumber(ARGV[k]), tonumber(ARGV[k + 1])
+  if rel ~= nil and c ~= nil and rel == rel and c == c and c > 0 then
+    local i = math.min(hi, math.ceil((now + rel) / w - 0.001) - 1)
+    if i >= lo then counts[i] = math.min(WMAXC, (counts[i] or 0) + math.floor(c)) end
+  end
+end
+local out = {}
+for i, c in pairs(counts) do out[#out + 1] = {i, c} end
+table.sort(out, function(x, y) return x[1] < y[1] end)
+if #out > 0 then win_put(KEYS[1], out, now, w, W, now, false) end
+return #out
+"""
+)

@@ -125,12 +125,13 @@ def test_restarted_proxy_honours_a_retry_after_seen_before_kill_9(
 @pytest.mark.slow  # watches 1.5 s past a Retry-After of 1 s for a replay
 def test_post_is_never_replayed(proxy_factory: Callable[..., ProxyProc], upstream: Upstream) -> None:
     p = proxy_factory(upstream, config())
-    throttle(upstream, DATA, 1, "1")
-    status, headers, body = tunnel_get(p.env, DATA, "/echo", method="POST", headers={"Content-Length": "0"})
+    www = "commoncrawl.org"  # data.commoncrawl.org refuses a POST by its form (issue 42): it never leaves
+    throttle(upstream, www, 1, "1")
+    status, headers, body = tunnel_get(p.env, www, "/echo", method="POST", headers={"Content-Length": "0"})
     assert status == 503 and headers.get("retry-after") == "1"
     assert body == b"slow down\n"  # the upstream's own answer
     time.sleep(1.5)
-    assert [a["method"] for a in arrivals(upstream, DATA)] == ["POST"]
+    assert [a["method"] for a in arrivals(upstream, www)] == ["POST"]
 
 
 @pytest.mark.slow  # waits out a Retry-After of 1 s, more than once

@@ -239,3 +239,15 @@ def test_a_client_retrying_refusals_in_a_tight_loop_adds_few_log_lines(looped: P
     assert len(lines) + summed <= n and summed >= n / 4, (n, lines)
     events = [x for x in looped.log_since().splitlines() if "refused 503" in x or "more refusals" in x]
     assert len(events) <= 10, events  # the operator's line: one per cause and pipeline per interval too
+
+
+@pytest.mark.parametrize(
+    ("method", "status", "code"), [("PROPFIND", 405, "MethodNotAllowed"), ("DELETE", 403, "AccessDenied")]
+)
+def test_a_form_the_bucket_refuses_is_answered_in_s3s_terms(
+    refusing: ProxyProc, method: str, status: int, code: str
+) -> None:
+    r = get(refusing, BUCKET_URLS[0], method)
+    assert r.status_code == status and r.headers["Content-Type"] == "application/xml"
+    assert ET.fromstring(r.content).findtext("Code") == code
+    assert proxy_status(r)["error"] in ("http_request_error", "http_request_denied")

@@ -60,5 +60,48 @@ def test_config_init_writes_the_default_file_and_run_reads_it(tmp_path: Path) ->
         assert doc is not None
         overall = doc["overall"]
         assert isinstance(overall, dict) and overall["configured_rate"] == 10.0, overall
+        assert doc["config"] == {"path": str(path), "read": True}  # status shows the file read
+        assert f"config file: {path}" in log.read_text()  # a start line at the default level names it
+    finally:
+        stop_process(proc)
+
+
+@pytest.mark.slow  # a proxy, config init and the 1 s file watch: ~4 s
+def test_a_config_file_written_after_start_is_read_like_an_edit(tmp_path: Path) -> None:
+    """No file at the default place at start: the start line says so (and where one would be read from);
+    one written there later is read by the file watch, a restart-only key in it named as such (issue 45)."""
+    home = tmp_path / "home"
+    path = home / ".config" / "politeproxy" / "politeproxy.toml"
+    port = free_port()
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": ""}
+    env.pop("POLITEPROXY_CONFIG", None)
+    argv = [*POLITEPROXY, "run", "--data-dir", str(tmp_path / "data"), "--listen", f"127.0.0.1:{port}"]
+    log = tmp_path / "proxy.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: status(port) is not None, 30, "the proxy")
+        assert (
+            f"no config file: defaults (a file written at {path} is read when it appears)" in log.read_text()
+        )
+        doc = status(port)
+        assert doc is not None and doc["config"] == {"path": str(path), "read": False}
+        assert pp(home, "config", "init").returncode == 0
+        text = path.read_text().replace('# global_rate = "200ms"', 'global_rate = "100ms"')
+        text = text.replace("# [schedule]", "[schedule]")
+        path.write_text('log_format = "json"\n' + text)  # log_format: a key only a restart applies
+        wait_for(
+            lambda: "config reloaded (file changed)" in log.read_text(), 15, "the reload of the new file"
+        )
+        lines = log.read_text()
+        assert "log_format changed but applies only after a restart" in lines
+        assert "schedule.global_rate" in lines.split("config reloaded (file changed)")[1].splitlines()[0]
+        wait_for(
+            lambda: (status(port) or {}).get("config") == {"path": str(path), "read": True}, 10, "status"
+        )
+        doc = status(port)
+        assert doc is not None
+        overall = doc["overall"]
+        assert isinstance(overall, dict) and overall["configured_rate"] == 10.0, overall
     finally:
         stop_process(proc)

@@ -11,8 +11,10 @@ import argparse
 import io
 import os
 import shlex
+import ssl
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,8 +86,30 @@ def test_good_environment_from_the_real_env_output(proxy: ProxyProc, up: Upstrea
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all checks passed" in r.stdout and "FAIL" not in r.stdout
     assert f"GET {URL} through the proxy: 200, Via: 1.1 politeproxy" in r.stdout
+    assert "intercepted, paced (held " in r.stdout and "answered by the upstream: 200 OK" in r.stdout
     arrivals = [a for a in up.log() if a["path"] == "/collinfo.json"]
     assert [a["host"] for a in arrivals] == ["index.commoncrawl.org"]  # one request, through the proxy
+
+
+def test_a_warm_cache_never_answers_doctor(good: dict[str, str], proxy: ProxyProc, up: Upstream) -> None:
+    """Issue 45: doctor passed on an answer from the proxy's cache, so it never showed that Common Crawl can
+    be reached. Its GET asks the proxy not to answer from the cache: one request reaches the upstream each
+    time, and the line says it was paced and answered there."""
+    handler = urllib.request.ProxyHandler({"https": f"http://127.0.0.1:{proxy.port}"})
+    ctx = ssl.create_default_context(cafile=good["REQUESTS_CA_BUNDLE"])
+    opener = urllib.request.build_opener(handler, urllib.request.HTTPSHandler(context=ctx))
+    up.reset()
+    for _ in range(2):  # the first fills the cache, the second is answered from it
+        with opener.open(URL, timeout=30) as r:
+            assert r.status == 200
+    # The cache is warm: the second at least came from it (the first too, after an earlier test's fetch).
+    assert len([a for a in up.log() if a["path"] == "/collinfo.json"]) <= 1
+    up.reset()
+    for _ in range(2):
+        code, out = _run(good)
+        assert code == 0, out
+        assert "intercepted, paced (held " in out and "answered by the upstream: 200 OK" in out, out
+    assert len([a for a in up.log() if a["path"] == "/collinfo.json"]) == 2  # each doctor run, upstream
 
 
 def test_no_proxy_variable(good: dict[str, str]) -> None:

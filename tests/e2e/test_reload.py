@@ -118,7 +118,7 @@ def test_bad_files_on_reload_are_rejected_and_the_watch_lives_on(
     rewrite(p, changed, 10)
     wait_for(lambda: "config reloaded (file changed)" in p.log(), 10, "the valid reload after bad ones")
     line = next(ln for ln in p.log().splitlines() if "config reloaded (file changed)" in ln)
-    assert "schedule.global_rate: 0.1 -> 0.05" in line, line
+    assert "schedule.global_rate: 100ms (10/s) -> 50ms (20/s)" in line, line  # the file's units
     assert "log_format: 'plain' -> 'json'" in line, line
     assert "log_format changed but applies only after a restart" in p.log()
     # It changes the CA's name constraints, which are made at start.

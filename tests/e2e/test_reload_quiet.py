@@ -43,7 +43,7 @@ def test_a_good_reload_after_a_bad_one_is_shown_at_the_default_level(tmp_path: P
         wait_for(lambda: "rejected" in log.read_text(), 10, "the rejected reload")
         cfg.write_text('[schedule]\nbackend = "memory"\nglobal_rate = "100ms"\n[robots]\nenabled = false\n')
         proc.send_signal(signal.SIGHUP)  # the file watch may see it first: either reload's line will do
-        change = "schedule.global_rate: 0.2 -> 0.1"
+        change = "schedule.global_rate: 200ms (5/s) -> 100ms (10/s)"  # in the units of the file
         wait_for(lambda: change in log.read_text(), 10, "the good reload's line without -v")
         line = next(ln for ln in log.read_text().splitlines() if change in ln)
         assert "config reloaded" in line, line

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 
 from tests.support.measure import budget_report, over_budget, results, run_load
 from tests.support.pacing_clients import start_clients, warm_upstream_pool
@@ -203,3 +204,68 @@ def test_workers_refuse_the_memory_store(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "the memory store is one process's" in done.stderr, done.stderr
+
+
+@pytest.mark.slow  # two workers, one killed and started again: its restart takes seconds
+def test_after_a_worker_restart_the_merged_grant_count_dropped_the_dead_workers_grants(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    """Issue 42, item 11: 129 sent, 109 shown after a restart. Each worker writes its count to the
+    workers' folder every second, and its next life carries it: the merged count stays what was sent."""
+    a = proxy_factory(upstream, CONFIG, args=("--workers", "2"))
+    both_up(a)
+    n = 40
+    for i in range(n):  # a connection each: the kernel spreads them over both workers
+        assert (
+            requests.get(f"http://{DATA}/size/1?g={i}", proxies={"http": a.url}, timeout=30).status_code
+            == 200
+        )
+    rows = status(a)["workers"]
+    assert sum(w["grants_since_start"] for w in rows) == n, rows
+    victim = max(rows, key=lambda w: w["grants_since_start"])
+    assert victim["grants_since_start"] > 0
+    time.sleep(1.5)  # CARRY_EVERY (1 s) and a margin: the count is on disk before the kill
+    os.kill(victim["pid"], signal.SIGKILL)
+
+    def restarted() -> bool:
+        try:
+            ws = status(a)["workers"]
+        except OSError:
+            return False
+        w = ws[victim["worker"]]
+        return (
+            w["answering"]
+            and w["restarts"] == 1
+            and w["pid"] != victim["pid"]
+            and all(x["answering"] for x in ws)
+        )
+
+    wait_for(restarted, 20, "the killed worker started again")
+    doc = status(a)
+    assert doc["overall"]["grants_since_start"] == n, doc["workers"]
+    assert doc["workers"][victim["worker"]]["grants_since_start"] == victim["grants_since_start"]
+
+
+def test_workers_start_on_the_port_a_one_process_proxy_just_left(
+    proxy_factory: Callable[..., ProxyProc], upstream: Upstream
+) -> None:
+    """Issue 45: after a one-process proxy stopped with connections open, `run --workers 2` on its port
+    failed with "Address already in use" for about a minute (the connections' TIME_WAIT, which the
+    supervisor's held socket did not pass). It starts now, at once."""
+    import socket
+
+    first = proxy_factory(upstream, CONFIG)
+    clients = [socket.create_connection(("127.0.0.1", first.port), timeout=10) for _ in range(3)]
+    for c in clients:  # each connection served once and kept open
+        c.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert c.recv(4096).startswith(b"HTTP/1.1 200")
+    first.stop()  # the proxy closes them first: TIME_WAIT on its port
+    for c in clients:
+        while c.recv(4096):
+            pass
+        c.close()
+    second = proxy_factory(
+        upstream, CONFIG, port=first.port, args=("--workers", "2"), data_dir=first.data_dir
+    )
+    assert second.proc.poll() is None, second.log()
+    both_up(second)

@@ -7,6 +7,7 @@ own file store with the gap x4. Issue 9 items 6 (both switch-overs guarded, meas
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -54,6 +55,16 @@ redis_server = redis_fixture()
 
 def redis_toml(url: str) -> str:
     return paced_toml(f'backend = "redis"\nredis_url = "{url}"\nexpected_proxies = 4')
+
+
+def mirrored_until(data_dir: Path, host: str) -> float:
+    """backoff_until of ``host``'s record in the file store (ccrawl's layout: UnixNano at bytes 8-16), 0
+    while there is none."""
+    try:
+        raw = (data_dir / "hosts" / host).read_bytes()
+    except OSError:
+        return 0.0
+    return struct.unpack(">Q", raw[8:16])[0] / 1e9 if len(raw) >= 16 else 0.0
 
 
 def all_degraded(proxies: list[ProxyProc], degraded: bool) -> bool:
@@ -133,9 +144,14 @@ def test_three_proxies_keep_the_budget_across_a_redis_outage(
 def test_restart_while_redis_is_frozen_honours_a_backoff_recorded_in_redis(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream, redis_server: RedisServer, tmp_path: Path
 ) -> None:
-    """Issue 9 item 7, with shorter numbers: Retry-After 10, the restart ~2 s later (at least 5 s of the
-    backoff left, asserted)."""
-    retry_after = 10.0
+    """Issue 9 item 7, with shorter numbers: Retry-After 14, the restart ~3 s later (at least 5 s of the
+    backoff left, asserted).
+
+    Issue 42, item 11: it failed about 1 run in 3. The restart (a kill, a new process, a 1 s ping of the
+    frozen Redis) takes ~3 s on a busy box, against 5 s of room with a Retry-After of 10; and a fixed 0.5 s
+    stood in for the mirror's write into the data dir, which the killed proxy may not have made yet. Now
+    the Retry-After leaves 9 s of room, and the kill waits until the mirror is on disk."""
+    retry_after = 14.0
     data_dir = tmp_path / "own"
     toml = redis_toml(redis_server.url)
     a = proxy_factory(upstream, toml, data_dir=data_dir)
@@ -144,7 +160,8 @@ def test_restart_while_redis_is_frozen_honours_a_backoff_recorded_in_redis(
     load = Load.start(tmp_path, [a.env], [prefixes("a", DATA)], concurrency=1)
     try:
         t503 = throttled_arrival(upstream, DATA, throttle(upstream, DATA, f"{retry_after:g}"))
-        wait_for(lambda: time.time() > t503 + 0.5, 5, "the throttle to be recorded")
+        # Recorded in Redis and mirrored into the data dir's file store (the fallback a restart reads)
+        wait_for(lambda: mirrored_until(data_dir, DATA) > t503 + retry_after - 2, 10, "the mirrored backoff")
         redis_server.pause()
         a.kill()
         load.kill()

@@ -24,7 +24,9 @@ port (and the plain HTTP port with ``--plain-port``) to ``--port-file`` once lis
                           "No Captures found" 404
   /__log                  the arrival log as JSON lines (not logged itself)
   /__control (POST JSON)  {"throttle": {"host": H, "count": N, "status": 503, "retry_after": "2"}}, with
-                          optional "headers": {...} (Server: AmazonS3 ...) and "body": "..." for the answer
+                          optional "headers": {...} (Server: AmazonS3 ...) and "body": "..." for the answer,
+                          and "forms": true to refuse only what CloudFront refuses by its form (a method
+                          other than GET or HEAD, or a request body), as CloudFront's own 403 does
                           or {"robots": {"host": H, "text": "..."}}, {"reset": true} (a fresh server's state)
                           or {"table_delay": S}: each /cc-index/table/ file answer waits S seconds first
                           or {"cdx_delay": S}: each CDX answer waits S seconds before its head
@@ -115,12 +117,13 @@ def _log_arrival(request: web.Request, host: str, state: State) -> dict[str, Any
     return entry
 
 
-def _refusal(path: str, host: str, now: float, state: State) -> web.Response | None:
-    """A throttled (/__control "throttle") or over-capacity host's answer; /robots.txt is never refused."""
+def _refusal(path: str, host: str, now: float, state: State, odd: bool) -> web.Response | None:
+    """A throttled (/__control "throttle") or over-capacity host's answer; /robots.txt is never refused.
+    ``odd``: a form CloudFront refuses by itself (a throttle with "forms" takes only those)."""
     if path == "/robots.txt":
         return None
     t = state.throttles.get(host)
-    if t and t.get("count", 0) > 0:
+    if t and t.get("count", 0) > 0 and (odd or not t.get("forms")):
         t["count"] -= 1
         headers = {"Retry-After": str(t["retry_after"])} if t.get("retry_after") is not None else {}
         headers.update({"Content-Type": "text/plain"} | dict(t.get("headers") or {}))
@@ -143,7 +146,8 @@ def make_app(files_dir: Path | None, log_path: Path | None) -> web.Application:
         if path in CONTROL_ROUTES:  # the tests' own routes: not logged, never refused
             return await CONTROL_ROUTES[path](request, state)
         entry = _log_arrival(request, host, state)
-        refusal = _refusal(path, host, entry["t"], state)
+        odd = request.method not in ("GET", "HEAD") or request.body_exists
+        refusal = _refusal(path, host, entry["t"], state, odd)
         if refusal is not None:
             return refusal
         return await route(path, files_dir)(request, state)

@@ -8,6 +8,8 @@ request line, unchanged), so a test sees which server and which object an answer
                            length); the connection stays open
     /crawl-data/trailing*  a good answer and, in the same write, a second answer nobody asked for ("EVIL")
     /crawl-data/idlejunk*  a good answer; 0.3 s later, on the idle connection, an answer nobody asked for
+    /crawl-data/quickjunk-<ms>-*  a good answer; <ms> milliseconds later, an answer nobody asked for: it is
+                           in flight when a client that reuses the connection at once writes its next request
     /crawl-data/slowcut*   as slow, but reset after 5 pieces (the body never completes)
     /crawl-data/slownolen* as slow, without Content-Length (close-delimited: never storable)
     /crawl-data/slow*      Content-Length SLOW_SIZE, sent SLOW_PIECE bytes every SLOW_GAP seconds
@@ -109,6 +111,10 @@ class Misbehaving:
             s.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n0123456789" + b"EXTRA-BYTES")
         elif target.startswith("/crawl-data/trailing"):
             s.sendall(good + EVIL)
+        elif target.startswith("/crawl-data/quickjunk-"):
+            s.sendall(good)
+            time.sleep(int(target.split("quickjunk-")[1].split("-")[0]) / 1000)
+            s.sendall(EVIL)
         elif target.startswith("/crawl-data/idlejunk"):
             s.sendall(good)
             time.sleep(0.3)

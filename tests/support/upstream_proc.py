@@ -26,6 +26,10 @@ CC_HOSTS = (
     "commoncrawl.s3.us-east-1.amazonaws.com",
 )
 OTHER_HOSTS = ("other.example", "localhost")
+# The other concrete paced names (HostSet.concrete_hosts, path-style on): a proxy looks each up for
+# allow_ip_connect (proxy/pacedaddrs.py) unless the resolve table maps it on ports 443 and 80. Mapped here,
+# so no test reads the machine's /etc/hosts or DNS for a Common Crawl name (issue 42, item 11).
+PACED_NAMES = ("commoncrawl.s3-external-1.amazonaws.com", "s3.amazonaws.com", "s3-external-1.amazonaws.com")
 
 
 @dataclass
@@ -38,7 +42,7 @@ class Certs:
 def make_certs(d: Path) -> Certs:
     """The upstream's CA and leaf for every name the fake upstream answers, written into ``d``."""
     ca = trustme.CA()
-    leaf = ca.issue_cert(*CC_HOSTS, *OTHER_HOSTS, "127.0.0.1")
+    leaf = ca.issue_cert(*CC_HOSTS, *OTHER_HOSTS, *PACED_NAMES, "127.0.0.1")
     ca.cert_pem.write_to_path(d / "upstream-ca.pem")
     leaf.private_key_and_cert_chain_pem.write_to_path(d / "server.pem")
     return Certs(ca, d / "upstream-ca.pem", d / "server.pem")
@@ -102,6 +106,7 @@ def start_upstream(certs: Certs, tmp: Path, files_dir: Path | None = None) -> Up
 
 
 def resolve_table(up: Upstream) -> str:
-    lines = [f'"{h}:443" = "127.0.0.1:{up.port}"' for h in (*CC_HOSTS, *OTHER_HOSTS)]
-    lines += [f'"{h}:80" = "127.0.0.1:{up.plain_port}"' for h in (*CC_HOSTS, *OTHER_HOSTS)]
+    names = (*CC_HOSTS, *OTHER_HOSTS, *PACED_NAMES)
+    lines = [f'"{h}:443" = "127.0.0.1:{up.port}"' for h in names]
+    lines += [f'"{h}:80" = "127.0.0.1:{up.plain_port}"' for h in names]
     return "\n".join(lines)

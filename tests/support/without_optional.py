@@ -18,6 +18,7 @@ OPTIONAL = (
     "duckdb_ext",
     "pyarrow",
     "pyarrow.parquet",
+    "polars",
     "cdx_toolkit",
     "yaml",
     "aiofastnet",

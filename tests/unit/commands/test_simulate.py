@@ -4,6 +4,7 @@ and the simulation itself on its virtual clock, run through the store's own clai
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 from dataclasses import replace
@@ -381,3 +382,21 @@ def test_a_log_from_another_config_is_taken_as_this_config_would(
     assert "example.org" not in out.split("\n", 2)[2]  # no row of its own
     index_row = next(line for line in out.splitlines() if line.startswith(INDEX))
     assert index_row.split()[1:4] == ["2", "0", "0.50s"]  # both sent, the second an interval (1 s) later
+
+
+@pytest.mark.timeout(60)  # the finding: it never ended
+def test_simulate_log_dev_zero_never_ended() -> None:
+    """Issue 42, item 11: ``--log /dev/zero`` (one endless line) read forever. A line longer than
+    MAX_LONG_LINE, or a log beyond MAX_LOG characters, is no access log: a clean WorkloadError."""
+    with (
+        open("/dev/zero", encoding="utf-8", errors="replace") as f,
+        pytest.raises(WorkloadError, match="line"),
+    ):
+        list(sim.bounded_lines(f))
+    # endless short lines that are no access lines (what /dev/urandom gives): the total bound ends them
+    many = io.StringIO("x\n" * 5000)
+    with pytest.raises(WorkloadError, match="characters of log"):
+        list(sim.bounded_lines(many, total=4096))
+    # a long line within the bound is skipped, the lines around it kept
+    text = io.StringIO("a\n" + "y" * 300 + "\nb\n")
+    assert list(sim.bounded_lines(text, limit=100, longest=1000)) == ["a\n", "b\n"]

@@ -67,3 +67,38 @@ def test_a_missing_secret_is_named_not_shown(monkeypatch: pytest.MonkeyPatch, tm
         cfg = {"token_env": "PP_SET", "token_file": str(tmp_path / "x")}
         build({"pipelines": {"urls": cfg}}).pipeline_tokens()
     assert "hunter2" not in str(e.value)
+
+
+LOOK_ALIKES = [
+    "url fetch",
+    'url"fetch',
+    "urléfetch",
+    "url\x01fetch",
+    "url'fetch",
+    "url\\fetch",
+    "url\x7ffetch",
+]
+
+
+@pytest.mark.parametrize("name", LOOK_ALIKES + ["p" * 64 + "x"], ids=repr)
+def test_tokens_were_checked_on_the_raw_name_then_the_name_was_cleaned(name: str) -> None:
+    """Issue 42, item 3: a name whose cleaned form is a token pipeline's, but not the name sent, counted as
+    the protected pipeline without its secret. It is refused now (407 naming the rule), whatever password."""
+    protected = "p" * 64 if name.startswith("p") else "url_fetch"
+    a = Access([], {}, {protected: "s3cret"})
+    for password in ("", "guess", "s3cret"):
+        why = a.look_alike(basic(name, password))
+        assert why is not None and protected in why and "token" in why
+        assert "s3cret" not in why and name not in why  # neither the secret nor the raw name echoed
+
+
+def test_names_counted_as_they_came_or_without_a_token_are_no_look_alikes() -> None:
+    a = Access([], {}, {"url_fetch": "s3cret"})
+    assert a.look_alike(basic("url_fetch", "wrong")) is None  # the exact name: a guest, as before
+    assert a.look_alike(basic("url_fetch", "s3cret")) is None
+    assert a.look_alike(basic("other fetch", "x")) is None  # cleaned to other_fetch: no token, counted so
+    assert (
+        a.look_alike(None) is None and a.look_alike("Basic !!!") is None and a.look_alike(basic("")) is None
+    )
+    assert Access([], {"url fetch": "pw"}, {"url_fetch": "s"}).look_alike(basic("url fetch", "pw")) is None
+    assert Access([], {}, {}).look_alike(basic("url fetch")) is None

@@ -31,7 +31,11 @@ ROWS = [
     ("s3.amazonaws.com", None, "bucket"),  # paced already: on S3's endpoints only the bucket is
     ("otherbucket.s3.amazonaws.com", "/x", "otherbucket.s3.amazonaws.com"),
     ("commoncrawl.s3.evil.amazonaws.com", "/x", "commoncrawl.s3.evil.amazonaws.com"),  # no region shape
-    ("foo.commoncrawl.org", "/", "foo.commoncrawl.org"),
+    ("foo.commoncrawl.org", "/", "other-cc"),  # every unknown name under commoncrawl.org: one service
+    ("h1x.commoncrawl.org", "/", "other-cc"),
+    ("a.b.commoncrawl.org.", "/", "other-cc"),
+    ("other.commoncrawl.org", "/", "other-cc"),
+    ("xcommoncrawl.org", "/", "xcommoncrawl.org"),  # not under the domain
     ("example.org", "/", "example.org"),
     ("../x.commoncrawl.org", "/", "other"),
     ("", "/", "other"),

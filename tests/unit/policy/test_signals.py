@@ -111,3 +111,24 @@ def test_reading_never_raises(status: int | None, headers: dict[str, str], body:
     assert isinstance(s.cause, Cause) and len(s.server) <= 64
     assert isinstance(wants_body(status, headers), bool)
     assert s.reason(status)
+
+
+INVALID_METHOD_HTML = (
+    b"<HTML><HEAD><TITLE>ERROR: The request could not be satisfied</TITLE></HEAD><BODY><H1>403 ERROR</H1>"
+    b"This distribution is not configured to allow the HTTP request method that was used for this request."
+)
+
+
+@pytest.mark.parametrize(
+    "body", [INVALID_METHOD_HTML, WAF_HTML, b""], ids=["invalid-method", "waf-page", "none"]
+)
+def test_cloudfront_403_to_a_refused_form_is_that_requests_answer_never_a_hold(body: bytes) -> None:
+    """Issue 42, item 1: CloudFront's own 403 to a method it does not allow, or to a GET with a body, is
+    that request's answer: it records nothing, whatever its page says."""
+    heads = {"Server": "CloudFront", "Content-Type": "text/html"}
+    s = read_signal(403, heads, body, odd_form=True)
+    assert s.cause is Cause.FORM and not s.cause.records
+    assert read_signal(403, heads, body).cause is Cause.CLOUDFRONT  # the same 403 to a GET: a block
+    # S3's denial stays S3's; a 403 from nobody known is held as before, whatever the form
+    assert read_signal(403, {"Server": "AmazonS3"}, b"", odd_form=True).cause is Cause.S3_DENIED
+    assert read_signal(403, {"Server": "nginx"}, b"x", odd_form=True).cause is Cause.UNKNOWN_403
