@@ -149,7 +149,9 @@ class CacheFront:
         own answer when there is one to send."""
         if klass is Klass.PASSTHROUGH:
             return await go()
-        d = await self.published.decide(client, host, url, self.disk_problem)
+        d = self.published.decide(client, host, url)
+        if isinstance(d, Bypass) and d.reason == "unpublished":  # a crawl the list read last lacks
+            d = await self.published.decide_again(client, host, url, d, self.disk_problem)
         if d is None:
             return await go()
         if isinstance(d, Bypass):
