@@ -141,6 +141,10 @@ class RedisAnswers:
                 log.warning("kept index answers in Redis: %s failed (%s); going on without them", what, e)
             return default
 
+    async def has(self, key: str) -> bool:
+        """Whether an answer is kept for ``key`` (its body not read: a waiter looks often)."""
+        return bool(await self._call("a look", self.client.exists(self._answer(key_name(key))), 0))
+
     async def get(self, key: str) -> Kept | None:
         head, body = await self._call(
             "a read", self.client.hmget(self._answer(key_name(key)), ["head", "body"]), (None, None)

@@ -149,7 +149,9 @@ class CacheFront:
         own answer when there is one to send."""
         if klass is Klass.PASSTHROUGH:
             return await go()
-        d = await self.published.decide(client, host, url, self.disk_problem)
+        d = self.published.decide(client, host, url)
+        if isinstance(d, Bypass) and d.reason == "unpublished":  # a crawl the list read last lacks
+            d = await self.published.decide_again(client, host, url, d, self.disk_problem)
         if d is None:
             return await go()
         if isinstance(d, Bypass):
@@ -246,9 +248,13 @@ class CacheFront:
         """An index question's turn came (issue 43): its lease is taken now, never across the queue wait,
         so the asker whose turn comes first asks; when another proxy asked meanwhile (its lease held: wait
         for it, within max_wait), the answer it kept is sent instead (True: no request upstream)."""
-        if not (self.share is not None and await self.share.lease(d.key, self.max_wait)):
-            await take_lease(self, flight, self.max_wait)
-        found = await self._lookup(d, client.headers)
+        try:
+            if not (self.share is not None and await self.share.lease(d.key, self.max_wait)):
+                await take_lease(self, flight, self.max_wait)
+            found = await self._lookup(d, client.headers)
+        except Exception as e:  # noqa: BLE001 - no lease or no look: this asker asks, never an error answer
+            self.disk_problem(e)
+            return False
         if not isinstance(found, Found):
             return False
         await self._hit(client, found, ex, "shared", counted=True)  # its look counted a miss, its slot spent

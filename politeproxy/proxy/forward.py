@@ -69,6 +69,7 @@ class _Try:
     def again(self) -> bool:
         """An SDK's retry of a refused request: it goes ahead of first tries in its line."""
         return self.attempt > 1
+
     continued: bool = False
 
 
@@ -274,9 +275,10 @@ class Forwarder:
         method = client.method
         pool = p.klass.value if p is not None else Klass.PASSTHROUGH.value
         probe = p is not None and p.probe  # the one request after a block
-        gate = ex.tee.gate if ex.tee is not None and not probe else None
-        if gate is not None and await gate():  # the cache's last look (issue 43): another proxy asked
-            return None
+        if (tee := ex.tee) is not None and (gate := tee.gate) is not None and not probe:
+            tee.gate = None  # the cache's last look (issue 43), once: a retry keeps the lease it took
+            if await gate():  # another proxy asked: answered from its kept answer
+                return None
         if probe:
             self.oplog.probe(t.host, method, ex.path)
         exchange = self.upstream.exchange(

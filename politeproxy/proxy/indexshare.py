@@ -74,7 +74,7 @@ class IndexShare:
                 if len(self.held) < HELD_MAX and key not in self.held:
                     self.held[key] = asyncio.get_running_loop().create_task(self._refresh(key))
                 return True
-            if time.monotonic() >= deadline or await self.answers.get(key) is not None:
+            if time.monotonic() >= deadline or await self.answers.has(key):
                 return True
             await asyncio.sleep(LEASE_POLL)
 

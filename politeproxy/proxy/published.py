@@ -62,33 +62,32 @@ class Published:
         # seconds the index rests (set by app.py: the store's record of it, as every proxy sees it)
         self.resting: Callable[[str], Awaitable[float]] | None = None
 
-    async def decide(
-        self, client: ClientSide, host: str, url: URL, on_error: Callable[[BaseException], None]
+    def decide(self, client: ClientSide, host: str, url: URL) -> Cacheable | Bypass | None:
+        """The cache rules' decision for a request, on the list read last (no I/O: every request asks)."""
+        return request_decision(
+            self.store.limits,
+            client.method,
+            host,
+            url.raw_path_qs,  # the target exactly as it goes upstream: the key's path
+            client.headers,
+            client.has_body,
+            scheme=url.scheme,
+            port=url.port or 0,
+            published=self.crawls,
+        )
+
+    async def decide_again(
+        self, client: ClientSide, host: str, url: URL, d: Bypass, on_error: Callable[[BaseException], None]
     ) -> Cacheable | Bypass | None:
-        """The cache rules' decision for a request; a CDX question about a crawl not in the list read last
-        has the list read again (at most every REREAD seconds) before it is bypassed."""
-        port = url.port or 0
-        for _ in range(2):
-            d = request_decision(
-                self.store.limits,
-                client.method,
-                host,
-                url.raw_path_qs,  # the target exactly as it goes upstream: the key's path
-                client.headers,
-                client.has_body,
-                scheme=url.scheme,
-                port=port,
-                published=self.crawls,
-            )
-            if not (isinstance(d, Bypass) and d.reason == "unpublished"):
+        """A CDX question about a crawl not in the list read last (``d``): the list is read again (at most
+        every REREAD seconds, one read for every question waiting on it) and the question decided again."""
+        try:
+            if not await self.refresh(url.port or 0):
                 return d
-            try:
-                if not await self.refresh(port):
-                    return d
-            except Exception as e:  # noqa: BLE001 - an unreadable list keeps nothing, never fails a request
-                on_error(e)
-                return d
-        return d
+        except Exception as e:  # noqa: BLE001 - an unreadable list keeps nothing, never fails a request
+            on_error(e)
+            return d
+        return self.decide(client, host, url)
 
     def is_collinfo(self, rule: CacheRule, key: str) -> bool:
         return rule is self.rule and COLLINFO in key

@@ -5,6 +5,7 @@ Counted from the fake upstream's arrival log; the clients are tests/e2e/test_ind
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -12,17 +13,19 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
 
+from tests.support.clients import run_py
 from tests.support.index_clients import CRAWL, get, index_arrivals, question
 from tests.support.processes import POLITEPROXY, ROOT
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
 from tests.support.redis_server import RedisServer, redis_fixture
 from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
-pytestmark = pytest.mark.slow  # two proxies and a redis-server: about 6 s
+pytestmark = pytest.mark.slow  # two proxies, a redis-server and cdx_toolkit processes: about 8 s
 
 redis_one = redis_fixture("redis_one", scope="module")  # the system redis-server
 
@@ -76,6 +79,30 @@ def test_two_proxies_of_their_own_data_dirs_ask_once_for_ten_askers(env: Env) ->
     assert index_arrivals(env.up, only_a) == [only_a]
     env.redis.flushdb()  # Redis forgets: b still has its own copy
     assert get(env.b, only_a)[1] == body and index_arrivals(env.up, only_a) == [only_a]
+
+
+def test_cdx_toolkit_on_two_proxies_of_their_own_data_dirs_asks_each_question_once(
+    env: Env, tmp_path: Path
+) -> None:
+    env.up.reset()
+    env.up.control({"cdx_delay": 0.5})
+    code = """
+        import json, cdx_toolkit
+        cdx = cdx_toolkit.CDXFetcher(source="cc", crawl=["CC-MAIN-2024-20"])
+        print(json.dumps([dict(c)["url"] for c in cdx.iter("toolkit-redis.example/*", limit=2)]))
+        """
+    with ThreadPoolExecutor(4) as pool:
+        runs = [
+            pool.submit(
+                run_py, (env.a, env.b)[i % 2], code, {"CDXT_CACHE_DIR": str(tmp_path / f"c{i}") + "/"}
+            )
+            for i in range(4)
+        ]
+        outs = [json.loads(r.result().strip().splitlines()[-1]) for r in runs]
+    urls = ["https://toolkit-redis.example/page0", "https://toolkit-redis.example/page1"]
+    assert outs == [urls] * 4
+    asked = index_arrivals(env.up, f"/{CRAWL}-index")
+    assert asked and len(asked) == len(set(asked)), asked  # each distinct question once, across both proxies
 
 
 def test_kept_answers_in_redis_stay_within_their_bound_oldest_out(env: Env) -> None:

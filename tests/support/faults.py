@@ -43,9 +43,10 @@ RECORD_SLACK = 0.02
 def paced_toml(schedule: str = "", pacing: str = "") -> str:
     """Robots off (the log holds only the test's requests), 200 ms gap, no jitter, no transparent retries
     (a throttled answer reaches the client, and each upstream arrival is one client request), and no host
-    interval, so every paced host shares only the global schedule."""
+    interval, so every paced host shares only the global schedule. The index server rests 1 s after its
+    warnings (issue 43's index_rest, 60 s by default), as backoff_base: here it stands for any host."""
     text = NO_ROBOTS + f'[schedule]\nglobal_rate = "{GAP * 1000:g}ms"\n{schedule}\n'
-    text += f"[pacing]\nretries = 0\nbackoff_jitter = 0.0\n{pacing}\n"
+    text += f'[pacing]\nretries = 0\nbackoff_jitter = 0.0\nindex_rest = "1s"\n{pacing}\n'
     text += '[hosts."index.commoncrawl.org"]\ninterval = "0s"\n'
     return text
 
