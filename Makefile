@@ -50,7 +50,7 @@ test: $(VENV)/.installed-test $(VENV)/duckdb15/.installed $(VENV)/node/.installe
 	$(BIN)/lint-imports
 	$(BIN)/mypy --config-file pyproject.toml
 	$(MAKE) docs
-	$(BIN)/python -m pytest -q -p no:cacheprovider -n 3
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n 4
 
 # The manual: a broken link, anchor or nav entry fails the build (--strict; mkdocs.yml says why mkdocs).
 docs: $(VENV)/.installed-test
