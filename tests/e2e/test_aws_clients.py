@@ -7,14 +7,12 @@ log. One aws start per test: the CLI takes about a second to start.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.aws import AWS_QUIET, aws_cli
 from tests.support.clients import env_output, exported
 from tests.support.processes import ROOT, wait_for
 from tests.support.proxy_proc import ProxyProc, for_this_test
@@ -26,13 +24,6 @@ botocore_config = pytest.importorskip("botocore.config")
 from botocore import UNSIGNED  # noqa: E402 - after the skip: boto3 is a test extra
 
 BUCKET_HOST = "commoncrawl.s3.amazonaws.com"
-# Nothing from the machine's own AWS set-up: no profile, no credentials, no instance metadata.
-AWS_QUIET = {
-    "AWS_CONFIG_FILE": os.devnull,
-    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-    "AWS_EC2_METADATA_DISABLED": "true",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +64,7 @@ def counted_as(p: ProxyProc, up: Upstream, key: str) -> set[str]:
 def test_aws_cli_counts_under_the_pipeline(
     aws_proxy: ProxyProc, module_files_upstream: Upstream, tmp_path: Path
 ) -> None:
-    aws = shutil.which("aws", path=str(Path(sys.executable).parent))
-    if aws is None:
-        pytest.skip("the AWS CLI (awscli, a test extra) is not installed")
+    aws = aws_cli()
     env = {**pipeline_env(aws_proxy, "aws-cli"), **AWS_QUIET, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     out = tmp_path / "cli.bin"
     r = subprocess.run(

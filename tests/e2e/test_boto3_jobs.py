@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.support.aws import AWS_QUIET, aws_cli
 from tests.support.processes import PY, ROOT
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
 from tests.support.proxyio import ProxyFactory, arrivals, upstream_toml
@@ -46,12 +45,6 @@ SCALE = float(os.environ.get("POLITEPROXY_JOBS_SCALE", "2"))
 RATE = 20.0 * SCALE  # requests per second: the proxy's global rate
 BOUND = 5.0 / SCALE  # pacing.max_wait, seconds
 KEYS = [f"files/job{i}.bin" for i in range(50)]
-AWS_QUIET = {
-    "AWS_CONFIG_FILE": "/dev/null",
-    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-    "AWS_EC2_METADATA_DISABLED": "true",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
 
 
 def config(up: Upstream, certs: Certs, keep_defaults: bool) -> str:
@@ -144,9 +137,7 @@ def test_aws_cli_copies_above_the_budget_finish(
     job_proxy: ProxyProc, cli_files: Upstream, tmp_path: Path
 ) -> None:
     """``aws s3 cp --recursive`` in 4 processes of 50 transfers each: 600 GETs above the budget."""
-    aws = shutil.which("aws", path=str(Path(sys.executable).parent))
-    if aws is None:
-        pytest.skip("the AWS CLI (awscli, a test extra) is not installed")
+    aws = aws_cli()
     cli_files.reset()
     rules = "keep_defaults = true" in job_proxy.config_path.read_text()
     conf = tmp_path / "aws-config"
