@@ -290,11 +290,8 @@ def response_decision(
         return cdx_response(limits, status, headers)
     if status not in (200, 206):
         return DontStore("status")
-    cc = _directives(headers.get("Cache-Control"))
-    if cc & {"no-store", "private", "no-cache"}:
-        return DontStore("no-store")
-    if "Set-Cookie" in headers or _directives(headers.get("Vary")) - {"accept-encoding"}:
-        return DontStore("vary")
+    if (refused := _forbidden(headers)) is not None:
+        return refused
     length = parse_length(headers.get("Content-Length"))
     if length is None:
         return DontStore("no-length")
@@ -315,17 +312,23 @@ def response_decision(
     return Store(0 if method == "HEAD" else length)
 
 
+def _forbidden(headers: Mapping[str, str]) -> DontStore | None:
+    """An answer that says not to keep it (no-store, private, no-cache), or that varies beyond encoding."""
+    if _directives(headers.get("Cache-Control")) & {"no-store", "private", "no-cache"}:
+        return DontStore("no-store")
+    if "Set-Cookie" in headers or _directives(headers.get("Vary")) - {"accept-encoding"}:
+        return DontStore("vary")
+    return None
+
+
 def cdx_response(limits: CacheLimits, status: int, headers: Mapping[str, str]) -> Store | DontStore:
     """A CDX answer may be kept when it is a 200 (its body must then hold a capture line: ``keeps_body``)
     or pywb's "No Captures found" 404 (kept index_miss_ttl; 0: never); anything else, never. pywb streams
     its answers: no Content-Length is ``Store(UNKNOWN)``, the tee bounds it at max_object as it comes."""
     if status not in (200, 404) or (status == 404 and limits.index_miss_ttl <= 0):
         return DontStore("status")
-    cc = _directives(headers.get("Cache-Control"))
-    if cc & {"no-store", "private", "no-cache"}:
-        return DontStore("no-store")
-    if "Set-Cookie" in headers or _directives(headers.get("Vary")) - {"accept-encoding"}:
-        return DontStore("vary")
+    if (refused := _forbidden(headers)) is not None:
+        return refused
     length = parse_length(headers.get("Content-Length"))
     if "Content-Length" in headers and length is None:
         return DontStore("no-length")
