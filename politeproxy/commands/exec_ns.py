@@ -1,6 +1,7 @@
 """The half of `politeproxy exec` inside the new network namespace (started by exec_cmd.py through
 ``unshare``, as root of that namespace): make the loopback the only network, every address local to it,
-so a connection to anything but the relay is refused at once; resolv.conf pointing at the stub resolver;
+so a connection to anything but the relay is refused at once; resolv.conf pointing at the stub resolver
+and an /etc/hosts of loopback's names only;
 then run COMMAND and write what it tried (the report) where the outer half reads it.
 
     python -m politeproxy.commands.exec_ns --relay SOCK --listen HOST:PORT --workdir DIR -- COMMAND...
@@ -13,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -66,6 +68,12 @@ def network(workdir: Path) -> None:
     resolv = workdir / "resolv.conf"
     resolv.write_text(RESOLV, encoding="utf-8")
     _bind(mount, resolv, Path("/etc/resolv.conf"))
+    # Only loopback's names and this machine's: a name the machine's /etc/hosts maps (a local stand-in for
+    # Common Crawl, say) is asked of the stub resolver, so the report names it too.
+    hosts = workdir / "hosts"
+    name = socket.gethostname()
+    hosts.write_text(f"127.0.0.1 localhost {name}\n::1 localhost ip6-loopback\n", encoding="utf-8")
+    _bind(mount, hosts, Path("/etc/hosts"))
     nss = Path("/etc/nsswitch.conf")
     with contextlib.suppress(OSError, UnicodeError):
         text = nss.read_text(encoding="utf-8")
