@@ -37,6 +37,7 @@ from politeproxy.policy.access import GUEST, Access, is_loopback
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.loglimit import LogLimiter
+from politeproxy.policy.settings import format_utc
 from politeproxy.policy.table import restart_only
 from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.cached import CacheFront
@@ -54,9 +55,6 @@ start_log = logging.getLogger("politeproxy.start")  # always at INFO (cli.setup_
 # Settings that only a restart applies (the table's, policy/table.py); a reload that changes one says so.
 RESTART_ONLY = restart_only()
 
-
-def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 class App:
@@ -219,7 +217,7 @@ class App:
             return {"released": [], "refused": r.refused, "retry_after": r.retry_in}
         if self.status is not None:
             self.status.invalidate()
-        was = [f"{n.host}: {n.reason or n.kind} since {_utc(n.since)}" for n in r.was]
+        was = [f"{n.host}: {n.reason or n.kind} since {format_utc(n.since)}" for n in r.was]
         return {"released": list(r.hosts), "by": r.by, "at": round(r.at, 3), "was": was}
 
     def _announce(self, gap: float, ca_path: Path) -> None:
@@ -281,7 +279,7 @@ class App:
                 try:
                     view = await self.pacer.host_view(host)
                     self.metrics.backoff.labels(host).set(view.backoff_in)
-                    self.metrics.set_host_interval(host, view.interval(max(s.gap, s.interval_for(host))))
+                    self.metrics.set_host_interval(host, view.interval(s.pace_for(host)))
                 except Exception as e:  # noqa: BLE001 - a gauge must not kill the loop
                     errors.error("backoff gauge refresh failed", e)
             rules = {r.service: r for h in self._paced if (r := s.window_for(h)) is not None}

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from politeproxy.policy.loglimit import LogLimiter
+from politeproxy.policy.settings import format_utc
 from politeproxy.proxy.events import NoProxyEvents
 from politeproxy.proxy.exchange import Exchange
 
@@ -70,9 +71,6 @@ def access_args(r: Exchange) -> tuple[object, ...]:
 def _more_text(more: dict[str, Any] | None) -> str:
     return "".join(f" {k}={v}" for k, v in more.items()) if more else ""
 
-
-def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def json_head(created: float, level: str, name: str) -> dict[str, Any]:
@@ -131,7 +129,7 @@ class AccessLog(NoProxyEvents):
         span = self._held.pop(key, None)
         if not v.held or span is None:
             return True, None
-        return True, {"repeated": v.held, "first": _utc(span[0]), "last": _utc(span[1])}
+        return True, {"repeated": v.held, "first": format_utc(span[0]), "last": format_utc(span[1])}
 
 
 class DirectHandler(logging.StreamHandler):  # type: ignore[type-arg]

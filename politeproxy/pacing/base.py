@@ -56,6 +56,10 @@ class PacingSettings:
     def interval_for(self, host: str) -> float:
         return _interval_for(self.host_intervals, host)
 
+    def pace_for(self, host: str) -> float:
+        """The least time between two grants to ``host``: the global gap or its own interval, the longer."""
+        return max(self.gap, self.interval_for(host))
+
     def bound_for(self, user_agent: str | None) -> float:
         """How long a request from a client with ``user_agent`` may be held (its rule's, else max_wait)."""
         return bound_for(self.client_rules, user_agent, self.max_wait)

@@ -355,7 +355,7 @@ class Pacer:
         self, host: str, status: int | None, retry_after: float | None, kind: Kind, why: str | None
     ) -> Delay:
         s = self._settings
-        base = max(s.gap, s.interval_for(host))  # the rate the adaptive interval is raised from
+        base = s.pace_for(host)  # the rate the adaptive interval is raised from
         try:
             delay = await self._store.throttled(host, retry_after, s.backoff, kind, base)
         except Exception as e:  # noqa: BLE001 - the throttle still applies here, from the local hint

@@ -43,12 +43,17 @@ class Quotas:
         self._read: dict[str, tuple[int, float]] = {}
         self._reading: dict[str, asyncio.Task[None]] = {}
 
-    async def quota(self, host: str) -> Quota | None:
-        """``host``'s service quota now; None when the store could not say in time."""
+    def _window(self, host: str) -> WindowRule | Quota:
+        """``host``'s window, or with windows off its paced rate as a one-second quota."""
         s = self._settings()
         rule = s.window_for(host)
-        if rule is None:
-            return rate_quota(max(s.gap, s.interval_for(host)), self._wait_of(host))
+        return rule if rule is not None else rate_quota(s.pace_for(host), self._wait_of(host))
+
+    async def quota(self, host: str) -> Quota | None:
+        """``host``'s service quota now; None when the store could not say in time."""
+        rule = self._window(host)
+        if isinstance(rule, Quota):
+            return rule
         now = self._monotonic()
         last = self._read.get(rule.service)
         if last is None or now - last[1] > STALE:
@@ -62,10 +67,9 @@ class Quotas:
 
     def cached(self, host: str) -> Quota | None:
         """The last reading without any wait (a cache hit, which asks nothing of the pacer)."""
-        s = self._settings()
-        rule = s.window_for(host)
-        if rule is None:
-            return rate_quota(max(s.gap, s.interval_for(host)), self._wait_of(host))
+        rule = self._window(host)
+        if isinstance(rule, Quota):
+            return rule
         last = self._read.get(rule.service)
         if last is None or self._monotonic() - last[1] > FRESH:
             self._start_read(rule)

@@ -15,6 +15,7 @@ from politeproxy.pacing.base import PacingSettings, WaitTooLong, window_full
 from politeproxy.policy.backoff import Delay, Kind
 from politeproxy.policy.indexanswers import index_rest, is_warning
 from politeproxy.policy.services import INDEX, service_key, service_of
+from politeproxy.policy.settings import format_utc
 from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.base import Store
 
@@ -81,16 +82,13 @@ class RestNotes:
         if until <= self.clock():
             return ""
         state = "blocked" if kind is Kind.BLOCK else "backing off"
-        text = f"{host} is {state} until {_utc(until)} (since {_utc(since)}"
+        text = f"{host} is {state} until {format_utc(until)} (since {format_utc(since)}"
         return f"{text}: {why})" if why else f"{text})"
 
     def reasons(self) -> dict[str, str]:
         """host -> why this proxy last held it ("403 from CloudFront (Server: CloudFront)"), for /status."""
         return {h: r for h, (_, _, _, r) in self._hosts.items() if r}
 
-
-def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 async def exempt_slot(

@@ -12,6 +12,7 @@ Policy core: no I/O. Environment values are passed in as a mapping.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import re
 from collections.abc import Mapping
@@ -274,6 +275,11 @@ def format_rate(gap: float) -> str:
         if span / gap >= 1:
             return f"{_num(span / gap)}/{unit}"
     return f"{_num(3600.0 / gap)}/h"
+
+
+def format_utc(t: float) -> str:
+    """A wall-clock time as the logs, refusals and status lines write it: ``2026-12-07T08:00:00Z``."""
+    return dt.datetime.fromtimestamp(math.floor(t), dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def format_gap(gap: float) -> str:

@@ -254,7 +254,7 @@ class Forwarder:
         ex.quota = await self.pacer.quotas.quota(t.host) or ex.quota
         why = e.message  # the host's rest when it rests: one cause, one text
         self.oplog.refused(ex.pipeline, 503, why, e.reason)
-        gap = max(self.pacer.settings.gap, self.pacer.settings.interval_for(t.host))
+        gap = self.pacer.settings.pace_for(t.host)
         # An SDK's retry goes ahead of first tries: its turn falls inside its bound as soon as the retries
         # ahead of it have gone, so a first try is told to come back at once (staggered, one slot apart).
         wait = 0.0 if t.attempt == 1 else e.wait
