@@ -204,21 +204,10 @@ def test_head_is_cached_apart_from_get(env: Env) -> None:
 
 
 def test_stats_and_clear_from_the_command_line(env: Env) -> None:
-    import subprocess
-    import sys
-
-    from tests.support.processes import ROOT
+    from tests.support.processes import cache_command
 
     def cli(*args: str) -> str:
-        r = subprocess.run(
-            [sys.executable, "-m", "politeproxy", "cache", *args, "--data-dir", str(env.a.data_dir)],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-        )
-        assert r.returncode == 0, r.stderr
-        return r.stdout
+        return cache_command(*args, "--data-dir", str(env.a.data_dir))
 
     fetch(env.a, D, "/crawl-data/CC-MAIN-2024-10/stats.warc.gz")
     name = key_name(cache_key("GET", "data", 443, "/crawl-data/CC-MAIN-2024-10/stats.warc.gz", None))

@@ -10,38 +10,24 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 import requests
 
 from tests.support.cache_upstream import CACHE_TOML
-from tests.support.misbehave import Misbehaving, answer_body
+from tests.support.misbehave import Behind, answer_body, behind_proxy
 from tests.support.processes import need_tool
-from tests.support.proxy_proc import ProxyProc, start_proxy
+from tests.support.proxy_proc import ProxyProc
 from tests.support.upstream_proc import Certs
 
 D = "data.commoncrawl.org"
 BASE = "/crawl-data/CC-MAIN-2024-10/"
 
 
-@dataclass
-class Env:
-    p: ProxyProc
-    up: Misbehaving
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[Env]:
-    tmp = tmp_path_factory.mktemp("cache-desync")
-    up = Misbehaving("tls", certs.server_pem)
-    text = CACHE_TOML + (
-        f'[upstream]\nca_file = "{certs.ca_file}"\n[upstream.resolve]\n"{D}:443" = "127.0.0.1:{up.port}"\n'
-    )
-    p = start_proxy(tmp, None, None, text)
-    yield Env(p, up)
-    p.stop()
-    up.close()
+def env(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[Behind]:
+    with behind_proxy(tmp_path_factory.mktemp("cache-desync"), certs, CACHE_TOML) as e:
+        yield e
 
 
 def curl(p: ProxyProc, path: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -58,7 +44,7 @@ def get(p: ProxyProc, path: str, method: str = "GET") -> requests.Response:
     return requests.request(method, f"https://{D}{path}", proxies={"https": p.url}, verify=verify, timeout=30)
 
 
-def test_a_body_longer_than_its_length_is_cut_and_never_stored(env: Env) -> None:
+def test_a_body_longer_than_its_length_is_cut_and_never_stored(env: Behind) -> None:
     path = "/crawl-data/long.warc.gz"
     for i in (1, 2):
         r = curl(env.p, path)
@@ -72,7 +58,7 @@ def test_a_body_longer_than_its_length_is_cut_and_never_stored(env: Env) -> None
     assert env.up.count(path) == 3
 
 
-def test_an_answer_after_a_complete_answer_is_never_the_next_ones(env: Env) -> None:
+def test_an_answer_after_a_complete_answer_is_never_the_next_ones(env: Behind) -> None:
     """An answer followed in the same read by one nobody asked for has more bytes than it announced: it is
     cut like a long body (the proxy cannot tell the two apart), nothing is stored, and the connection goes."""
     first, nxt = "/crawl-data/trailing.warc.gz", BASE + "after-trailing.warc.gz"
@@ -87,7 +73,7 @@ def test_an_answer_after_a_complete_answer_is_never_the_next_ones(env: Env) -> N
 
 
 @pytest.mark.parametrize("method", ["GET", "HEAD"])
-def test_bytes_on_an_idle_pooled_connection_are_never_an_answer(env: Env, method: str) -> None:
+def test_bytes_on_an_idle_pooled_connection_are_never_an_answer(env: Behind, method: str) -> None:
     """GET goes through the lean client, HEAD through aiohttp: both pools drop such a connection."""
     junk, nxt = f"/crawl-data/idlejunk-{method}.warc.gz", BASE + f"after-idle-{method}.warc.gz"
     r = get(env.p, junk, method)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ import pytest
 
 from tests.support.clients import run_py
 from tests.support.index_clients import CRAWL, IX, get, index_arrivals, question
-from tests.support.processes import POLITEPROXY, ROOT
+from tests.support.processes import cache_command
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
 from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
@@ -202,15 +201,7 @@ def test_cache_stats_shows_the_index_part_and_clear_index_clears_it_alone(fresh:
     assert get(env.a, q)[0] == 200
 
     def cli(*args: str) -> str:
-        r = subprocess.run(
-            [*POLITEPROXY, "cache", *args, "--data-dir", str(env.a.data_dir)],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-        )
-        assert r.returncode == 0, r.stderr
-        return r.stdout
+        return cache_command(*args, "--data-dir", str(env.a.data_dir))
 
     assert re.search(r"index answers \(on\): [1-9]\d* entries", cli("stats"))
     assert re.search(r"cleared: [1-9]\d* index answers", cli("clear", "--index"))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import redis
 
 from tests.support.clients import run_py
 from tests.support.index_clients import CRAWL, get, index_arrivals, question
-from tests.support.processes import POLITEPROXY, ROOT
+from tests.support.processes import cache_command
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
 from tests.support.redis_server import RedisServer, redis_fixture
 from tests.support.upstream_proc import Certs, Upstream, start_upstream
@@ -123,23 +122,7 @@ def test_kept_answers_in_redis_stay_within_their_bound_oldest_out(env: Env) -> N
 
 def test_cache_stats_and_clear_index_reach_redis(env: Env) -> None:
     def cli(*args: str) -> str:
-        r = subprocess.run(
-            [
-                *POLITEPROXY,
-                "cache",
-                *args,
-                "--config",
-                str(env.a.config_path),
-                "--data-dir",
-                str(env.a.data_dir),
-            ],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            timeout=60,
-        )
-        assert r.returncode == 0, r.stderr
-        return r.stdout
+        return cache_command(*args, "--config", str(env.a.config_path), "--data-dir", str(env.a.data_dir))
 
     assert get(env.a, question("cli.example"))[0] == 200
     assert re.search(r"index answers in Redis: [1-9]\d* entries", cli("stats"))

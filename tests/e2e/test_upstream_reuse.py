@@ -11,40 +11,28 @@ Written against the proxy's outside (sockets, not classes), so it holds across t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 import requests
 
-from tests.support.misbehave import Misbehaving, answer_body
-from tests.support.proxy_proc import ProxyProc, start_proxy
+from tests.support.misbehave import Behind, answer_body, behind_proxy
 from tests.support.upstream_proc import Certs
 
 D = "data.commoncrawl.org"
 JUNK_AFTER_MS = 2  # under the proxy's quiet time (5 ms), over its turnaround on loopback (well under 1 ms)
 
 
-@dataclass
-class Env:
-    p: ProxyProc
-    up: Misbehaving
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[Env]:
-    tmp = tmp_path_factory.mktemp("upstream-reuse")
-    up = Misbehaving("tls", certs.server_pem)
-    text = (
-        '[cache]\nenabled = false\n[robots]\nenabled = false\n[schedule]\nglobal_rate = "1ms"\n'
-        f'[upstream]\nca_file = "{certs.ca_file}"\n[upstream.resolve]\n"{D}:443" = "127.0.0.1:{up.port}"\n'
-    )
-    p = start_proxy(tmp, None, None, text)
-    yield Env(p, up)
-    p.stop()
-    up.close()
+def env(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[Behind]:
+    with behind_proxy(
+        tmp_path_factory.mktemp("upstream-reuse"),
+        certs,
+        '[cache]\nenabled = false\n[robots]\nenabled = false\n[schedule]\nglobal_rate = "1ms"\n',
+    ) as e:
+        yield e
 
 
-def test_an_unsolicited_answer_in_flight_is_never_the_next_requests_answer(env: Env) -> None:
+def test_an_unsolicited_answer_in_flight_is_never_the_next_requests_answer(env: Behind) -> None:
     verify, proxies = env.p.env["REQUESTS_CA_BUNDLE"], {"https": env.p.url}
     wrong: list[str] = []
     session = requests.Session()

@@ -22,7 +22,13 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.proxy_proc import ProxyProc, start_proxy
+from tests.support.upstream_proc import Certs
 
 EVIL = b'HTTP/1.1 200 OK\r\nContent-Length: 4\r\nETag: "evil"\r\n\r\nEVIL'
 SLOW_SIZE = 200_000
@@ -143,3 +149,28 @@ class Misbehaving:
 
     def close(self) -> None:
         self.sock.close()
+
+
+@dataclass
+class Behind:
+    """A proxy whose data.commoncrawl.org is a ``Misbehaving`` TLS upstream."""
+
+    p: ProxyProc
+    up: Misbehaving
+
+
+@contextmanager
+def behind_proxy(tmp: Path, certs: Certs, config: str) -> Iterator[Behind]:
+    """A misbehaving upstream for data.commoncrawl.org and a proxy in front of it (``config`` plus the
+    upstream's trust and address); both stopped at the end."""
+    up = Misbehaving("tls", certs.server_pem)
+    text = config + (
+        f'[upstream]\nca_file = "{certs.ca_file}"\n'
+        f'[upstream.resolve]\n"data.commoncrawl.org:443" = "127.0.0.1:{up.port}"\n'
+    )
+    p = start_proxy(tmp, None, None, text)
+    try:
+        yield Behind(p, up)
+    finally:
+        p.stop()
+        up.close()

@@ -68,3 +68,10 @@ def non_loopback_ip() -> str | None:
         except OSError:
             return None
     return None if ip.startswith("127.") or ip == "0.0.0.0" else ip
+
+
+def cache_command(*args: str) -> str:
+    """What ``politeproxy cache ARGS...`` prints (its exit status checked): stats and clear in the tests."""
+    r = subprocess.run([*POLITEPROXY, "cache", *args], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
