@@ -21,6 +21,7 @@ from politeproxy.policy.cacherules import (
     UNKNOWN,
     Cacheable,
     CacheLimits,
+    DontStore,
     Store,
     keeps_body,
     response_decision,
@@ -59,18 +60,26 @@ class Tee:
         # an index question's turn (cached.CacheFront._turn): forward.py awaits it once the permit is
         # granted, before it asks upstream; True: answered from another proxy's kept answer instead
         self.gate: Callable[[], Awaitable[bool]] | None = None
+        # the rules' decision on the answer's head, made once: relay() asks it for Cache-Status, then start()
+        self._decided: tuple[tuple[str, int, int], Store | DontStore] | None = None
+
+    def _decision(self, method: str, status: int, headers: Mapping[str, str]) -> Store | DontStore:
+        key = (method, status, id(headers))
+        if self._decided is None or self._decided[0] != key:
+            self._decided = key, response_decision(self.front.limits, self.d, method, status, headers)
+        return self._decided[1]
 
     def would_store(self, method: str, status: int, headers: Mapping[str, str]) -> bool:
         """Whether this answer's head lets it be kept (its Cache-Status says ``stored``); the disk may still
         refuse it."""
-        return isinstance(response_decision(self.front.limits, self.d, method, status, headers), Store)
+        return isinstance(self._decision(method, status, headers), Store)
 
     async def start(self, method: str, status: int, headers: Mapping[str, str]) -> None:
         if not await self._start(method, status, headers):
             self._fail()  # not storable: the flight's followers go upstream themselves, at once
 
     async def _start(self, method: str, status: int, headers: Mapping[str, str]) -> bool:
-        decision = response_decision(self.front.limits, self.d, method, status, headers)
+        decision = self._decision(method, status, headers)
         if not isinstance(decision, Store):
             return False
         kept = [(h, headers[h]) for h in STORED_HEADERS if h in headers]
