@@ -57,6 +57,9 @@ class Misbehaving:
         self.arrivals: list[tuple[int, str, str]] = []  # (connection number, method, target)
         self.connections = 0
         self.junk_sent: set[str] = set()  # targets whose unasked answer went out (idlejunk)
+        # quickjunk: seconds from the good answer's last byte handed to the kernel to the unasked answer's first:
+        # the thread's sleep overruns its few milliseconds on a loaded box (the GIL's switch interval is 5 ms)
+        self.junk_delay: dict[str, float] = {}
         self.junk = threading.Condition(self.lock)
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -119,7 +122,10 @@ class Misbehaving:
             s.sendall(good + EVIL)
         elif target.startswith("/crawl-data/quickjunk-"):
             s.sendall(good)
+            sent = time.monotonic()
             time.sleep(int(target.split("quickjunk-")[1].split("-")[0]) / 1000)
+            with self.lock:
+                self.junk_delay[target] = time.monotonic() - sent
             s.sendall(EVIL)
         elif target.startswith("/crawl-data/idlejunk"):
             s.sendall(good)
