@@ -20,24 +20,75 @@ from __future__ import annotations
 import json
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 from aiohttp import web
+from multidict import CIMultiDict
+from yarl import URL
 
 from politeproxy.observe import statuspage
 from politeproxy.observe.metrics import Metrics
 from politeproxy.observe.workers import WorkerSet, merged_metrics, merged_status
 from politeproxy.policy.access import Access
+from politeproxy.policy.answers import error_type, proxy_status
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.routing import Target, split_host_port
-from politeproxy.proxy.responses import error_response
+from politeproxy.proxy.clientside import ClientSide
+from politeproxy.proxy.passage import add_via
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 PATHS = ("/", "/status", "/metrics", "/healthz", "/ca.pem")
 log = logging.getLogger("politeproxy.admin")
 
 StatusSource = Callable[[], Awaitable[dict[str, Any]]]
+
+
+class AdminRequest(Protocol):
+    """What the admin paths read of a request: aiohttp's (``--metrics-listen``) or the proxy port's
+    (``Asked``: a request read by the proxy's own protocol, proxy/front.py)."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def rel_url(self) -> URL: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def remote(self) -> str | None: ...
+
+
+class Asked:
+    """An admin request on the proxy port, as the admin paths read it."""
+
+    __slots__ = ("method", "rel_url", "headers", "remote")
+
+    def __init__(self, side: ClientSide) -> None:
+        self.method, self.headers, self.remote = side.method, side.headers, side.remote
+        try:
+            self.rel_url = URL(side.target, encoded=True)
+        except ValueError:
+            self.rel_url = URL()
+
+
+async def write_answer(side: ClientSide, resp: web.Response) -> None:
+    """Send an admin answer (an aiohttp Response, built, never served by aiohttp) on the proxy port."""
+    body = resp.body if isinstance(resp.body, bytes) else b""
+    headers = CIMultiDict(resp.headers)
+    headers["Content-Length"] = str(len(body))
+    side.start(resp.status, resp.reason, headers)
+    await side.write(body)  # nothing of it to a HEAD (served.Served.start)
+    await side.end()
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    """One of the proxy's own error answers on an admin path: its text, Via and Proxy-Status."""
+    resp = web.Response(status=status, text=f"politeproxy: {message}\n", headers=headers)
+    add_via(resp.headers)
+    if "Proxy-Status" not in resp.headers:
+        resp.headers["Proxy-Status"] = proxy_status(error_type(status), message)
+    return resp
+
 
 # The default of admin_hosts (policy/table.py): the deploy files' service names (docker-compose's service,
 # which deploy/prometheus.yml scrapes as politeproxy:3128; deploy/k8s.yaml's Service in its namespace).
@@ -95,24 +146,24 @@ class Admin:
         self.status = status  # the /status document (politeproxy.status.StatusBoard.document)
         self.workers: WorkerSet | None = None  # set by app.py in a worker of --workers N: answers merge
 
-    def on_proxy_port(self, access: Access) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
-        """The handler for admin requests on the proxy port."""
+    def on_proxy_port(self, access: Access) -> Callable[[ClientSide], Awaitable[None]]:
+        """The handler for admin requests on the proxy port (forward.Admin)."""
 
-        async def handler(request: web.BaseRequest) -> web.StreamResponse:
-            if not access.admin_allowed(request.remote or "", request.headers.get("Proxy-Authorization")):
-                return error_response(
-                    407, "proxy authentication required", {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
-                )
-            return await self.handle(request)
+        async def handler(side: ClientSide) -> None:
+            if not access.admin_allowed(side.remote, side.headers.get("Proxy-Authorization")):
+                challenge = {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
+                await write_answer(side, error_response(407, "proxy authentication required", challenge))
+                return
+            await write_answer(side, await self.handle(Asked(side)))
 
         return handler
 
-    async def guarded(self, request: web.BaseRequest, allowed: Access) -> web.StreamResponse:
+    async def guarded(self, request: AdminRequest, allowed: Access) -> web.Response:
         if not allowed.ip_allowed(request.remote or ""):
             return error_response(403, "client not allowed")
         return await self.handle(request)
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: AdminRequest) -> web.Response:
         path = request.rel_url.path
         host = request.headers.get("Host")
         if path not in ANY_HOST and not self.host_check.allows(host):
@@ -137,7 +188,7 @@ class Admin:
         own = self.metrics.render()
         return own if self.workers is None else await merged_metrics(self.workers, own)
 
-    async def _status(self) -> web.StreamResponse:
+    async def _status(self) -> web.Response:
         assert self.status is not None
         try:
             doc = await self.status()

@@ -16,10 +16,9 @@ from typing import Any
 
 from aiohttp import web
 
-from politeproxy.observe.admin import Admin
+from politeproxy.observe.admin import Admin, AdminRequest, error_response
 from politeproxy.policy.access import basic_credentials
 from politeproxy.policy.hosts import normalize_host, valid_hostname
-from politeproxy.proxy.responses import error_response
 from politeproxy.stores.base import StoreError
 
 log = logging.getLogger("politeproxy.admin")
@@ -27,7 +26,7 @@ HEADER = "X-Politeproxy-Release"
 Release = Callable[[str, str], Awaitable[dict[str, Any]]]
 
 
-def who(request: web.BaseRequest) -> str:
+def who(request: AdminRequest) -> str:
     """Who asked: the client address, and the proxy user name when one was sent (never the password)."""
     creds = basic_credentials(request.headers.get("Proxy-Authorization"))
     user = "".join(ch for ch in creds[0][:64] if ch.isprintable()) if creds else ""
@@ -49,7 +48,7 @@ class ReleasingAdmin(Admin):
         self.release = release
         self.token = token  # [admin] token_env / token_file: "" = none asked (issue 42, item 4)
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: AdminRequest) -> web.Response:
         if request.rel_url.path != "/release":
             return await super().handle(request)
         host_header = request.headers.get("Host")

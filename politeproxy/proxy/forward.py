@@ -1,9 +1,9 @@
 """One HTTP exchange: classify, hold for a permit, go upstream, relay the answer back, log it.
 
-Serves both kinds of request connection: plain HTTP to the proxy port (``handle``: aiohttp's server;
-absolute-form targets, and the admin endpoints in origin form) and HTTP/1.1 inside an intercepted tunnel
-(``tunneled``: h1server.py, given the connection's Tunnel). The exchange itself reads and writes a
-``clientside.ClientSide`` only.
+Serves both kinds of request connection, both read by the one server protocol (h1server.py): plain HTTP to
+the proxy port (``plain``: absolute-form targets, and the admin endpoints in origin form) and HTTP/1.1
+inside an intercepted tunnel (``tunneled``, given the connection's Tunnel). The exchange itself reads and
+writes a ``clientside.ClientSide`` only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -33,9 +32,7 @@ from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.events import ProxyEvents, access_path
 from politeproxy.proxy.exchange import Exchange, Tunnel
 from politeproxy.proxy.passage import held
-from politeproxy.proxy.plainside import PlainSide
 from politeproxy.proxy.relay import relay
-from politeproxy.proxy.responses import error_response
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.speak import Speaker, dialect, standard_fields
 from politeproxy.proxy.upstream import (
@@ -49,7 +46,7 @@ from politeproxy.proxy.upstream import (
 )
 
 log = logging.getLogger("politeproxy")
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+Admin = Callable[[ClientSide], Awaitable[None]]  # answers an admin path on the proxy port (observe/admin.py)
 
 
 @dataclass(slots=True)
@@ -85,7 +82,7 @@ class Forwarder:
         events: ProxyEvents,
         access: Access,
         robots: RobotsWatcher | None,
-        admin: Handler,
+        admin: Admin,
     ) -> None:
         self.classifier = classifier
         self.pacer = pacer
@@ -105,12 +102,13 @@ class Forwarder:
     def hosts_paced(self, host: str) -> bool:
         return self.classifier.hosts.matches(host)
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        """A request on a plain connection to the proxy port (aiohttp's server)."""
-        raw = request.raw_path
+    async def plain(self, client: ClientSide) -> None:
+        """A request on a plain connection to the proxy port (front.py's protocol)."""
+        raw = client.target
         if raw.startswith("/") or raw == "*":
-            return await self.admin(request)
-        creds = request.headers.get("Proxy-Authorization")
+            await self.admin(client)
+            return
+        creds = client.headers.get("Proxy-Authorization")
         why = (
             "proxy authentication required"
             if not self.access.auth_ok(creds)
@@ -118,22 +116,22 @@ class Forwarder:
         )
         if why is not None:
             self.events.rejected("other", "auth")
-            self.oplog.refused(request.remote or "?", 407, why)
-            return error_response(407, why, {"Proxy-Authenticate": 'Basic realm="politeproxy"'})
+            self.oplog.refused(client.remote, 407, why)
+            await client.answer(own(407, why, {"Proxy-Authenticate": 'Basic realm="politeproxy"'}))
+            return
         try:
             url = URL(raw, encoded=True)
         except ValueError:
             url = URL()
         if url.scheme not in ("http", "https") or not url.host:
             self.events.rejected("other", "bad_request")
-            self.oplog.refused(request.remote or "?", 400, "not a URL this proxy can forward")
-            return error_response(400, f"not a URL this proxy can forward: {raw[:200]!r}")
+            self.oplog.refused(client.remote, 400, "not a URL this proxy can forward")
+            await client.answer(own(400, f"not a URL this proxy can forward: {raw[:200]!r}"))
+            return
         host = normalize_host(url.host)
         # Who asks: this request's proxy user name, else its address
-        who = self.access.pipeline(request.headers.get("Proxy-Authorization"), request.remote)
-        side = PlainSide(request)
-        await self._forward(side, url.scheme, host, url.port or 80, url.raw_path_qs, who)
-        return side.finished()
+        who = self.access.pipeline(creds, client.remote)
+        await self._forward(client, url.scheme, host, url.port or 80, url.raw_path_qs, who)
 
     async def tunneled(self, client: ClientSide, tunnel: Tunnel) -> None:
         """A request inside the intercepted ``tunnel`` (h1server.py): it may reach only the tunnel's

@@ -1,8 +1,10 @@
-"""The intercepted connection on the project's own protocol: HTTP/1.1 over httptools (llhttp) inside a TLS
-tunnel, the floor probe's shape (bench/floor_server.py) with every behaviour of the proxy.
+"""The project's one HTTP/1.1 server protocol, over httptools (llhttp): it reads every client byte, the floor
+probe's shape (bench/floor_server.py) with every behaviour of the proxy. ``H1Connection`` is the protocol;
+two kinds of connection are made of it: ``front.FrontProtocol`` (the proxy port: a CONNECT, plain
+``http://`` requests and the admin paths) and ``H1Server`` (an intercepted tunnel, made with its ``Tunnel``,
+so the pipeline travels by parameter to the forwarder). The framing rules are framing.py's.
 
-One ``H1Server`` per intercepted tunnel, made with its ``Tunnel`` (so the pipeline travels by parameter to
-the forwarder). The parser reads heads and bodies; each complete head becomes a ``Served`` (the request and
+The parser reads heads and bodies; each complete head becomes a ``Served`` (the request and
 the way back to its client, a ``clientside.ClientSide``), queued in order. One task at a time answers the
 queue through ``serve`` (``Forwarder.tunneled``), so pipelined requests are answered in order; it exists
 only while a request is queued or answered, and a client that leaves cancels it (its place in a host's
@@ -19,14 +21,17 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
+from http import HTTPStatus
 from typing import Any, Protocol
 
 import httptools
 from multidict import CIMultiDict
 
 from politeproxy.policy.routing import Refusal
+from politeproxy.proxy import framing
 from politeproxy.proxy.clientside import ClientGone, own
 from politeproxy.proxy.exchange import Tunnel
+from politeproxy.proxy.framing import FIELD_EXTRA, LINE_EXTRA, field_value
 from politeproxy.proxy.responses import BurstLimitedLog, plain_response
 from politeproxy.proxy.served import Served
 
@@ -36,7 +41,6 @@ MAX_QUEUED = 16  # pipelined requests read ahead of the one answered; more pause
 BODY_HIGH = 256 * 1024  # request body bytes buffered before reading pauses (resumes under BODY_LOW)
 BODY_LOW = 64 * 1024
 LINGER = 2.0  # seconds an unread request body is read and dropped after its answer, then the close
-LINE_EXTRA = 12  # a request line's bytes besides its method and target: " ", " HTTP/1.1", CRLF
 
 
 class Limits(Protocol):
@@ -60,7 +64,7 @@ class _TooBig(Exception):
 
 
 class _Malformed(Exception):
-    """Raised from a parser callback: a head llhttp accepts and HTTP/1.1 does not (RFC 9112 3.2)."""
+    """Raised from a parser callback: a head llhttp accepts and framing.py does not: (status, why)."""
 
 
 class _Stop:
@@ -72,26 +76,17 @@ class _Stop:
         self.status, self.reason, self.message = status, reason, message
 
 
-class H1Server(asyncio.Protocol):
-    """One intercepted client connection, read by httptools, answered through ``serve`` in order."""
+class H1Connection(asyncio.Protocol):
+    """One client connection, read by httptools and answered through ``_serve`` in order (a subclass's)."""
 
     __slots__ = (
-        "tunnel", "serve", "limits", "report", "spawn", "on_lost", "transport", "parser", "queue",
-        "task", "reading", "in_body", "url", "headers", "head_bytes", "raw_head", "heads", "stopped",
-        "paused", "write_paused", "drain_waiter", "timer", "lost",
+        "client", "limits", "report", "spawn", "transport", "parser", "queue", "task", "reading",
+        "in_body", "url", "headers", "head_bytes", "raw_head", "heads", "stopped", "paused",
+        "write_paused", "drain_waiter", "timer", "lost",
     )  # fmt: skip
 
-    def __init__(
-        self,
-        tunnel: Tunnel,
-        serve: Serve,
-        limits: Limits,
-        report: Report,
-        spawn: Spawn,
-        on_lost: Callable[[H1Server], None],
-    ) -> None:
-        self.tunnel, self.serve, self.limits, self.report = tunnel, serve, limits, report
-        self.spawn, self.on_lost = spawn, on_lost
+    def __init__(self, client: str, limits: Limits, report: Report, spawn: Spawn) -> None:
+        self.client, self.limits, self.report, self.spawn = client, limits, report, spawn
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Served | _Stop] = deque()
@@ -110,6 +105,15 @@ class H1Server(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.lost = False
 
+    async def _serve(self, req: Served) -> None:
+        """Answer one request (the forwarder's entry for this kind of connection)."""
+        raise NotImplementedError
+
+    def _upgraded(self, rest: bytes) -> None:
+        """llhttp stopped at a CONNECT or an Upgrade head; ``rest``: the bytes read after it. Inside a
+        tunnel it is answered like any request, then the connection closes."""
+        self.stopped = True
+
     # -- the transport's calls ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -122,18 +126,18 @@ class H1Server(asyncio.Protocol):
         in_head, before = not self.in_body, self.heads
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.stopped = True  # an Upgrade (or CONNECT) inside the tunnel: answered, then the close
+        except httptools.HttpParserUpgrade as e:
+            self._upgraded(data[e.args[0] :] if e.args and isinstance(e.args[0], int) else b"")
         except httptools.HttpParserCallbackError as e:
             if isinstance(e.__context__, _Malformed):
-                self._malformed(str(e.__context__))
+                self._malformed(*e.__context__.args)
             elif isinstance(e.__context__, _TooBig):
                 self._too_big()
             else:
                 raise
             return
         except httptools.HttpParserError as e:
-            self._malformed(str(e) or type(e).__name__)
+            self._malformed(400, str(e) or type(e).__name__)
             return
         if self.heads != before:
             self.raw_head = 0
@@ -143,7 +147,7 @@ class H1Server(asyncio.Protocol):
                 self._too_big()
 
     def eof_received(self) -> bool | None:
-        return None  # the transport closes: connection_lost cancels what is answered, as aiohttp did
+        return None  # the transport closes: connection_lost cancels what is answered
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self.lost:
@@ -158,7 +162,6 @@ class H1Server(asyncio.Protocol):
             self.drain_waiter.set_exception(ClientGone("the client connection closed"))
         if self.task is not None:
             self.task.cancel()  # the client left: its exchange stops and frees its place in line
-        self.on_lost(self)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -190,8 +193,9 @@ class H1Server(asyncio.Protocol):
         self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.add(name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
-        self._count(len(name) + len(value) + 4)
+        self._count(len(name) + len(value) + FIELD_EXTRA)
+        if not self.in_body:  # trailer fields are dropped: the head went upstream already (framing.py)
+            self.headers.add(name.decode("utf-8", "surrogateescape"), field_value(value))
 
     def on_headers_complete(self) -> None:
         p = self.parser
@@ -199,25 +203,31 @@ class H1Server(asyncio.Protocol):
         self._count(len(method) + LINE_EXTRA + 2)
         self.heads += 1
         self.in_body = True
-        major, _, minor = p.get_http_version().partition(".")
-        hosts = len(self.headers.getall("Host", ()))
-        if hosts > 1 or hosts == 0 and (major, minor) >= ("1", "1"):
-            raise _Malformed("a request head needs exactly one Host field")
+        version = p.get_http_version()
+        if (no := framing.refusal(version, self.headers)) is not None:
+            raise _Malformed(*no)
+        major, _, minor = version.partition(".")
         req = Served(
             self,
             method,
             b"".join(self.url).decode("utf-8", "surrogateescape"),
-            (int(major or 1), int(minor or 1)),
-            self.tunnel.client,
+            (int(major), int(minor)),
+            self.client,
             self.headers,
             p.should_keep_alive(),
         )
+        if method == "CONNECT" and self._connect(req):
+            return  # the proxy port routes it (front.py): not a request to answer here
         self.reading = req
         self.queue.append(req)
         if self.task is None:
             self._timer(0)
             self.task = self.spawn(self._run())
         self.flow()
+
+    def _connect(self, req: Served) -> bool:
+        """A CONNECT head: True when the connection takes it over (the proxy port's first head)."""
+        return False
 
     def on_body(self, body: bytes) -> None:
         if self.reading is not None:
@@ -253,7 +263,7 @@ class H1Server(asyncio.Protocol):
 
     async def _answer(self, req: Served) -> None:
         try:
-            await self.serve(req, self.tunnel)
+            await self._serve(req)
         except ConnectionError:
             req.abort()
         except Exception:  # noqa: BLE001 - a bug in one exchange must not end the listener
@@ -298,13 +308,13 @@ class H1Server(asyncio.Protocol):
 
     def _too_big(self) -> None:
         message = f"request head over max_header_size {self.limits.max_header_size}"
-        self.report(self.tunnel.client, Refusal(431, message, "bad_request"))
+        self.report(self.client, Refusal(431, message, "bad_request"))
         self._stop(_Stop(431, "Request Header Fields Too Large", message))
 
-    def _malformed(self, why: str) -> None:
-        client = self.tunnel.client
-        malformed.info(client, "%s: 400 malformed request: %s", client, why[:200])
-        self._stop(_Stop(400, "Bad Request", f"malformed request: {why[:200]}"))
+    def _malformed(self, status: int, why: str) -> None:
+        client = self.client
+        malformed.info(client, "%s: %d malformed request: %s", client, status, why[:200])
+        self._stop(_Stop(status, HTTPStatus(status).phrase, f"malformed request: {why[:200]}"))
 
     def _stop(self, stop: _Stop) -> None:
         """No more reading: ``stop`` is answered once every request before it is."""
@@ -349,3 +359,30 @@ class H1Server(asyncio.Protocol):
         self.timer = None
         if self.task is None and self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+
+class H1Server(H1Connection):
+    """An intercepted tunnel's connection: its requests go to ``serve`` with the ``Tunnel``
+    (``Forwarder.tunneled``); the listener hears when it ends (``on_lost``)."""
+
+    __slots__ = ("tunnel", "serve", "on_lost")
+
+    def __init__(
+        self,
+        tunnel: Tunnel,
+        serve: Serve,
+        limits: Limits,
+        report: Report,
+        spawn: Spawn,
+        on_lost: Callable[[H1Server], None],
+    ) -> None:
+        super().__init__(tunnel.client, limits, report, spawn)
+        self.tunnel, self.serve, self.on_lost = tunnel, serve, on_lost
+
+    async def _serve(self, req: Served) -> None:
+        await self.serve(req, self.tunnel)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.lost:
+            super().connection_lost(exc)
+            self.on_lost(self)

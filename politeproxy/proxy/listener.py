@@ -1,10 +1,11 @@
-"""The listener: accepts client connections and owns them; front.py reads each one's first request head.
+"""The listener: accepts client connections and owns them; each is read by front.py's protocol (the
+project's one server protocol, h1server.py over httptools), whose first head routes the connection.
 
 A routed CONNECT comes back here: intercepted for paced hosts; for the rest, a tunnel that peek.py opens
-(blind, unless the client's TLS hello names a paced host). Anything else front.py hands, bytes already
-read included, to aiohttp's low-level server. An intercepted tunnel upgrades the connection to TLS with
-a leaf for the CONNECT target and attaches the project's own protocol (h1server.py, over httptools) to
-the TLS transport, made with the connection's Tunnel, which serves its HTTP/1.1 requests.
+(blind, unless the client's TLS hello names a paced host). A plain connection stays with the front
+protocol, which hands each request here (``plain``: its destination checked, then the forwarder). An
+intercepted tunnel upgrades the connection to TLS with a leaf for the CONNECT target and attaches the same
+protocol (``H1Server``) to the TLS transport, made with the connection's Tunnel.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy import routing
 from politeproxy.policy import settings as defaults
@@ -23,18 +22,18 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.routing import Refusal, Target
 from politeproxy.proxy import fastnet, intercept, tunnel
-from politeproxy.proxy.aiohttp_seams import ServerOptions
 from politeproxy.proxy.ca import CertificateAuthority
+from politeproxy.proxy.clientside import own
 from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.exchange import Tunnel
-from politeproxy.proxy.forward import Forwarder, Handler
-from politeproxy.proxy.front import FrontProtocol, http_log, refusals
+from politeproxy.proxy.forward import Admin, Forwarder
+from politeproxy.proxy.front import FrontProtocol, refusals
 from politeproxy.proxy.h1server import H1Server
 from politeproxy.proxy.pacedaddrs import PacedAddresses
 from politeproxy.proxy.peek import PeekingTunnel
-from politeproxy.proxy.responses import BoundedServer, error_response
 from politeproxy.proxy.robots_fetch import RobotsWatcher
-from politeproxy.proxy.upstream import CHUNK, Upstream
+from politeproxy.proxy.served import Served
+from politeproxy.proxy.upstream import Upstream
 
 log = logging.getLogger("politeproxy")
 
@@ -46,21 +45,6 @@ class Timeouts:
     idle: float = defaults.IDLE_TIMEOUT
     max_header_size: int = defaults.MAX_HEADER_SIZE
     max_connections: int = defaults.MAX_CLIENT_CONNECTIONS  # client connections open at once (tunnels too)
-
-
-def _server_kwargs(timeouts: Timeouts) -> ServerOptions:
-    """aiohttp's server settings for the plain connections it serves."""
-    return ServerOptions(
-        handler_cancellation=True,  # a client that leaves frees its place in line (aiohttp_seams, 3)
-        keepalive_timeout=timeouts.idle,
-        max_line_size=timeouts.max_header_size,
-        max_field_size=timeouts.max_header_size,
-        auto_decompress=False,
-        access_log=None,  # aiohttp_seams, 4
-        read_bufsize=CHUNK,
-        lingering_time=2.0,
-        logger=http_log,
-    )
 
 
 class Proxy:
@@ -80,7 +64,7 @@ class Proxy:
         events: ProxyEvents,
         access: Access,
         timeouts: Timeouts,
-        admin: Handler,
+        admin: Admin,
         robots: RobotsWatcher | None = None,
         tunnel_ports: frozenset[int] = frozenset({443}),
         allow_private_destinations: bool = False,
@@ -121,8 +105,6 @@ class Proxy:
             robots=robots,
             admin=admin,
         )
-        limit, report, kwargs = timeouts.max_header_size, self._report, _server_kwargs(timeouts)
-        self.plain_server = BoundedServer(self._plain, lambda h: None, limit, report, **kwargs)
 
     def hosts_paced(self, host: str) -> bool:
         return bool(self.classifier.hosts.matches(host))
@@ -154,7 +136,7 @@ class Proxy:
         """Count a new client connection in, unless ``max_connections`` are open already."""
         limit = self.timeouts.max_connections
         if len(self.clients) >= min(self._sweep_at, limit):
-            # Connections handed to aiohttp or a tunnel leave no callback here: drop the closed ones.
+            # Connections handed to a tunnel leave no callback here: drop the closed ones.
             self.clients = {t for t in self.clients if not t.is_closing()}
             self._sweep_at = max(64, 2 * len(self.clients))
         if len(self.clients) >= limit:
@@ -184,7 +166,6 @@ class Proxy:
             task.cancel()
         if self.tasks:
             await asyncio.wait(list(self.tasks), timeout=timeout)
-        await self.plain_server.shutdown(1.0)
         for t in list(self.clients):
             if not t.is_closing():
                 t.abort()
@@ -197,26 +178,26 @@ class Proxy:
     def _tunnel_lost(self, _served: H1Server) -> None:
         self._tunnel_change(-1)
 
-    # -- heads and destinations of the requests aiohttp serves --------------------------------------
+    # -- plain requests: their destinations --------------------------------------------------------
 
-    def _report(self, client: str, r: Refusal) -> None:
+    def report(self, client: str, r: Refusal) -> None:
+        """Log and count a refusal of ``client``'s request or connection."""
         refusals.info(client, "%s: %d %s", client, r.status, r.message)
         self.events.rejected("other", r.why)
 
-    def _refused(self, client: str, r: Refusal) -> web.StreamResponse:
-        self._report(client, r)
-        return error_response(r.status, r.message)
-
-    async def _plain(self, request: web.BaseRequest) -> web.StreamResponse:
-        raw = request.raw_path
+    async def plain(self, req: Served) -> None:
+        """A request on a plain connection to the proxy port: its destination checked, then forwarded (or
+        the admin paths, in origin form; or the forwarder's 407)."""
+        raw = req.target
         if (
             raw.startswith("/")
             or raw == "*"
-            or not self.access.auth_ok(request.headers.get("Proxy-Authorization"))
+            or not self.access.auth_ok(req.headers.get("Proxy-Authorization"))
         ):
-            return await self.forwarder.handle(request)  # admin endpoints, or its 407
+            await self.forwarder.plain(req)
+            return
         parsed = routing.parse_absolute_target(raw)
-        client = request.remote or "?"
+        client = req.remote
         r = (
             parsed
             if isinstance(parsed, Refusal)
@@ -224,7 +205,11 @@ class Proxy:
         )
         if r is None and not isinstance(parsed, Refusal):
             r = await self.destinations.for_request(client, parsed[1]) or await self._by_address(parsed[1])
-        return self._refused(client, r) if r is not None else await self.forwarder.handle(request)
+        if r is None:
+            await self.forwarder.plain(req)
+            return
+        self.report(client, r)
+        await req.answer(own(r.status, r.message))
 
     async def _by_address(self, target: Target) -> Refusal | None:
         """A plain request to an IP literal: refused unless allow_ip_connect, and then still when a paced
@@ -249,7 +234,7 @@ class Proxy:
             # The tunnel (and its pipeline) goes to the protocol here, and from it to the forwarder by
             # parameter: no table maps a connection to its tunnel.
             served = H1Server(
-                tunnel, self.forwarder.tunneled, self.timeouts, self._report, self.spawn, self._tunnel_lost
+                tunnel, self.forwarder.tunneled, self.timeouts, self.report, self.spawn, self._tunnel_lost
             )
             self._tunnel_change(+1)
             return served

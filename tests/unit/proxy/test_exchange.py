@@ -10,8 +10,6 @@ from collections.abc import Coroutine
 from typing import Any
 from unittest import mock
 
-from aiohttp.test_utils import make_mocked_request
-
 from politeproxy.pacing.base import PacingSettings, WaitTooLong
 from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier, Klass
@@ -82,12 +80,6 @@ def forwarder(pacer: Refusing, sink: Sink) -> Forwarder:
     )
 
 
-def request(target: str, headers: dict[str, str]) -> Any:
-    transport = mock.Mock()
-    transport.get_extra_info.side_effect = lambda k, d=None: ("10.0.0.9", 40000) if k == "peername" else d
-    return make_mocked_request("GET", target, headers=headers, transport=transport)
-
-
 def test_the_tunnels_pipeline_reaches_the_permit_the_header_the_metric_and_the_access_line() -> None:
     pacer, sink = Refusing(), Sink()
     f = forwarder(pacer, sink)
@@ -111,7 +103,8 @@ def test_the_tunnels_pipeline_reaches_the_permit_the_header_the_metric_and_the_a
 def test_a_plain_request_names_its_pipeline_by_its_proxy_user() -> None:
     pacer, sink = Refusing(), Sink()
     f = forwarder(pacer, sink)
-    asyncio.run(f.handle(request(f"http://{D}/x", {"Proxy-Authorization": basic("crawler")})))
+    side = RecordedSide("GET", f"http://{D}/x", {"Proxy-Authorization": basic("crawler")})
+    asyncio.run(f.plain(side))  # what the proxy port's protocol hands the forwarder
     assert pacer.asked == ["crawler"] and sink.answers[0][3] == "b-crawler"
 
 
@@ -126,12 +119,13 @@ class Door:
     """What FrontProtocol needs of the listener (front.Listener), recording where a CONNECT goes."""
 
     def __init__(self) -> None:
-        self.timeouts = mock.Mock(header=5.0, max_header_size=8192, max_connections=10)
+        self.timeouts = mock.Mock(header=5.0, idle=60.0, max_header_size=8192, max_connections=10)
         self.access = Access(["0.0.0.0/0"], {})  # every client address may connect
         self.events = NoProxyEvents()
         self.tunnel_ports = frozenset({443})
         self.clients: set[asyncio.BaseTransport] = set()
-        self.plain_server = mock.Mock()
+        self.plain = mock.AsyncMock()
+        self.report = mock.Mock()
         self.tasks: list[asyncio.Task[None]] = []
         self.intercepted: list[Tunnel] = []
         self.tunneled: list[tuple[Target, str]] = []

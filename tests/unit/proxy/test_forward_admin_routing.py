@@ -11,7 +11,6 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from politeproxy.observe.admin import Admin
@@ -20,6 +19,7 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.proxy.events import NoProxyEvents
+from politeproxy.proxy.clientside import own
 from politeproxy.proxy.exchange import Tunnel
 from politeproxy.proxy.forward import Forwarder
 from tests.support.fake_client import RecordedSide
@@ -38,9 +38,9 @@ class Recorder:
 
 
 def _forwarder(rec: Recorder, users: dict[str, str]) -> Forwarder:
-    async def admin(request: web.BaseRequest) -> web.StreamResponse:
-        rec.admin.append(request.raw_path)
-        return web.Response(text="admin")
+    async def admin(side: Any) -> None:
+        rec.admin.append(side.target)
+        await side.answer(own(200, "admin"))
 
     f = Forwarder(
         classifier=Classifier(HostSet(["data.commoncrawl.org"])),
@@ -78,8 +78,10 @@ def test_admin_or_proxy(
 ) -> None:
     rec = Recorder()
     f = _forwarder(rec, users)
-    if tunnel is None:  # a plain connection: aiohttp's request
-        status = asyncio.run(f.handle(_request("GET", target, headers))).status
+    if tunnel is None:  # a plain connection: the proxy port's protocol hands the request to plain()
+        side = RecordedSide("GET", target, headers, remote="127.0.0.1")
+        asyncio.run(f.plain(side))
+        status = side.status
     else:  # inside a tunnel: the protocol hands the request and its Tunnel to tunneled()
         side = RecordedSide("GET", target, headers, remote="127.0.0.1")
         asyncio.run(f.tunneled(side, Tunnel("127.0.0.1", *tunnel, "127.0.0.1")))
