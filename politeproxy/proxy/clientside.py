@@ -1,10 +1,10 @@
 """The client side of one exchange, as the exchange code sees it: read the request's head and body, write
 the answer's head, write and drain body chunks, abort.
 
-Two connections implement it: ``h1server.Served`` (a request inside an intercepted tunnel, on the
-project's own protocol over httptools) and ``plainside.PlainSide`` (a plain ``http://`` request that
-aiohttp's server parsed). forward.py, relay.py, cached.py and flight.py write to a ``ClientSide`` only, so
-they never know which one serves them.
+``served.Served`` implements it: a request read by the one server protocol (h1server.py), on the proxy
+port (a plain ``http://`` request, or an admin path) or inside an intercepted tunnel. forward.py, relay.py,
+cached.py and flight.py write to a ``ClientSide`` only, so the unit tests hand them a recorded one, and
+they never know which connection serves them.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Awaitable, Coroutine
 from typing import Any, Protocol, cast
 
+from multidict import CIMultiDict
+
 from politeproxy.policy import routing
 from politeproxy.policy.access import Access
 from politeproxy.policy.routing import Refusal, Route, Target
@@ -125,6 +127,12 @@ class FrontProtocol(H1Connection):
         self.stopped = True
         self.flow()
         return True
+
+    def on_message_begin(self) -> None:
+        if self.heads:
+            super().on_message_begin()
+        else:  # the first head's timer runs from the connection's start, not from its first byte
+            self.url, self.headers, self.head_bytes = [], CIMultiDict(), 0
 
     def _expired(self) -> None:
         if not self.heads and not self.done:

@@ -1,4 +1,4 @@
-"""One request read by the intercepted connection's protocol (h1server.py), and the way back to its client:
+"""One request read by the one server protocol (h1server.py), and the way back to its client:
 a ``clientside.ClientSide``.
 
 The body arrives from the parser into a small buffer (the connection pauses reading above its mark) and
@@ -53,7 +53,7 @@ class _Idle(Protocol):
 
 
 class Served:
-    """A request inside an intercepted tunnel (what ``Forwarder.tunneled`` is given)."""
+    """A request as read (what ``Forwarder.tunneled`` and ``Forwarder.plain`` are given)."""
 
     __slots__ = (
         "conn", "method", "target", "version", "remote", "headers", "has_body", "keep_alive", "expect",
