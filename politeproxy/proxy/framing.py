@@ -32,7 +32,7 @@ from multidict import CIMultiDict
 LINE_EXTRA = 12  # a request line's bytes besides its method and target: " ", " HTTP/1.1", CRLF
 FIELD_EXTRA = 4  # a field line's bytes besides its name and value: ": ", CRLF
 VERSIONS = frozenset({"1.0", "1.1"})
-OWS = b" \t"
+OWS = b" \t"  # optional whitespace, trimmed from the end of a field value (h1server.on_header)
 
 
 def refusal(version: str, headers: CIMultiDict[str]) -> tuple[int, str] | None:
@@ -49,8 +49,3 @@ def refusal(version: str, headers: CIMultiDict[str]) -> tuple[int, str] | None:
         if ",".join(te).strip().lower() != "chunked":
             return 501, "only Transfer-Encoding: chunked is read here"
     return None
-
-
-def field_value(value: bytes) -> str:
-    """A field value as the exchange sees it: trailing whitespace trimmed, bytes kept (surrogateescape)."""
-    return value.rstrip(OWS).decode("utf-8", "surrogateescape")

@@ -31,7 +31,7 @@ from politeproxy.policy.routing import Refusal
 from politeproxy.proxy import framing
 from politeproxy.proxy.clientside import ClientGone, own
 from politeproxy.proxy.exchange import Tunnel
-from politeproxy.proxy.framing import FIELD_EXTRA, LINE_EXTRA, field_value
+from politeproxy.proxy.framing import FIELD_EXTRA, LINE_EXTRA, OWS
 from politeproxy.proxy.responses import BurstLimitedLog, plain_response
 from politeproxy.proxy.served import Served
 
@@ -193,9 +193,13 @@ class H1Connection(asyncio.Protocol):
         self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + FIELD_EXTRA)
-        if not self.in_body:  # trailer fields are dropped: the head went upstream already (framing.py)
-            self.headers.add(name.decode("utf-8", "surrogateescape"), field_value(value))
+        self.head_bytes += len(name) + len(value) + FIELD_EXTRA  # _count's, inline: once per field
+        if self.head_bytes > self.limits.max_header_size:
+            raise _TooBig
+        if not self.in_body:  # trailer fields are dropped, and trailing whitespace trimmed (framing.py)
+            self.headers.add(
+                name.decode("utf-8", "surrogateescape"), value.rstrip(OWS).decode("utf-8", "surrogateescape")
+            )
 
     def on_headers_complete(self) -> None:
         p = self.parser
@@ -203,9 +207,11 @@ class H1Connection(asyncio.Protocol):
         self._count(len(method) + LINE_EXTRA + 2)
         self.heads += 1
         self.in_body = True
-        version = p.get_http_version()
-        if (no := framing.refusal(version, self.headers)) is not None:
-            raise _Malformed(*no)
+        version, h = p.get_http_version(), self.headers
+        # the usual head (HTTP/1.1, one Host, no Transfer-Encoding) needs no more; any other is judged
+        if version != "1.1" or len(h.getall("Host", ())) != 1 or "Transfer-Encoding" in h:
+            if (no := framing.refusal(version, h)) is not None:
+                raise _Malformed(*no)
         major, _, minor = version.partition(".")
         req = Served(
             self,
