@@ -21,8 +21,9 @@ What the parser leaves to its user is decided here, once a head is complete (``r
 
 And while reading: trailer fields are dropped, never merged into a head that went upstream (7.1.2); a field
 value's trailing whitespace is trimmed (5.5: llhttp trims only the leading); a head is bounded by
-``max_header_size`` across reads. tests/unit/proxy/test_framing.py holds every accepted request against h11,
-the reference: where this proxy reads a request, h11 reads the same one, ending at the same byte.
+``max_header_size`` across reads. tests/unit/proxy/test_framing.py holds every accepted request against a
+reference parser (the tests' own): where this proxy reads a request, it reads the same one, ending at the
+same byte.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ class _LeanSSLProtocol(sslproto.SSLProtocol):
 
 
 class _Pending(asyncio.Protocol):
-    """Holds application bytes that arrive with the end of the TLS handshake until aiohttp is attached."""
+    """Holds application bytes that arrive with the end of the TLS handshake until h1server is attached."""
 
     def __init__(self) -> None:
         self.chunks: list[bytes] = []
