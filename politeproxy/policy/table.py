@@ -17,104 +17,21 @@ entry of a table keyed by a name (``hosts.<pattern>.interval``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, TypeVar, dataclass_transform
+from typing import Any, TypeVar
 
 from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS
+from politeproxy.policy.tabledef import Rules as Rules
+from politeproxy.policy.tabledef import S, is_section, section, table_of
+from politeproxy.policy.tabledef import Setting as Setting
+from politeproxy.policy.tabledef import freeze as freeze
 
 DAY = 86400.0
 MIN, HOUR = 60.0, 3600.0
 SIZE_BOUNDS = (0, 1 << 50)  # bytes; a petabyte is already a typo
 
-Rules = tuple[Mapping[str, Any], ...] | None  # [[exempt.rules]] and the like: None = the built-in rules
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class Setting:
-    """One config key: how it is read, its default and bounds, and whether a reload applies it."""
-
-    key: str  # dotted: "schedule.global_rate"; "hosts.*.interval" for a table keyed by name
-    kind: str  # a converter's name: "duration", "rate", "int", "bool", "cidr list", ...
-    default: Any  # the validated value a missing key gets (tuples stand for lists)
-    doc: str  # one line for the reference
-    bounds: tuple[float, float] | None = None  # inclusive, in ``unit``
-    unit: str = ""  # "s" for durations and rates, "bytes" for sizes
-    reload: bool = False  # True: a reload applies it; False: only a restart does
-    env: str = ""  # POLITEPROXY_* variable that overrides the file
-    flag: str = ""  # command-line flag that overrides the file and the variable
-    flag_all: bool = False  # the flag is on every command that reads the config, not only run and env
-    choices: tuple[str, ...] = ()  # for kind "choice"
-
-    @property
-    def override(self) -> str:
-        """The override's name in ``overrides`` mappings: the variable's or the flag's (``global_rate``)."""
-        if self.env:
-            return self.env.removeprefix("POLITEPROXY_").lower()
-        return self.flag.lstrip("-").replace("-", "_")
-
-    @property
-    def path(self) -> tuple[str, ...]:
-        return tuple(self.key.split("."))
-
-
-def S(  # noqa: N802 - short on purpose: the table is one line per key
-    kind: str,
-    *,
-    default: Any,
-    doc: str,
-    bounds: tuple[float, float] | None = None,
-    unit: str = "",
-    reload: bool = False,
-    env: str = "",
-    flag: str = "",
-    flag_all: bool = False,
-    choices: tuple[str, ...] = (),
-) -> Any:
-    """One line of the table: the entry of the field it is assigned to (``section`` fills in its key).
-
-    Typed ``Any`` so that ``max_wait: float = S(...)`` type-checks as the field's type."""
-    return Setting("", kind, default, doc, bounds, unit, reload, env, flag, flag_all, choices)
-
-
-def freeze(value: Any) -> Any:
-    """A loaded value as a section holds it: lists as tuples, tables as read-only mappings, all the way down."""
-    if isinstance(value, list | tuple):
-        return tuple(freeze(v) for v in value)
-    if isinstance(value, dict | MappingProxyType):
-        return MappingProxyType({k: freeze(v) for k, v in value.items()})
-    return value
-
-
-# Every section class and its table name ("" for the top-level keys, "hosts.*" for [hosts.<name>]), in order.
-SECTION_CLASSES: dict[type, str] = {}
-_ENTRIES: list[Setting] = []
-
-
-def _default_of(value: Any) -> Any:
-    """The dataclass default of a table default: a read-only mapping is made fresh for each instance."""
-    frozen = freeze(value)
-    if isinstance(frozen, MappingProxyType):
-        return field(default_factory=lambda: frozen)
-    return field(default=frozen)
-
-
-@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(S,))
-def section(name: str) -> Callable[[type[_T]], type[_T]]:
-    """Make a class of ``S(...)`` lines a frozen, keyword-only dataclass with the table's defaults."""
-
-    def make(cls: type[_T]) -> type[_T]:
-        for attr, value in list(vars(cls).items()):
-            if isinstance(value, Setting):
-                entry = replace(value, key=f"{name}.{attr}" if name else attr)
-                _ENTRIES.append(entry)
-                setattr(cls, attr, _default_of(entry.default))
-        made = dataclass(frozen=True, slots=True, kw_only=True)(cls)
-        SECTION_CLASSES[made] = name
-        return made
-
-    return make
 
 
 # fmt: off
@@ -279,7 +196,9 @@ class CacheSection:
     rules: Rules = S("cache rules", default=None, doc="[[cache.rules]] class, hosts, paths, exact, ttl, ranges; replaces the default table")
 # fmt: on
 
-SETTINGS: tuple[Setting, ...] = tuple(_ENTRIES)
+# Every section class and its table name, in the order they are declared above.
+SECTION_CLASSES: dict[type, str] = {c: table_of(c)[0] for c in list(globals().values()) if is_section(c)}
+SETTINGS: tuple[Setting, ...] = tuple(e for c in SECTION_CLASSES for e in table_of(c)[1])
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}
 
 
