@@ -38,6 +38,7 @@ from politeproxy.policy.table import (
     RobotsSection,
     Sections,
     Setting,
+    default,
     restart_only,
     sections_from,
     setting,
@@ -101,7 +102,8 @@ _CACHE_RULE = {
 }
 
 
-_CLIENT_RULE = {"user_agent": (_str, ""), "max_wait": (_dur, 25.0)}
+# A rule without max_wait holds its clients as long as pacing.max_wait's default.
+_CLIENT_RULE = {"user_agent": (_str, ""), "max_wait": (_dur, default("pacing.max_wait"))}
 
 
 def _client_rules(v: Any, key: str) -> list[dict[str, Any]]:
