@@ -15,9 +15,9 @@ import pytest
 from politeproxy.config.loading import build, egress_default
 from politeproxy.pacing.pacer import PacingSettings
 from politeproxy.policy import settings as d
+from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.settings import DEFAULTS as D
 from politeproxy.policy.table import DEFAULT_HOST_INTERVALS
-from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.proxy.listener import Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
@@ -39,12 +39,14 @@ def test_pacing_settings_match_the_config(cfg: Any) -> None:
     assert from_config.egress == egress_default()  # the machine's host name: the one field I/O gives
     bare = replace(bare, egress=from_config.egress)
     assert from_config == bare, "config.build({}).pacing() differs from PacingSettings()"
-    assert bare.gap == D.schedule.global_rate and bare.max_wait == D.pacing.max_wait and bare.retries == D.pacing.retries
+    assert bare.gap == D.schedule.global_rate and bare.max_wait == D.pacing.max_wait
+    assert bare.retries == D.pacing.retries
     assert bare.max_queue == D.pacing.max_queue
     assert bare.exempt_max_in_flight == D.exempt.max_in_flight
     assert bare.exempt_respect_backoff is D.exempt.respect_backoff
     assert bare.host_intervals == DEFAULT_HOST_INTERVALS
-    assert bare.interval_for("index.commoncrawl.org") == dict(DEFAULT_HOST_INTERVALS)["index.commoncrawl.org"] == 1.0
+    index = dict(DEFAULT_HOST_INTERVALS)["index.commoncrawl.org"]
+    assert bare.interval_for("index.commoncrawl.org") == index == 1.0
 
 
 def test_backoff_policy_matches_the_config(cfg: Any) -> None:
