@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from politeproxy.config import loading as config_mod
-from politeproxy.config.loading import Config, ConfigError, changes, parse_hostport
+from politeproxy.config.loading import Config, ConfigError, parse_hostport
 from politeproxy.config.startup import (
     announce_pacing,
     config_line,
@@ -38,7 +38,6 @@ from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.settings import format_utc
-from politeproxy.policy.table import restart_only
 from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import events_log
@@ -51,10 +50,6 @@ from politeproxy.stores.failover import FailoverStore
 
 log = logging.getLogger("politeproxy")
 start_log = logging.getLogger("politeproxy.start")  # always at INFO (cli.setup_logging)
-
-# Settings that only a restart applies (the table's, policy/table.py); a reload that changes one says so.
-RESTART_ONLY = restart_only()
-
 
 
 class App:
@@ -93,14 +88,17 @@ class App:
 
     async def start(self) -> Proxy:
         """Start everything; a failure the user can fix is a one-line StartupError (exit 2)."""
-        cfg = self.cfg
+        cfg, s = self.cfg, self.cfg.sections
         host, port = cfg.listen
         try:
             tokens = cfg.pipeline_tokens()  # [pipelines.NAME] token_env / token_file (issue 27)
             admin_token = cfg.admin_token()  # [admin] token_env / token_file: /release wants it (issue 42)
         except ConfigError as e:
             raise StartupError(str(e)) from None
-        access = Access(cfg["allow_clients"], cfg["auth"]["users"], tokens, self._guest, admin_token)
+        access = Access(
+            allow_clients=s.general.allow_clients, users=s.auth.users, tokens=tokens, on_guest=self._guest,
+            admin_token=admin_token,
+        )  # fmt: skip
         if not is_loopback(host) and host != "localhost" and not access.open_beyond_loopback:
             raise StartupError(
                 f"refusing to listen on {host}:{port} as an open proxy: "
@@ -115,13 +113,13 @@ class App:
         except ConfigError as e:  # POLITEPROXY_CLOCK_OFFSET; cli checks it first, this is the backstop
             raise StartupError(str(e)) from None
         self.store = store
-        await probe_store(store, cfg["schedule"])  # backend redis: names its address, reachable or not
+        await probe_store(store, s.schedule)  # backend redis: names its address, reachable or not
         self.metrics.set_store((store if not isinstance(store, FailoverStore) else store.active).name, False)
         settings = cfg.pacing()
         self.metrics.prepare(hosts.concrete_hosts(), settings)  # their label sets at 0 from the start
         events = StatusEvents(self.metrics)  # metrics, plus the per-pipeline tallies of /status
         self.pacer = Pacer(store, settings, events, notes=make_notes(cfg, store))
-        self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), cfg["schedule"]["backend"])
+        self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), s.schedule.backend)
         self.proxy = self._make_proxy(ca, access, hosts)
         # The shared disk cache (issue 14); None when cache.enabled = false or its directory is unusable.
         shared = make_index_answers(cfg, store)  # kept index answers in Redis too (issue 43)
@@ -141,12 +139,12 @@ class App:
             await self.close()
             raise StartupError(f"worker channel {e.filename or ''}: {e.strerror}") from None
         self.metrics.set_configured_gap(settings.gap)
-        if cfg["metrics_listen"]:
+        if where := s.general.metrics_listen:
             try:
-                await self._start_metrics(cfg["metrics_listen"])
+                await self._start_metrics(where)
             except OSError as e:
                 await self.close()
-                raise StartupError(f"cannot serve metrics on {cfg['metrics_listen']}: {e.strerror}") from None
+                raise StartupError(f"cannot serve metrics on {where}: {e.strerror}") from None
         self._spawn(self._refresh_gauges(), "gauges")
         self._spawn(self.status.run(), "status history")
         self.announcer = Announcer(
@@ -163,27 +161,24 @@ class App:
         return self.proxy
 
     def _make_proxy(self, ca: CertificateAuthority, access: Access, hosts: HostSet) -> Proxy:
-        cfg = self.cfg
-        up = cfg["upstream"]
+        cfg, s = self.cfg, self.cfg.sections
+        up, rb, cl = s.upstream, s.robots, s.client
         self.upstream = Upstream(
-            up["resolve"], up["ca_file"], up["connect_timeout"], up["read_timeout"], up["max_connections"]
-        )
-        rb = cfg["robots"]
+            resolve=up.resolve, ca_file=up.ca_file, connect_timeout=up.connect_timeout,
+            read_timeout=up.read_timeout, max_connections=up.max_connections,
+        )  # fmt: skip
         self.robots = RobotsWatcher(
-            self.pacer, self.upstream, rb["ttl"], rb["max_crawl_delay"], rb["enabled"]
+            self.pacer, self.upstream, ttl=rb.ttl, cap=rb.max_crawl_delay, enabled=rb.enabled
         )
         self.classifier = Classifier(hosts, cfg.exempt_rules())
-        cl = cfg["client"]
         timeouts = Timeouts(
-            cl["handshake_timeout"],
-            cl["header_timeout"],
-            cl["idle_timeout"],
-            cl["max_header_size"],
-            cl["max_connections"],
-        )
-        status, hosts, listen = self.status.document, cfg["admin_hosts"], cfg.listen[0]
+            handshake=cl.handshake_timeout, header=cl.header_timeout, idle=cl.idle_timeout,
+            max_header_size=cl.max_header_size, max_connections=cl.max_connections,
+        )  # fmt: skip
+        status, listen = self.status.document, cfg.listen[0]
         self.admin = ReleasingAdmin(
-            self.metrics, self._health, ca.pem, status, hosts=hosts, listen=listen, release=self._release,
+            self.metrics, self._health, ca.pem, status, hosts=s.general.admin_hosts, listen=listen,
+            release=self._release,
             token=access.admin_token,
         )  # fmt: skip
         return Proxy(
@@ -196,9 +191,9 @@ class App:
             timeouts=timeouts,
             admin=self.admin.on_proxy_port(access),
             robots=self.robots,
-            tunnel_ports=frozenset(cfg["tunnel_ports"]),
-            allow_private_destinations=cfg["allow_private_destinations"],
-            allow_ip_connect=cfg["allow_ip_connect"],
+            tunnel_ports=frozenset(s.general.tunnel_ports),
+            allow_private_destinations=s.general.allow_private_destinations,
+            allow_ip_connect=s.general.allow_ip_connect,
         )
 
     def _guest(self, name: str, client: str) -> None:
@@ -261,8 +256,9 @@ class App:
     async def _start_metrics(self, addr: str) -> None:
         h, p = parse_hostport(addr, "metrics_listen")
         reuse = self.workers is not None  # every worker serves it too
-        self._metrics_runner = await admin_mod.serve(self.admin, h, p, self.cfg["allow_clients"], reuse)
-        who = ", ".join(["loopback", *self.cfg["allow_clients"]])
+        allowed = list(self.cfg.sections.general.allow_clients)
+        self._metrics_runner = await admin_mod.serve(self.admin, h, p, allowed, reuse)
+        who = ", ".join(["loopback", *allowed])
         log.info("metrics on %s answer %s (allow_clients); others get 403", addr, who)
 
     async def _refresh_gauges(self) -> None:
@@ -318,9 +314,8 @@ class App:
             log.error("config reload (%s) rejected, keeping the running settings: %s", why, e)
             self.metrics.reloads.labels("error").inc()
             return False
-        for key in RESTART_ONLY:
-            if new.get(key) != self.cfg.get(key):
-                log.warning("config reload: %s changed but applies only after a restart", key)
+        for key in self.cfg.restart_changes(new):
+            log.warning("config reload: %s changed but applies only after a restart", key)
         settings = new.pacing()
         if settings != self.pacer.settings:
             announce_pacing(settings)
@@ -332,9 +327,9 @@ class App:
         self.metrics.set_configured_gap(settings.gap)
         self.metrics.reloads.labels("ok").inc()
         self.config_seen = config_view(self.config_path, True)
-        old, self.cfg = self.cfg.raw, new
+        old, self.cfg = self.cfg, new
         # Always shown (the start-up logger): after a rejected reload, the ERROR must not stay the last line.
-        start_log.info("config reloaded (%s): %s", why, "; ".join(changes(old, new.raw)) or "no changes")
+        start_log.info("config reloaded (%s): %s", why, "; ".join(old.changes(new)) or "no changes")
         return True
 
     async def close(self) -> None:

@@ -81,11 +81,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     fmt = args.log_format or "plain"  # the config's own once it is read: JSON mode is JSON from line one
     try:
         cfg = _config(args)
-        fmt = cfg["log_format"]
+        fmt = cfg.sections.general.log_format
         check_environment(os.environ)  # POLITEPROXY_CLOCK_OFFSET, POLITEPROXY_RATE_WINDOW
     except ConfigError as e:
         return _fail(str(e), fmt=fmt)
-    setup_logging(args.verbose, cfg["log_format"])
+    setup_logging(args.verbose, cfg.sections.general.log_format)
     workers = _workers(args, cfg)
     if workers is not None:
         return workers
@@ -120,14 +120,14 @@ def _workers(args: argparse.Namespace, cfg: Config) -> int | None:
     another store for the operator would move the budget somewhere the config does not say."""
     from politeproxy.commands.supervisor import Supervisor, worker_count
 
-    n = worker_count(cfg["workers"])
+    n = worker_count(cfg.sections.general.workers)
     if n <= 1:
         return None
-    if cfg["schedule"]["backend"] == "memory":
+    if cfg.sections.schedule.backend == "memory":
         return _fail(
             f"workers = {n} needs a store the workers share: the memory store is one process's; "
             'set [schedule] backend = "file" (the data dir, the default) or "redis"',
-            fmt=cfg["log_format"],
+            fmt=cfg.sections.general.log_format,
         )
     from politeproxy.app import StartupError, open_data_dir
     from politeproxy.policy.hosts import HostSet
@@ -135,7 +135,7 @@ def _workers(args: argparse.Namespace, cfg: Config) -> int | None:
     try:  # the CA once, here: workers starting together would each make one
         open_data_dir(cfg.data_dir, HostSet(cfg.paced_hosts))
     except StartupError as e:
-        return _fail(str(e), fmt=cfg["log_format"])
+        return _fail(str(e), fmt=cfg.sections.general.log_format)
     return Supervisor(list(getattr(args, "argv", None) or sys.argv[1:]), n, *cfg.listen).run()
 
 
@@ -235,7 +235,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         cfg = load(args.file, env_overrides())  # the POLITEPROXY_* variables `run` would apply too
     except ConfigError as e:
         return _fail(str(e))
-    print(f"{args.file}: ok (listen {cfg.listen[0]}:{cfg.listen[1]}, store {cfg['schedule']['backend']})")
+    print(f"{args.file}: ok (listen {cfg.listen[0]}:{cfg.listen[1]}, store {cfg.sections.schedule.backend})")
     return 0
 
 
@@ -287,9 +287,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
     try:
         cfg = _config(args)
         print(report.run(args.action, cfg.data_dir / "cache", cfg.cache(), args.index))
-        sched = cfg["schedule"]
-        if sched["backend"] == "redis" and (args.index or args.action == "stats"):
-            print(report.redis_part(args.action, sched["redis_url"], sched["redis_prefix"]))
+        sched = cfg.sections.schedule
+        if sched.backend == "redis" and (args.index or args.action == "stats"):
+            print(report.redis_part(args.action, sched.redis_url, sched.redis_prefix))
     except ConfigError as e:
         return _fail(str(e))
     except (CacheError, OSError) as e:

@@ -31,6 +31,7 @@ from politeproxy.observe.workers import WorkerSet, merged_metrics, merged_status
 from politeproxy.policy.access import Access
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.routing import Target, split_host_port
+from politeproxy.policy.settings import DEFAULTS
 from politeproxy.proxy.responses import error_response
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -41,11 +42,7 @@ StatusSource = Callable[[], Awaitable[dict[str, Any]]]
 
 # The default of admin_hosts (policy/table.py): the deploy files' service names (docker-compose's service,
 # which deploy/prometheus.yml scrapes as politeproxy:3128; deploy/k8s.yaml's Service in its namespace).
-ADMIN_HOSTS: tuple[str, ...] = (
-    "politeproxy",
-    "politeproxy.politeproxy.svc",
-    "politeproxy.politeproxy.svc.cluster.local",
-)
+ADMIN_HOSTS: tuple[str, ...] = DEFAULTS.general.admin_hosts
 ANY_HOST = frozenset({"/ca.pem"})  # public data: answered whatever the Host
 
 

@@ -15,10 +15,10 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from politeproxy.policy import settings as d
 from politeproxy.policy.classify import normalize_path
 from politeproxy.policy.hosts import BUCKET_HOSTS, host_matches
 from politeproxy.policy.indexanswers import crawl_of
+from politeproxy.policy.table import Sections, default, from_table, table_values
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def rules_for(rules: tuple[CacheRule, ...], host: str) -> tuple[CacheRule, ...]:
 DATA_HOSTS = ("data.commoncrawl.org", *BUCKET_HOSTS)  # the data distribution and every name of the bucket
 
 
-def default_rules(collinfo_ttl: float = d.CACHE_COLLINFO_TTL) -> tuple[CacheRule, ...]:
+def default_rules(collinfo_ttl: float = default("cache.collinfo_ttl")) -> tuple[CacheRule, ...]:
     """Everything published under /crawl-data/, /cc-index/ and the host index (/projects/host-index*), and
     the index server's collinfo.json only: its query answers can be an empty 200 while its backend is down."""
     return (
@@ -71,15 +71,21 @@ CDX_RULE = CacheRule("index", INDEX_HOSTS, (), ranges=False, cdx=True)
 
 @dataclass(frozen=True)
 class CacheLimits:
-    enabled: bool = d.CACHE_ENABLED
-    max_object: int = d.CACHE_MAX_OBJECT
-    max_range: int = d.CACHE_MAX_RANGE
-    max_size: int = d.CACHE_MAX_SIZE
+    """What the shared cache keeps: the [cache] section, its rules built (the default table without any)."""
+
+    enabled: bool = from_table("cache.enabled")
+    max_object: int = from_table("cache.max_object")
+    max_range: int = from_table("cache.max_range")
+    max_size: int = from_table("cache.max_size")
     rules: tuple[CacheRule, ...] = default_rules()
-    index_answers: bool = d.CACHE_INDEX_ANSWERS
-    index_miss_ttl: float = d.CACHE_INDEX_MISS_TTL
-    index_redis_max_answer: int = d.CACHE_INDEX_REDIS_MAX_ANSWER  # on the redis store (issue 43)
-    index_redis_max_size: int = d.CACHE_INDEX_REDIS_MAX_SIZE
+    index_answers: bool = from_table("cache.index_answers")
+    index_miss_ttl: float = from_table("cache.index_miss_ttl")
+    index_redis_max_answer: int = from_table("cache.index_redis_max_answer")  # on the redis store (issue 43)
+    index_redis_max_size: int = from_table("cache.index_redis_max_size")
+
+    @classmethod
+    def of(cls, sections: Sections, rules: tuple[CacheRule, ...]) -> CacheLimits:
+        return cls(**table_values(cls, sections), rules=rules)
 
 
 @dataclass(frozen=True)
