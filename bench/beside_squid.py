@@ -28,23 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import bulk, held, small_gets  # noqa: E402
-from bench.common import (  # noqa: E402
-    PACING_OFF,
-    Bench,
-    Proxy,
-    Upstream,
-    fmt,
-    log,
-    machine_note,
-    make_certs,
-    median,
-    ratio,
-    rss_mib,
-    start_politeproxy,
-    start_upstream,
-    table,
-)
+from bench.common import PACING_OFF, Bench, Proxy, Upstream, make_certs, start_politeproxy, start_upstream  # noqa: E402
 from bench.squid import INSTALL_HINT, squid_path, squid_version, start_squid  # noqa: E402
+from bench.stats import fmt, log, machine_note, median, ratio, rss_mib, table  # noqa: E402
 from bench.workloads import curl_download  # noqa: E402
 
 MIB = 1 << 20
