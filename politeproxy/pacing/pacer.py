@@ -167,7 +167,7 @@ class Pacer:
 
     def snapshot(self) -> PacerSnapshot:
         """The one read path for status, health and gauges: a frozen copy of the counts now."""
-        store = (self._store.name, bool(getattr(self._store, "degraded", False)))  # a failover store degrades
+        store = (self._store.name, self._store.degraded)  # only a failover store ever degrades
         return take(
             self.monotonic(), self._settings, self._dispatcher.grants, self._state, self._places, store,
             self._rest.reasons(),

@@ -38,7 +38,7 @@ from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.heartbeat import MAX_PROXIES, multiplier
 from politeproxy.policy.slots import Claim, Outcome, duration
 from politeproxy.policy.window import WindowRule, divided
-from politeproxy.stores.base import HostView, Store, StoreBusy, StoreError, WarnOnce
+from politeproxy.stores.base import FailoverSide, HostView, Store, StoreBusy, StoreError, WarnOnce
 from politeproxy.stores.window_mirror import WindowMirror
 
 log = logging.getLogger("politeproxy.store")
@@ -48,10 +48,15 @@ BUSY_WAIT = 1.0  # a claim refused because another process holds the store asks 
 
 
 class FailoverStore(Store):
+    """A shared store (``primary``) with a local ``fallback`` it paces on, the gap widened, while the
+    primary does not answer; ``active`` is the one paced on now, ``degraded`` whether that is the fallback.
+    Callers need nothing else of it: the store's ``name`` and ``degraded``, and ``note_live`` (handed to
+    the heartbeats by ``config/storebuild.py`` as a plain callable)."""
+
     def __init__(
         self,
-        primary: Store,
-        fallback: Store,
+        primary: FailoverSide,
+        fallback: FailoverSide,
         gap_multiplier: float = 1.0,
         probe_interval: float = 1.0,
         on_change: Callable[[Store, bool], None] | None = None,
@@ -78,7 +83,7 @@ class FailoverStore(Store):
         self._busy_since: float | None = None  # the primary held by another process since (monotonic)
 
     @property
-    def active(self) -> Store:
+    def active(self) -> FailoverSide:
         return self.fallback if self.degraded else self.primary
 
     @property
@@ -89,12 +94,14 @@ class FailoverStore(Store):
     def gap_multiplier(self) -> float:
         return multiplier(self.floor_multiplier, self.live_seen)
 
-    def note_live(self, count: int) -> None:
+    def note_live(self, count: int) -> float:
         """The live proxies counted on the primary; ignored while degraded (the count seen last, when the
-        primary answered, is the one that says how many proxies now pace alone)."""
+        primary answered, is the one that says how many proxies now pace alone). Returns the gap
+        multiplier the fallback paces with."""
         if not self.degraded:
             self.live_seen = max(0, min(int(count), MAX_PROXIES))
             self._read_when_due()
+        return self.gap_multiplier
 
     @property
     def _wide(self) -> float:

@@ -32,7 +32,7 @@ from dataclasses import replace
 from politeproxy.policy import window
 from politeproxy.policy.services import SERVICE_HOST
 from politeproxy.policy.window import Relative, WindowRule, WindowState
-from politeproxy.stores.base import Store
+from politeproxy.stores.base import FailoverSide
 
 log = logging.getLogger("politeproxy.store")
 MAX_SERVICES = 64  # windows remembered (services are a handful; a fence, not a cache)
@@ -94,7 +94,7 @@ class WindowMirror:
             st = window.live(st, now, rule)[0]
         self.local[rule.service] = window.record(st, now + max(0.0, wait), rule)
 
-    async def hand_back(self, primary: Store) -> None:
+    async def hand_back(self, primary: FailoverSide) -> None:
         """Add the fallback's grants to the shared windows (the shared store answers again)."""
         for service in list(self.local):
             rule = self.rules.get(service)
@@ -111,7 +111,7 @@ class WindowMirror:
     def due(self) -> bool:
         return bool(self.rules) and self.monotonic() - self.last_read >= READ_EVERY
 
-    async def read(self, primary: Store) -> None:
+    async def read(self, primary: FailoverSide) -> None:
         """Snapshot every service's shared window; a failed read keeps the last snapshot (and the grants
         since it)."""
         self.last_read = self.monotonic()
@@ -146,7 +146,7 @@ class WindowMirror:
             summed[i] = summed.get(i, 0) + c
         return window.relative(WindowState(rule.width, tuple(sorted(summed.items()))), now, rule)
 
-    async def seed(self, fallback: Store, rule: WindowRule | None) -> None:
+    async def seed(self, fallback: FailoverSide, rule: WindowRule | None) -> None:
         """Before the fallback paces ``rule``'s service for the first time since the switch: give it what
         the shared window held, or a full window when nothing was mirrored."""
         if rule is None or not rule.on or rule.service in self.seeded:
