@@ -52,6 +52,10 @@ from politeproxy.stores.memory import StateMachine
 
 
 class FileStore(FileWindows, FailoverSide):
+    """The schedule in the data dir, shared by every proxy and ccrawl on the machine: one flock'd global
+    record, one record per host and one per service window, each decision read, made and written whole
+    under the lock. The file backend's shared store, and the Redis backend's fallback."""
+
     name = "file"
 
     def __init__(

@@ -69,6 +69,9 @@ def _claim(code: int, wait: float, rest: Sequence[Any]) -> Claim:
 
 
 class RedisStore(FailoverSide):
+    """The schedule in Redis, shared by every proxy on every machine pointed at one server and prefix:
+    each decision one Lua script on the server's clock (see the module's text for the keys)."""
+
     name = "redis"
 
     def __init__(

@@ -41,6 +41,10 @@ NAMED = tuple(SERVICE_HOST.values())  # the named services' window records (poli
 
 
 class WindowMirror:
+    """A failover store's copy of the shared request windows: its own grants, the last snapshot read from
+    the primary, what it seeded into the fallback since the switch, and the fallback's grants still to be
+    handed back (see the module's text)."""
+
     def __init__(self, monotonic: Callable[[], float]) -> None:
         self.monotonic = monotonic
         self.rules: dict[str, WindowRule] = {}  # the services seen, with their rule
