@@ -124,7 +124,7 @@ class App:
         self.metrics.prepare(hosts.concrete_hosts(), settings)  # their label sets at 0 from the start
         events = StatusEvents(self.metrics)  # metrics, plus the per-pipeline tallies of /status
         self.pacer = Pacer(store, settings, events, notes=stores.notes)
-        self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), cfg["schedule"]["backend"])
+        self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), stores.backend.value)
         self.proxy = self._make_proxy(ca, access, hosts)
         # The shared disk cache (issue 14); None when cache.enabled = false or its directory is unusable.
         shared = make_index_answers(cfg, stores)  # kept index answers in Redis too (issue 43)

@@ -74,8 +74,9 @@ def build_stores(cfg: Config, on_change: Callable[[Store, bool], None]) -> Store
     mult = float(sched["expected_proxies"])
     if backend is Backend.FILE:
         store = watching(cfg, FailoverStore(local, MemoryStore(max_backoff=cap), mult, on_change=on_change))
-        notes, beats = FileNotes(cfg.data_dir), FileBeats(cfg.data_dir)
-        return StoreSet(backend, store, notes, beats, live=store.note_live)
+        return StoreSet(
+            backend, store, FileNotes(cfg.data_dir), FileBeats(cfg.data_dir), live=store.note_live
+        )
     from politeproxy.stores.redis_store import RedisStore
 
     primary = RedisStore(

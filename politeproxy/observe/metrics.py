@@ -39,6 +39,7 @@ from politeproxy.observe.metricparts import (
     HostLabelled,
     HostLabels,
     RateWindow,
+    summed,
 )
 from politeproxy.pacing.base import PacerEvents, PacingSettings
 from politeproxy.policy.classify import Klass
@@ -392,15 +393,5 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
 
     def exempt_changed(self, host: str, in_flight: int) -> None:
         label = self.host_label(host)
-        self.exempt_in_flight.labels(host).set(_summed(label, host, in_flight, self._other_exempt))
+        self.exempt_in_flight.labels(host).set(summed(label, host, in_flight, self._other_exempt))
 
-
-def _summed(label: str, host: str, value: int, others: dict[str, int]) -> int:
-    """The gauge value for ``label``: the host's own, or the sum over every host labelled ``other``."""
-    if label != OTHER or host == OTHER:
-        return value
-    if value:
-        others[host] = value
-    else:
-        others.pop(host, None)
-    return sum(others.values())

@@ -48,10 +48,8 @@ BUSY_WAIT = 1.0  # a claim refused because another process holds the store asks 
 
 
 class FailoverStore(Store):
-    """A shared store (``primary``) with a local ``fallback`` it paces on, the gap widened, while the
-    primary does not answer; ``active`` is the one paced on now, ``degraded`` whether that is the fallback.
-    Callers need nothing else of it: the store's ``name`` and ``degraded``, and ``note_live`` (handed to
-    the heartbeats by ``config/storebuild.py`` as a plain callable)."""
+    """A shared ``primary`` and a local ``fallback`` paced on (gap widened) while the primary is down.
+    Callers read ``name`` and ``degraded``; the heartbeats get ``note_live`` (config/storebuild.py)."""
 
     def __init__(
         self,
@@ -79,7 +77,6 @@ class FailoverStore(Store):
         self._last_shared = 0.0  # slot of the last paced grant from the primary alone (monotonic)
         self._last_local = 0.0  # slot of the last paced grant that went by the local schedule
         self.mirror = WindowMirror(monotonic)  # the shared windows, to seed the fallback with
-        self._reader: asyncio.Task[None] | None = None  # the mirror's snapshot read in flight
         self._busy_since: float | None = None  # the primary held by another process since (monotonic)
 
     @property
@@ -183,22 +180,7 @@ class FailoverStore(Store):
         return c
 
     def _read_when_due(self) -> None:
-        if self.mirror.due() and (self._reader is None or self._reader.done()):
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # called outside the loop (a test): the next call on it reads
-                return
-            self._reader = loop.create_task(self._read_windows())
-
-    async def _read_windows(self) -> None:
-        """Snapshot the shared windows, and copy them into the fallback (as backoffs are mirrored)."""
-        try:
-            await self.mirror.read(self.primary)
-            for rule in list(self.mirror.rules.values()):
-                if not self.degraded and (counts := self.mirror.counts(rule)) is not None:
-                    await self.fallback.mirror_window(rule, counts)
-        except (*FAILS, NotImplementedError) as e:  # the claims find out for themselves; the last copy stays
-            log.debug("could not mirror the windows of %s: %r", self.primary.name, e)
+        self.mirror.read_when_due(self.primary, self.fallback, lambda: self.degraded)
 
     # -- claims -----------------------------------------------------------------------------------
 
@@ -401,11 +383,11 @@ class FailoverStore(Store):
         return await self._run(lambda s: s.grants())
 
     async def close(self) -> None:
-        for task in (self._probe, self._reader):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._probe = self._reader = None
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+            self._probe = None
+        await self.mirror.stop()
         await self.primary.close()
         await self.fallback.close()

@@ -25,6 +25,8 @@ shared rate for a second); the fallback's divided limit (``window.divided``) cov
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,7 +34,7 @@ from dataclasses import replace
 from politeproxy.policy import window
 from politeproxy.policy.services import SERVICE_HOST
 from politeproxy.policy.window import Relative, WindowRule, WindowState
-from politeproxy.stores.base import FailoverSide
+from politeproxy.stores.base import FailoverSide, StoreError
 
 log = logging.getLogger("politeproxy.store")
 MAX_SERVICES = 64  # windows remembered (services are a handful; a fence, not a cache)
@@ -55,6 +57,7 @@ class WindowMirror:
         self.seeded: set[str] = set()  # services seeded into the fallback since the last switch
         self.local: dict[str, WindowState] = {}  # this proxy's grants from the fallback, not handed back
         self.last_read = -READ_EVERY
+        self._reader: asyncio.Task[None] | None = None  # the snapshot read in flight (read_when_due)
 
     def watch(self, rule: WindowRule) -> None:
         self._remember(rule)
@@ -114,6 +117,37 @@ class WindowMirror:
 
     def due(self) -> bool:
         return bool(self.rules) and self.monotonic() - self.last_read >= READ_EVERY
+
+    def read_when_due(
+        self, primary: FailoverSide, fallback: FailoverSide, degraded: Callable[[], bool]
+    ) -> None:
+        """When a read is due and none is in flight: snapshot the shared windows in the background, and copy
+        them into the fallback while the primary answers (as backoffs are mirrored)."""
+        if self.due() and (self._reader is None or self._reader.done()):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # called outside the loop (a test): the next call on it reads
+                return
+            self._reader = loop.create_task(self._copy(primary, fallback, degraded))
+
+    async def _copy(
+        self, primary: FailoverSide, fallback: FailoverSide, degraded: Callable[[], bool]
+    ) -> None:
+        try:
+            await self.read(primary)
+            for rule in list(self.rules.values()):
+                if not degraded() and (counts := self.counts(rule)) is not None:
+                    await fallback.mirror_window(rule, counts)
+        except (StoreError, OSError, ConnectionError, NotImplementedError) as e:  # the claims find out
+            log.debug("could not mirror the windows of %s: %r", primary.name, e)  # the last copy stays
+
+    async def stop(self) -> None:
+        """Cancel the read in flight, if any (the failover store's close)."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            self._reader = None
 
     async def read(self, primary: FailoverSide) -> None:
         """Snapshot every service's shared window; a failed read keeps the last snapshot (and the grants
