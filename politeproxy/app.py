@@ -59,7 +59,8 @@ RESTART_ONLY = restart_only()
 class App:
     """The composition root: builds every part from a Config (``start``), reloads what a reload may change
     (``reload``, on a file change or SIGHUP), and closes them in order (``close``). It wires parts and
-    hands them to each other; it counts, paces and logs nothing itself."""
+    hands them to each other; it counts and paces nothing itself, and logs only its own start, reload and
+    stop lines."""
 
     def __init__(
         self, cfg: Config, config_path: str | None = None, overrides: dict[str, Any] | None = None

@@ -224,9 +224,6 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
     def cache_evicted(self, n: int) -> None:
         self.cache_evictions.inc(n)
 
-    def set_host_interval(self, host: str, seconds: float) -> None:
-        self.host_interval.labels(host).set(seconds)
-
     def _process_metrics(self, r: CollectorRegistry) -> None:
         self.configured_rate = Gauge(
             "politeproxy_configured_rate", "The global budget in requests per second (0 when off)", registry=r
