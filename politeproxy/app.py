@@ -19,40 +19,44 @@ from politeproxy.config.startup import (
     announce_pacing,
     config_line,
     config_view,
-    format_gap,
     open_data_dir,
     probe_store,
 )
-from politeproxy.config.storebuild import StartupError, make_beats, make_index_answers, make_notes, make_store
+from politeproxy.config.storebuild import StartupError, build_stores, make_index_answers
 from politeproxy.observe import admin as admin_mod
 from politeproxy.observe.announce import Announcer
+from politeproxy.observe.fanout import fan_out
+from politeproxy.observe.gauges import refresh_gauges
 from politeproxy.observe.logs import AccessLog
 from politeproxy.observe.metrics import Metrics
 from politeproxy.observe.release_route import ReleasingAdmin
 from politeproxy.observe.status import StatusBoard, StatusEvents
 from politeproxy.observe.workers import WorkerSet, serve_private
-from politeproxy.pacing.base import RepeatLog
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.access import GUEST, Access, is_loopback
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.loglimit import LogLimiter
-from politeproxy.policy.settings import format_utc
+from politeproxy.policy.settings import format_gap, format_utc
 from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import events_log
-from politeproxy.proxy.events import Tee
+from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
 from politeproxy.stores.base import Store
-from politeproxy.stores.failover import FailoverStore
 
 log = logging.getLogger("politeproxy")
 start_log = logging.getLogger("politeproxy.start")  # always at INFO (cli.setup_logging)
 
 
 class App:
+    """The composition root: builds every part from a Config (``start``), reloads what a reload may change
+    (``reload``, on a file change or SIGHUP), and closes them in order (``close``). It wires parts and
+    hands them to each other; it counts and paces nothing itself, and logs only its own start, reload and
+    stop lines."""
+
     def __init__(
         self, cfg: Config, config_path: str | None = None, overrides: dict[str, Any] | None = None
     ) -> None:
@@ -109,20 +113,20 @@ class App:
         self.metrics.pin_hosts(hosts.concrete_hosts())  # configured hosts always keep their labels
         ca = await asyncio.to_thread(open_data_dir, cfg.data_dir, hosts)
         try:
-            store = make_store(cfg, self._store_changed)
+            self.stores = stores = build_stores(cfg, self._store_changed)
         except ConfigError as e:  # POLITEPROXY_CLOCK_OFFSET; cli checks it first, this is the backstop
             raise StartupError(str(e)) from None
-        self.store = store
-        await probe_store(store, s.schedule)  # backend redis: names its address, reachable or not
-        self.metrics.set_store((store if not isinstance(store, FailoverStore) else store.active).name, False)
+        self.store = store = stores.store
+        await probe_store(stores, s.schedule)  # backend redis: names its address, reachable or not
+        self.metrics.set_store(store.name, False)
         settings = cfg.pacing()
         self.metrics.prepare(hosts.concrete_hosts(), settings)  # their label sets at 0 from the start
         events = StatusEvents(self.metrics)  # metrics, plus the per-pipeline tallies of /status
-        self.pacer = Pacer(store, settings, events, notes=make_notes(cfg, store))
-        self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), s.schedule.backend)
+        self.pacer = Pacer(store, settings, events, notes=stores.notes)
+        self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), stores.backend.value)
         self.proxy = self._make_proxy(ca, access, hosts)
         # The shared disk cache (issue 14); None when cache.enabled = false or its directory is unusable.
-        shared = make_index_answers(cfg, store)  # kept index answers in Redis too (issue 43)
+        shared = make_index_answers(cfg, stores)  # kept index answers in Redis too (issue 43)
         self.cache = await CacheFront.open(cfg.cache(), cfg.data_dir, events, settings.max_wait, shared)
         self.proxy.forwarder.cache = self.cache
         if self.cache is not None:  # a stale collinfo.json is served while the index rests (issue 43)
@@ -145,10 +149,10 @@ class App:
             except OSError as e:
                 await self.close()
                 raise StartupError(f"cannot serve metrics on {where}: {e.strerror}") from None
-        self._spawn(self._refresh_gauges(), "gauges")
+        self._spawn(refresh_gauges(self.pacer, self.metrics, self._paced), "gauges")
         self._spawn(self.status.run(), "status history")
         self.announcer = Announcer(
-            make_beats(cfg, store), self.pacer, store, f"{host}:{port}", on_count=self._count_proxies
+            stores.beats, self.pacer, f"{host}:{port}", stores.live, on_count=self.metrics.proxies_counted
         )
         self.status.proxies = self.announcer.rows
         self._spawn(self.announcer.run(), "heartbeat")
@@ -186,7 +190,7 @@ class App:
             classifier=self.classifier,
             pacer=self.pacer,
             upstream=self.upstream,
-            events=Tee(self.metrics, AccessLog()),  # the access line's format is logs.py's
+            events=fan_out(ProxyEvents, self.metrics, AccessLog()),  # the access line's format is logs.py's
             access=access,
             timeouts=timeouts,
             admin=self.admin.on_proxy_port(access),
@@ -238,10 +242,6 @@ class App:
         why = "the shared store does not answer: pacing locally" if degraded else "the shared store answers"
         events_log.info("schedule store: now %s (%s)", active.name, why)
 
-    def _count_proxies(self, live: int, multiplier: float) -> None:
-        self.metrics.proxies_live.set(live)
-        self.metrics.fallback_multiplier.set(multiplier)
-
     def _health(self) -> dict[str, Any]:
         snap = self.pacer.snapshot()
         return {"store": snap.store, "degraded": snap.degraded, "queued": snap.queued}
@@ -260,28 +260,6 @@ class App:
         self._metrics_runner = await admin_mod.serve(self.admin, h, p, allowed, reuse)
         who = ", ".join(["loopback", *allowed])
         log.info("metrics on %s answer %s (allow_clients); others get 403", addr, who)
-
-    async def _refresh_gauges(self) -> None:
-        """Backoff remaining per host comes from the store, which may be remote: read it once a second,
-        through the pacer, for the hosts its snapshot names.
-
-        A failure skips that host for this round and is logged (one line, then once a minute)."""
-        errors = RepeatLog(log, time.monotonic, level=logging.WARNING, tracebacks=False)
-        while True:
-            await asyncio.sleep(1.0)
-            snap = self.pacer.snapshot()
-            s = snap.settings
-            for host in sorted(snap.hosts):
-                try:
-                    view = await self.pacer.host_view(host)
-                    self.metrics.backoff.labels(host).set(view.backoff_in)
-                    self.metrics.set_host_interval(host, view.interval(s.pace_for(host)))
-                except Exception as e:  # noqa: BLE001 - a gauge must not kill the loop
-                    errors.error("backoff gauge refresh failed", e)
-            rules = {r.service: r for h in self._paced if (r := s.window_for(h)) is not None}
-            for rule, n in await self.pacer.holds.windows(rules.values()):
-                self.metrics.window_requests.labels(rule.service).set(n)
-                self.metrics.window_limit.labels(rule.service).set(rule.limit)
 
     async def _watch_config(self) -> None:
         """Reload when the file changes, once it has stopped changing; nothing in a reload ends the watch."""
@@ -312,7 +290,7 @@ class App:
             new = config_mod.load(self.config_path, self.overrides, allow_empty=False)
         except ConfigError as e:
             log.error("config reload (%s) rejected, keeping the running settings: %s", why, e)
-            self.metrics.reloads.labels("error").inc()
+            self.metrics.reloaded(False)
             return False
         for key in self.cfg.restart_changes(new):
             log.warning("config reload: %s changed but applies only after a restart", key)
@@ -325,7 +303,7 @@ class App:
         self.robots.reload(new.robots())
         self.metrics.configure_pipelines(settings)  # a newly configured pipeline keeps its label
         self.metrics.set_configured_gap(settings.gap)
-        self.metrics.reloads.labels("ok").inc()
+        self.metrics.reloaded(True)
         self.config_seen = config_view(self.config_path, True)
         old, self.cfg = self.cfg, new
         # Always shown (the start-up logger): after a rejected reload, the ERROR must not stay the last line.

@@ -15,6 +15,7 @@ from politeproxy.config.loading import Config, ConfigError, check_environment, e
 from politeproxy.observe.logs import error_line, setup_logging
 from politeproxy.policy.fairness import clean_name
 from politeproxy.policy.table import SETTINGS, Setting
+from politeproxy.stores.base import Backend
 
 EXIT_CONFIG = 2
 DOCTOR_URL = "https://index.commoncrawl.org/collinfo.json"  # politeproxy doctor's one paced request
@@ -123,7 +124,7 @@ def _workers(args: argparse.Namespace, cfg: Config) -> int | None:
     n = worker_count(cfg.sections.general.workers)
     if n <= 1:
         return None
-    if cfg.sections.schedule.backend == "memory":
+    if not Backend(cfg.sections.schedule.backend).shared:
         return _fail(
             f"workers = {n} needs a store the workers share: the memory store is one process's; "
             'set [schedule] backend = "file" (the data dir, the default) or "redis"',
@@ -288,7 +289,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         cfg = _config(args)
         print(report.run(args.action, cfg.data_dir / "cache", cfg.cache(), args.index))
         sched = cfg.sections.schedule
-        if sched.backend == "redis" and (args.index or args.action == "stats"):
+        if Backend(sched.backend) is Backend.REDIS and (args.index or args.action == "stats"):
             print(report.redis_part(args.action, sched.redis_url, sched.redis_prefix))
     except ConfigError as e:
         return _fail(str(e))

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from politeproxy.config.storebuild import StartupError
+from politeproxy.config.storebuild import StartupError, StoreSet
 from politeproxy.pacing.base import PacingSettings
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.redis_url import redis_address
@@ -104,11 +104,10 @@ async def probe_redis(client: Any, url: str, timeout: float = PROBE_TIMEOUT) -> 
     return True
 
 
-async def probe_store(store: Any, schedule: ScheduleSection) -> None:
-    """The start-up probe of the redis backend: the failover store's primary, a RedisStore."""
-    client = getattr(getattr(store, "primary", None), "client", None)
-    if schedule.backend == "redis" and client is not None:
-        await probe_redis(client, schedule.redis_url)
+async def probe_store(stores: StoreSet, schedule: ScheduleSection) -> None:
+    """The start-up probe of the redis backend: its client, when the store set has one."""
+    if stores.redis is not None:
+        await probe_redis(stores.redis, schedule.redis_url)
 
 
 def config_view(path: str | None, read: bool) -> dict[str, Any]:

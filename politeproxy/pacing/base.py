@@ -1,4 +1,4 @@
-"""What the pacing modules share: settings, the refusal, the events Protocol that metrics implements, and
+"""What the pacing modules share: settings, the refusal, the events metrics hears, and
 a log that does not flood on a persistent error."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any
 
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.classify import Klass
@@ -123,39 +123,33 @@ class WaitTooLong(Exception):
         return self.note or self.why
 
 
-class PacerEvents(Protocol):
-    """What the pacer reports, as the pacer calls it; ``metrics.Metrics`` and ``status.StatusEvents``
-    implement it. The pacer knows nothing of Prometheus. ``pipeline`` is the bounded name a request counted
-    as; ``rejected`` keeps a default so that one method also serves the proxy's ``ProxyEvents``."""
-
-    def granted(self, host: str, lateness: float, pipeline: str) -> None: ...
-    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None: ...
-    def throttled(self, host: str, code: int, delay: float) -> None: ...
-    def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None: ...
-    def line_changed(self, host: str, pipeline: str, depth: int) -> None: ...
-    def exempt_changed(self, host: str, in_flight: int) -> None: ...
-
-
-class NoPacerEvents:
-    """PacerEvents that go nowhere (tests, tools)."""
+class PacerEvents:
+    """What the pacer reports, each event declared once, here: a method that does nothing (so this class
+    is also the sink that hears nothing: tests, tools). ``metrics.Metrics`` and ``status.StatusEvents``
+    subclass it and override what they hear; ``observe/fanout.py`` joins them. The pacer knows nothing of
+    Prometheus. ``pipeline`` is the bounded name a request counted as; ``rejected`` keeps a default so that
+    one method also serves the proxy's ``ProxyEvents``."""
 
     def granted(self, host: str, lateness: float, pipeline: str) -> None:
-        pass
+        """A slot handed out, ``lateness`` seconds after its time."""
 
     def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None:
-        pass
+        """A request held ``seconds`` before it went upstream."""
 
     def throttled(self, host: str, code: int, delay: float) -> None:
-        pass
+        """A throttle answer (``code`` 0: a failure), and the backoff it set."""
 
     def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None:
-        pass
+        """A request refused by the pacer (``reason``: "max_wait" or "queue_full")."""
 
     def line_changed(self, host: str, pipeline: str, depth: int) -> None:
-        pass
+        """The depth of one (host, pipeline) line of waiters now."""
 
     def exempt_changed(self, host: str, in_flight: int) -> None:
-        pass
+        """Exempt reads of ``host`` in flight now."""
+
+
+NoPacerEvents = PacerEvents  # the family's own no-op methods: the sink that hears nothing
 
 
 class RepeatLog:
