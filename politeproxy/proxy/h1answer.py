@@ -147,6 +147,13 @@ class H1Answer:
             self.conn.transport.pause_reading()
 
     def message_complete(self, keep_alive: bool) -> None:
+        if (
+            self.head_only
+            and self.complete
+            and "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        ):
+            # llhttp ends a chunked body only on its last chunk: after a HEAD's head, bytes nobody asked for
+            raise UpstreamFailed(502, "a body after the answer to a HEAD")
         if self.status and not self.complete:  # an interim 1xx completes as a message of its own
             self.complete = True
             self.keep_alive = keep_alive
