@@ -11,14 +11,10 @@ a close before a framed end is a cut. Untrusted bytes never raise out of here: e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
-
-if TYPE_CHECKING:
-    from politeproxy.proxy.h1conn import H1Conn
 
 MAX_HEAD = 64 * 1024  # bytes of one answer head (aiohttp bounds each line at 8 KiB, not the head)
 MAX_FIELDS = 256  # header lines of one answer head
@@ -55,6 +51,22 @@ class UpstreamFailed(Exception):
         self.local = local  # a LOCAL_FIX key: the failure is this proxy's, not the upstream's
 
 
+class Link(Protocol):
+    """What an answer needs of its connection (``h1conn.H1Conn``, which imports this module)."""
+
+    transport: asyncio.Transport | None
+    where: str
+    reused: bool
+
+    def http_version(self) -> str: ...
+
+    def abort(self) -> None: ...
+
+    def done_with(self, reuse: bool, head_only: bool) -> None: ...
+
+    def drop(self) -> None: ...
+
+
 class H1Answer:
     """The answer to one request: its head, then its body read ``read(n)`` at a time (aiohttp's
     ``ClientResponse`` shape where the relay uses it: ``status``, ``reason``, ``headers``, ``url``,
@@ -78,7 +90,6 @@ class H1Answer:
         "head_only",
         "headers",
         "keep_alive",
-        "on_release",
         "reason",
         "reason_raw",
         "status",
@@ -87,7 +98,7 @@ class H1Answer:
     )
 
     def __init__(
-        self, conn: H1Conn, url: URL, read_timeout: float, high_water: int, head_only: bool = False
+        self, conn: Link, url: URL, read_timeout: float, high_water: int, head_only: bool = False
     ) -> None:
         self.conn = conn
         self.head_only = head_only  # a HEAD's answer: no body whatever its head says (RFC 9110 9.3.2)
@@ -111,7 +122,6 @@ class H1Answer:
         self.keep_alive = False
         self.cut_reason: str | None = None
         self.closed = False
-        self.on_release: Callable[[H1Conn], None] | None = None  # the pool's: a reusable connection goes back
 
     # fed by the connection
     def header(self, name: bytes, value: bytes) -> None:
@@ -133,7 +143,7 @@ class H1Answer:
         self.headers = CIMultiDictProxy(CIMultiDict(self._raw))
         if self.head_only:  # llhttp would read the body the head announces: the answer ends here
             self.complete = True
-            self.keep_alive = _keeps_alive(self.conn.parser.get_http_version(), self.headers)
+            self.keep_alive = _keeps_alive(self.conn.http_version(), self.headers)
         self.wake()
 
     def feed(self, body: bytes) -> None:
@@ -272,26 +282,20 @@ class H1Answer:
         if self.closed:
             return
         self.closed = True
-        conn = self.conn
-        conn.answer = None
-        if self.writer is not None and not self.writer.done():  # the upstream answered before the body's end
-            self.writer.cancel()
-            conn.abort()
-        elif self.complete and self.keep_alive and not self._chunks and conn.usable() and self.on_release:
-            if self.head_only:
-                conn.fresh_parser()
-            self.on_release(conn)
+        w = self.writer
+        if w is not None and not w.done():  # the upstream answered before the body's end
+            w.cancel()
+            self.conn.drop()
         elif self.complete:
-            _close(conn)
+            self.conn.done_with(self.keep_alive and not self._chunks, self.head_only)
         else:
-            conn.abort()
+            self.conn.drop()
 
     def close(self) -> None:
         """Done early (error, cut, client gone): the connection cannot be reused."""
         if not self.closed:
             self.closed = True
-            self.conn.answer = None
-            self.conn.abort()
+            self.conn.drop()
             if self.writer is not None:
                 self.writer.cancel()
 
@@ -305,9 +309,3 @@ def _keeps_alive(version: str, headers: CIMultiDictProxy[str]) -> bool:
 def _expire(w: asyncio.Future[None]) -> None:
     if not w.done():
         w.set_exception(TimeoutError())
-
-
-def _close(conn: H1Conn) -> None:
-    conn.lost = True
-    if conn.transport is not None:
-        conn.transport.close()

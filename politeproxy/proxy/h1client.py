@@ -87,7 +87,6 @@ class H1Client:
         for attempt in range(retries + 1):
             conn = await self._reuse(key) or await self._connect(key)
             answer = H1Answer(conn, url, self.read_timeout, self.high_water, method == "HEAD")
-            answer.on_release = self._put
             conn.answer = answer
             conn.transport.write(head)  # type: ignore[union-attr]
             if body is not None:
@@ -198,7 +197,7 @@ class H1Client:
                 )
                 try:
                     _, conn = await loop.create_connection(
-                        lambda: H1Conn(key, where, tls),
+                        lambda: H1Conn(key, where, tls, self._put),
                         sock=sock,
                         ssl=self.tls if tls else None,
                         server_hostname=key[1] if tls else None,

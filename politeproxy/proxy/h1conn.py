@@ -9,6 +9,7 @@ here: a bad head, a head over its bound or a cut turns into an ``UpstreamFailed`
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import httptools
 
@@ -32,6 +33,7 @@ class H1Conn(asyncio.Protocol):
     __slots__ = (
         "answer",
         "drained",
+        "pool",
         "eof",
         "idle_since",
         "key",
@@ -43,7 +45,14 @@ class H1Conn(asyncio.Protocol):
         "where",
     )
 
-    def __init__(self, key: tuple[str, str, int], where: str, tls: bool) -> None:
+    def __init__(
+        self,
+        key: tuple[str, str, int],
+        where: str,
+        tls: bool,
+        pool: Callable[[H1Conn], None] | None = None,
+    ) -> None:
+        self.pool = pool  # takes the connection back when an answer left it reusable
         self.key = key
         self.where = where
         self.tls = tls
@@ -77,9 +86,25 @@ class H1Conn(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
 
-    def fresh_parser(self) -> None:
-        """After a HEAD's answer: llhttp still expects the body its head announced, so start over."""
-        self.parser = httptools.HttpResponseParser(self)
+    def http_version(self) -> str:
+        return self.parser.get_http_version()  # type: ignore[no-any-return]
+
+    def done_with(self, reuse: bool, head_only: bool) -> None:
+        """The answer read to its end: back to the pool when ``reuse`` and it may be, else closed."""
+        self.answer = None
+        if reuse and self.pool is not None and self.usable():
+            if head_only:  # llhttp still expects the body the HEAD's head announced: start over
+                self.parser = httptools.HttpResponseParser(self)
+            self.pool(self)
+        else:
+            self.lost = True
+            if self.transport is not None:
+                self.transport.close()
+
+    def drop(self) -> None:
+        """The answer was given up (unread, cut, or its request body unsent): never reused."""
+        self.answer = None
+        self.abort()
 
     def usable(self) -> bool:
         return not (self.lost or self.eof or self.transport is None or self.transport.is_closing())
