@@ -68,9 +68,9 @@ class Link(Protocol):
 
 
 class H1Answer:
-    """The answer to one request: its head, then its body read ``read(n)`` at a time (aiohttp's
-    ``ClientResponse`` shape where the relay uses it: ``status``, ``reason``, ``headers``, ``url``,
-    ``content.read``, ``content.at_eof``, ``release``, ``close``, ``closed``)."""
+    """The answer to one request, what ``upstream.Answer`` names: ``status``, ``reason``, ``headers`` and
+    ``url``, then the body through ``read(n)`` (``peek(n)`` leaves its start in place; ``content`` is the
+    answer itself, for readers written against aiohttp's shape), and ``release`` or ``close`` when done."""
 
     __slots__ = (
         "_buffered",

@@ -26,8 +26,8 @@ from yarl import URL
 from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
 from politeproxy.proxy.unasked import unread
 
-KEEPALIVE = 30.0  # seconds an idle connection is kept (aiohttp's keepalive_timeout in upstream.py)
-DNS_TTL = 60.0  # seconds a system resolver answer is kept (aiohttp's ttl_dns_cache)
+KEEPALIVE = 30.0  # seconds an idle connection is kept (as aiohttp's client kept them before issue 44)
+DNS_TTL = 60.0  # seconds a system resolver answer is kept (as aiohttp's ttl_dns_cache was)
 DNS_ENTRIES = 256  # names remembered at most; the table is emptied when full
 HAPPY_EYEBALLS_DELAY = (
     0.25  # seconds before the next address is tried alongside (RFC 8305; aiohttp's default)
