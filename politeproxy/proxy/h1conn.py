@@ -87,7 +87,7 @@ class H1Conn(asyncio.Protocol):
             w.set_result(None)
 
     def http_version(self) -> str:
-        return self.parser.get_http_version()  # type: ignore[no-any-return]
+        return self.parser.get_http_version()
 
     def done_with(self, reuse: bool, head_only: bool) -> None:
         """The answer read to its end: back to the pool when ``reuse`` and it may be, else closed."""
