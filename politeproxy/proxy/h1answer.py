@@ -18,6 +18,7 @@ from yarl import URL
 
 MAX_HEAD = 64 * 1024  # bytes of one answer head (aiohttp bounds each line at 8 KiB, not the head)
 MAX_FIELDS = 256  # header lines of one answer head
+NO_FIELDS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())  # read-only: one for every answer
 
 
 def length_unknown(headers: CIMultiDictProxy[str]) -> bool:
@@ -107,7 +108,7 @@ class H1Answer:
         self.status = 0
         self.reason = ""
         self.reason_raw = b""
-        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
+        self.headers: CIMultiDictProxy[str] = NO_FIELDS  # until the head is in
         self._raw: list[tuple[str, str]] = []
         self._head_bytes = 0
         self.head_seen = 0  # bytes read while no answer head was complete (1xx answers included)
