@@ -1,7 +1,8 @@
-"""The upstream client's reading of an answer's framing (llhttp's parse, ``h1answer``'s policy) against h11
-as the reference parser (issue 44 item 2): where an answer ends, what its body is, and which answers are
-refused, for Content-Length and chunked bodies, close-delimited ones, interim 1xx answers, HEAD, 204 and
-304, bodies over or under their length, bytes after the end, bare LF, obs-fold and chunk extensions.
+"""The upstream client's framing against h11 as the reference (issue 44 item 2): the request it writes, read
+back by h11 as a server; and its reading of an answer (llhttp's parse, ``h1answer``'s policy): where an
+answer ends, what its body is, and which answers are refused, for Content-Length and chunked bodies,
+close-delimited ones, interim 1xx answers, HEAD, 204 and 304, bodies over or under their length, bytes
+after the end, bare LF, obs-fold and chunk extensions.
 
 The two are fed the same bytes, cut at the same points, then a close. Agreement means: when h11 reads a
 whole answer and nothing after it, ours is complete with the same status, the same body and the same
@@ -13,15 +14,17 @@ empty lines right after an answer's end.
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import h11
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from multidict import CIMultiDict
 from yarl import URL
 
+from politeproxy.proxy.h1client import _request_head, _send_body
 from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
 
 T = TypeVar("T")
@@ -184,3 +187,85 @@ def test_answer_framing_agrees_with_h11(case: Case, data: st.DataObject | None) 
         assert got == read
         return
     assert got == (read if not rest else None)
+
+
+# --- the request side: what the client writes, read back by h11 as a server -----------------------------
+
+
+class Wire:
+    """A transport that keeps what is written (the client's request bytes)."""
+
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.out += data
+
+    def writelines(self, parts: Iterable[bytes]) -> None:
+        for p in parts:
+            self.out += p
+
+    def is_closing(self) -> bool:
+        return False
+
+    def abort(self) -> None:
+        raise AssertionError("a whole body was refused")
+
+
+async def _chunks(parts: list[bytes]) -> AsyncIterator[bytes]:
+    for p in parts:
+        yield p
+
+
+FIELD_NAMES = st.sampled_from(["Range", "X-Amz-Date", "Authorization", "Accept", "x-custom", "If-None-Match"])
+FIELD_VALUES = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"]),
+    st.lists(st.text("abc/%20?=&-._~", max_size=12), max_size=3).map(lambda ps: "/" + "/".join(ps)),
+    st.lists(st.tuples(FIELD_NAMES, FIELD_VALUES), max_size=4),
+    st.one_of(st.none(), st.lists(st.binary(max_size=30), max_size=4)),
+    st.booleans(),
+    st.sampled_from(["http://h/", "http://h:8080/", "https://h/", "https://[::1]:8443/"]),
+)
+def test_the_request_as_written_is_what_h11_reads(
+    method: str,
+    path: str,
+    fields: list[tuple[str, str]],
+    body: list[bytes] | None,
+    with_length: bool,
+    base: str,
+) -> None:
+    """Any method, target, fields and body (streamed, with its Content-Length or chunked): h11 as a server
+    reads back exactly that request, its Host from the URL, and its end where the client ended it."""
+    url = URL(base.rstrip("/") + path, encoded=True)
+    headers = CIMultiDict(fields)
+    whole = b"".join(body) if body is not None else b""
+    if body is not None and with_length:
+        headers["Content-Length"] = str(len(whole))
+    host, port = url.raw_host or "", url.port or 0
+    head, length = _request_head(method, url, host, port, headers, body is not None)
+    conn = H1Conn(("http", host, port), "h", tls=False)
+    wire = Wire()
+    conn.transport = wire  # type: ignore[assignment]
+    wire.write(head)
+    if body is not None:
+        answer = H1Answer(conn, url, 1.0, 1 << 20)
+        now(_send_body(conn, answer, _chunks(body), length, 1.0))
+    server = h11.Connection(h11.SERVER)
+    server.receive_data(bytes(wire.out))
+    request = server.next_event()
+    assert isinstance(request, h11.Request)
+    assert (request.method.decode(), request.target.decode()) == (method, url.raw_path_qs or "/")
+    read = [(bytes(k).decode(), bytes(v).decode()) for k, v in request.headers]
+    netloc = f"[{host}]" if ":" in host else host
+    assert read[0] == ("host", netloc if url.is_default_port() else f"{netloc}:{port}")
+    assert read[1 : 1 + len(fields)] == [(k.lower(), v) for k, v in fields]
+    got = b""
+    while isinstance(event := server.next_event(), h11.Data):
+        got += bytes(event.data)
+    assert isinstance(event, h11.EndOfMessage) and got == whole
+    assert server.next_event() is h11.PAUSED or server.their_state is h11.DONE  # nothing after the end
+    assert not server.trailing_data[0]
