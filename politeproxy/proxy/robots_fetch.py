@@ -130,7 +130,10 @@ class RobotsWatcher:
                         return 0.0  # no robots.txt: no Crawl-delay
                     raise RobotsFailed(f"status {resp.status}")
                 finally:
-                    resp.release() if resp.at_eof() else resp.close()  # read to its end: the pool keeps it
+                    if resp.at_eof():  # read to its end: the pool keeps the connection
+                        resp.release()
+                    else:
+                        resp.close()
         except WaitTooLong as e:
             raise RobotsFailed(e.why) from None
 
