@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test docs docs-screenshot test-repeat lint typecheck bench clean
+.PHONY: run test docs docs-screenshot test-repeat lint typecheck bench bench-squid bench-squid-setup clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -75,8 +75,20 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy --config-file pyproject.toml
 
-bench: $(VENV)/.installed-test
+bench: $(VENV)/.installed-test bench-squid-setup
 	$(BIN)/python bench/run_all.py
+
+# Squid 5 with ssl-bump, the peer bench/beside_squid.py measures politeproxy beside: Debian's squid-openssl
+# from apt, unless a Squid built with ssl-crtd is installed already. Only the benchmark needs it (not the
+# tests, not CI). Where systemd runs, the package also starts its own service on port 3128; the benchmark
+# starts a Squid of its own and leaves that one alone.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+bench-squid-setup:
+	@squid -v 2>/dev/null | grep -q -- --enable-ssl-crtd || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q squid-openssl; }
+
+bench-squid: $(VENV)/.installed-test bench-squid-setup
+	$(BIN)/python bench/beside_squid.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -16,6 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (  # noqa: E402
     DATA_HOST,
     Bench,
+    Proxy,
+    Upstream,
     add_compare_args,
     compared_paths,
     fmt,
@@ -30,9 +33,40 @@ from bench.common import (  # noqa: E402
     start_upstream,
     table,
 )
+from bench.stats import cpu_seconds  # noqa: E402
 from bench.workloads import curl_download  # noqa: E402
 
+Targets = list[tuple[str, Proxy | None]]
+
 GIB = 1 << 30
+
+
+@dataclass
+class Downloads:
+    """One path's downloads over the rounds: bytes/s, the proxy's peak RSS (MiB) and CPU s per GiB each."""
+
+    speeds: list[float] = field(default_factory=list)
+    peaks: list[float] = field(default_factory=list)
+    cpu_per_gib: list[float] = field(default_factory=list)
+
+
+def download_rounds(targets: Targets, up: Upstream, size: int, rounds: int) -> dict[str, Downloads]:
+    """``rounds`` downloads of /size/``size`` by every path, rotating the order (bench/beside_squid too)."""
+    got: dict[str, Downloads] = {name: Downloads() for name, _ in targets}
+    for r in range(rounds):
+        order = targets[r % len(targets) :] + targets[: r % len(targets)]
+        for name, px in order:
+            if px:
+                reset_hwm(px.pid)
+            c0 = cpu_seconds(px.pid) if px else 0.0
+            url = f"https://{px.host if px else DATA_HOST}/size/{size}"
+            speed = curl_download(url, size, px.ca_file if px else up.ca_file, px, up.port)
+            got[name].speeds.append(speed)
+            if px:
+                got[name].peaks.append(hwm_mib(px.pid))
+                got[name].cpu_per_gib.append((cpu_seconds(px.pid) - c0) * GIB / size)
+            log(f"bulk round {r + 1} {name}: {speed / 1e6:.0f} MB/s")
+    return got
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -55,38 +89,28 @@ def main(argv: list[str] | None = None) -> str:
         certs = make_certs(b.tmp)
         up = start_upstream(b, certs)
         targets = compared_paths(b, up, a.candidate, not a.no_mitm)
-        url = f"https://{DATA_HOST}/size/{a.size}"
         idle = {name: rss_mib(px.pid) for name, px in targets if px}
-        speeds: dict[str, list[float]] = {}
-        peaks: dict[str, list[float]] = {}
-        for r in range(a.rounds):
-            order = targets[r % len(targets) :] + targets[: r % len(targets)]
-            for name, px in order:
-                if px:
-                    reset_hwm(px.pid)
-                speed = curl_download(url, a.size, px.ca_file if px else certs.ca_file, px, up.port)
-                speeds.setdefault(name, []).append(speed)
-                if px:
-                    peaks.setdefault(name, []).append(hwm_mib(px.pid))
-                log(f"bulk round {r + 1} {name}: {speed / 1e6:.0f} MB/s")
-        direct = median(speeds["direct"])
+        got = download_rounds(targets, up, a.size, a.rounds)
+        direct = median(got["direct"].speeds)
         rows = []
         for name, px in targets:
-            s = median(speeds[name])
+            s = median(got[name].speeds)
             rows.append(
                 [
                     name,
                     fmt(s / 1e6, 0),
                     ratio(s, direct) if px else "",
                     fmt(idle[name], 1) if px else "",
-                    fmt(max(peaks[name]), 1) if px else "",
+                    fmt(max(got[name].peaks), 1) if px else "",
+                    fmt(median(got[name].cpu_per_gib), 2) if px else "",
                 ]
             )
         mib = a.size / (1 << 20)
+        head = ["path", "MB/s", "vs direct", "proxy RSS idle MiB", "proxy peak RSS MiB (VmHWM)"]
+        head.append("proxy CPU s/GiB")
         text = (
             f"Machine: {machine_note()}\n\n### One {mib:,.0f} MiB streamed download (curl, pacing off), "
-            f"{a.rounds} rounds, medians\n\n"
-            + table(["path", "MB/s", "vs direct", "proxy RSS idle MiB", "proxy peak RSS MiB (VmHWM)"], rows)
+            f"{a.rounds} rounds, medians\n\n" + table(head, rows)
         )
     print(text)
     return text

@@ -157,13 +157,15 @@ def start_upstream(bench: Bench, certs: Certs, files_dir: Path | None = None) ->
 
 @dataclass
 class Proxy:
-    """A proxy under test: politeproxy or mitmdump. ``ca_file`` is what a client must trust through it."""
+    """A proxy under test: politeproxy, mitmdump or Squid. ``ca_file`` is what a client must trust through
+    it; ``host`` is the authority a client asks it for (bench/squid.py: Squid's names the upstream's port)."""
 
     name: str
     proc: subprocess.Popen[bytes]
     port: int
     ca_file: Path
     data_dir: Path | None = None
+    host: str = DATA_HOST
 
     @property
     def url(self) -> str:

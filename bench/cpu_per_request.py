@@ -13,7 +13,6 @@ per round pair (median and range).
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -22,16 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA_HOST, PACING_OFF, Bench, make_certs, start_politeproxy, start_upstream  # noqa: E402
+from bench.stats import cpu_seconds as cpu_seconds  # noqa: E402 - re-exported: workers, floor_probe
 from bench.stats import spread  # noqa: E402
-
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of one process, in seconds (fields 14 and 15 of /proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def hey(url: str, proxy: str, n: int, c: int, headers: list[str], keepalive: bool) -> float:

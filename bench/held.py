@@ -28,6 +28,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -92,7 +93,7 @@ def healthz(port: int) -> dict:
         return dict(json.loads(r.read()))
 
 
-def _args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
     p.add_argument("-n", type=int, default=10_000, help="requests held at once")
@@ -115,12 +116,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def _hold_all(
-    a: argparse.Namespace, pp: Proxy, at_peak: Callable[[], None] = lambda: None
+def hold_all(
+    a: argparse.Namespace,
+    pp: Proxy,
+    url: str,
+    held: Callable[[], int],
+    at_peak: Callable[[], None] = lambda: None,
 ) -> tuple[dict[str, int], int, float, float]:
-    """Run the clients; (answers by status, peak queued, RSS at the peak, seconds to the peak).
-    ``at_peak`` runs once, when 95 % of the requests are queued."""
-    url = f"{a.scheme}://{DATA_HOST}/size/100"
+    """Run the clients (``a.n`` GETs of ``url`` through ``pp``); (answers by status, peak held, RSS at the
+    peak, seconds to the peak). ``held()`` counts the requests held now (politeproxy's queue; for Squid,
+    bench/beside_squid.py counts those in flight at the upstream). ``at_peak`` runs once, at 95 % of a.n."""
     per = [a.n // a.clients + (1 if i < a.n % a.clients else 0) for i in range(a.clients)]
     started = time.monotonic()
     procs = [
@@ -134,14 +139,14 @@ def _hold_all(
     ]
     peak_queued, rss_full, t_full, told = 0, float("nan"), float("nan"), False
     while any(pr.poll() is None for pr in procs):
-        q = int(healthz(pp.port).get("queued", 0))
+        q = held()
         if q > peak_queued:
             peak_queued, rss_full, t_full = q, rss_mib(pp.pid), time.monotonic() - started
         if not told and q >= 0.95 * a.n:
             told = True
             at_peak()
         time.sleep(0.05)
-    log(f"held: peak {peak_queued} queued after {t_full:.1f} s, RSS then {rss_full:.1f} MiB")
+    log(f"held: peak {peak_queued} held after {t_full:.1f} s, RSS then {rss_full:.1f} MiB")
     statuses: dict[str, int] = {}
     for pr in procs:
         out, _ = pr.communicate()
@@ -159,7 +164,7 @@ def _drained(arrivals: list[float]) -> list[float]:
     return arrivals[cut:]
 
 
-def _per_held(rss_full: float, idle: float, queued: int) -> float:
+def kib_per_held(rss_full: float, idle: float, queued: int) -> float:
     return (rss_full - idle) * 1024 / queued if queued else float("nan")
 
 
@@ -168,7 +173,7 @@ def _compare(a: argparse.Namespace) -> str:
     rows, ratios = [], []
     for r in range(a.rounds):
         order = [None, a.candidate] if r % 2 == 0 else [a.candidate, None]
-        got = {str(src): _measure(a, src)[1] for src in order}
+        got = {str(src): measure(a, src).per_held for src in order}
         base, cand = got["None"], got[str(a.candidate)]
         ratios.append(cand / base)
         rows.append([str(r + 1), fmt(base, 1), fmt(cand, 1), fmt(cand / base, 3)])
@@ -179,20 +184,36 @@ def _compare(a: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    a = _args(argv)
+    a = parse_args(argv)
     if a.candidate is not None:
         text = f"Machine: {machine_note()}\n\n" + _compare(a)
         print(text)
         return text
-    text = _measure(a, None)[0]
+    text = measure(a, None).text
     print(text)
     return text
 
 
-def _measure(a: argparse.Namespace, src: Path | None) -> tuple[str, float]:
-    """One proxy (from ``src``, default this tree) holding ``a.n`` requests: the report, KiB per held."""
-    # Long enough for every client connection to be made (TLS handshakes dominate on 2 cores).
-    hold = a.hold or max(3.0, a.n / 1000 * (5.5 if a.scheme == "https" else 1.5))
+class Held(NamedTuple):
+    """One proxy's held figure: the report, KiB per held request, and the facts it was made of."""
+
+    text: str
+    per_held: float
+    answers: str  # "status: count, ..."
+    peak: int  # requests held at the peak
+    idle_rss: float  # MiB
+    peak_rss: float  # MiB, when the most were held
+
+
+def hold_seconds(a: argparse.Namespace) -> float:
+    """How long the upstream holds its answers: long enough for every client connection to be made (TLS
+    handshakes dominate on 2 cores)."""
+    return float(a.hold or max(3.0, a.n / 1000 * (5.5 if a.scheme == "https" else 1.5)))
+
+
+def measure(a: argparse.Namespace, src: Path | None) -> Held:
+    """One proxy (from ``src``, default this tree) holding ``a.n`` requests."""
+    hold = hold_seconds(a)
     with Bench() as b:
         up = start_upstream(b, make_certs(b.tmp))
         toml = (
@@ -217,18 +238,21 @@ def _measure(a: argparse.Namespace, src: Path | None) -> tuple[str, float]:
         # One throttled answer puts the host in backoff for `hold` seconds: everything after it queues.
         up.control({"throttle": {"host": DATA_HOST, "count": 1, "status": 503, "retry_after": f"{hold:g}"}})
         before = hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds")
-        statuses, peak_queued, rss_full, _t = _hold_all(a, pp, snapshot)
+        url = f"{a.scheme}://{DATA_HOST}/size/100"
+        queued = lambda: int(healthz(pp.port).get("queued", 0))  # noqa: E731
+        statuses, peak_queued, rss_full, _t = hold_all(a, pp, url, queued, snapshot)
         peak = hwm_mib(pp.pid)
         diff = bucket_diff(hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds"), before)
         h50, h99 = bucket_quantile(diff, 0.5), bucket_quantile(diff, 0.99)
         drained = _drained(sorted(e["t"] for e in up.log() if e["path"].startswith("/size/100")))
         late = [t - (drained[0] + i * a.gap) for i, t in enumerate(drained)]
         achieved = achieved_rate(drained) if len(drained) > 1 else float("nan")
-        per_held = _per_held(rss_full, idle_rss, peak_queued)
+        per_held = kib_per_held(rss_full, idle_rss, peak_queued)
+        answers = ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))
         log(f"{src or 'this tree'}: {per_held:.1f} KiB per held request")
         rows = [
             ["requests (client processes)", f"{a.n:,} ({a.clients}, {a.scheme})"],
-            ["answers", ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items()))],
+            ["answers", answers],
             ["peak queued (/healthz)", f"{peak_queued:,}"],
             ["proxy RSS idle MiB", fmt(idle_rss, 1)],
             ["proxy RSS at peak queue MiB", fmt(rss_full, 1)],
@@ -248,7 +272,7 @@ def _measure(a: argparse.Namespace, src: Path | None) -> tuple[str, float]:
         )
         if a.tracemalloc:
             text += "\n\n" + traced_areas(trace, peak_queued)
-    return text, per_held
+    return Held(text, per_held, answers, peak_queued, idle_rss, rss_full)
 
 
 # Where a Python allocation was made, by the file that made it: the first area with a marker in its path.

@@ -5,8 +5,9 @@ runs, one after another so they never compete for the two cores: small_gets (dir
 mitmproxy at c=1/16/64, pacing, cache, exempt ceiling and request window off), bulk (1 GiB, peak RSS),
 duckdb_scan (zero-latency upstream), held (10,000 HTTPS requests; ``held-http`` for plain-HTTP clients),
 the floor probe (small GETs, 1 GiB and 10,000 held requests through bench/floor_server.py), CPU per
-request, workers=2 against workers=1, pacing, cache_bench and the py-spy profile (when py-spy is
-installed). Each step's report records the machine's busy share before and just after it.
+request, workers=2 against workers=1, pacing, cache_bench, politeproxy beside Squid with ssl-bump
+(bench/beside_squid.py; skipped without Squid: ``make bench-squid-setup``) and the py-spy profile (when
+py-spy is installed). Each step's report records the machine's busy share before and just after it.
 
 ``--quick`` gives every step tiny sizes and does not wait for the machine to go quiet:
 tests/slow/test_bench_smoke.py runs it that way (``--no-mitm``, the steps the smoke test names).
@@ -25,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import (  # noqa: E402
+    beside_squid,
     bulk,
     cache_bench,
     cpu_per_request,
@@ -57,6 +59,7 @@ def steps(quick: bool, mitm: bool) -> list[Step]:
         ("workers", workers.main, q),
         ("pacing", pacing.main, [*q, "--store", "memory,redis"] if quick else []),
         ("cache", cache_bench.main, q),
+        ("squid", beside_squid.main, q),
     ]
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if Path(spy).exists() and not quick:
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument(
         "--only",
         default="",
-        help="comma-separated: small bulk duckdb held held-http floor cpu workers pacing cache profile",
+        help="comma-separated: small bulk duckdb held held-http floor cpu workers pacing cache squid profile",
     )
     p.add_argument("--quiet-wait", type=float, default=60.0, help="longest wait for a quiet machine, s")
     a = p.parse_args(argv)

@@ -23,7 +23,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (  # noqa: E402
-    DATA_HOST,
     PY,
     ROOT,
     Bench,
@@ -40,6 +39,7 @@ from bench.common import (  # noqa: E402
     start_upstream,
     table,
 )
+from bench.stats import cpu_seconds  # noqa: E402
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Run:
     p99: float
     errors: int
     ok: int  # answers 200 or 206
+    cpu: float = float("nan")  # the proxy's CPU seconds (utime + stime) during the run; nan for direct
 
 
 def run_hey(url: str, proxy: str | None, c: int, duration: float, headers: list[str]) -> Run:
@@ -86,7 +87,7 @@ def run_python(
     return Run(r["rps"], r["p50"], r["p99"], r["errors"], r["requests"])  # loadgen counts only 200/206
 
 
-def _args(argv: list[str] | None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
     p.add_argument("--rounds", type=int, default=3)
@@ -108,17 +109,18 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 Targets = list[tuple[str, Proxy | None]]
 
 
-def _measure_mode(
+def measure_mode(
     a: argparse.Namespace, up: Upstream, targets: Targets, mode: str
 ) -> dict[tuple[str, int], list[Run]]:
-    """Warm every path up, then ``a.rounds`` rounds of every (concurrency, path), rotating the order."""
+    """Warm every path up, then ``a.rounds`` rounds of every (concurrency, path), rotating the order; each
+    run records its proxy's CPU seconds from /proc (bench/beside_squid.py reads them per request)."""
     if mode == "off":
         path, headers = f"/size/{a.size}", []
     else:
         path, headers = "/cc-index/table/small.bin", [f"Range: bytes=0-{a.size - 1}"]
 
     def measure(px: Proxy | None, c: int, duration: float) -> Run:
-        host = f"127.0.0.1:{up.port}" if px is None else DATA_HOST
+        host = f"127.0.0.1:{up.port}" if px is None else px.host
         url = f"https://{host}{path}"
         if a.loadgen == "hey":
             return run_hey(url, px.url if px else None, c, duration, headers)
@@ -136,7 +138,9 @@ def _measure_mode(
         for c in a.conc:
             order = targets[r % len(targets) :] + targets[: r % len(targets)]
             for name, px in order:
+                c0 = cpu_seconds(px.pid) if px else 0.0
                 run = measure(px, c, a.duration)
+                run.cpu = cpu_seconds(px.pid) - c0 if px else float("nan")
                 log(f"{mode} round {r + 1} c={c} {name}: {run.rps:.0f} req/s p50 {run.p50 * 1e3:.2f} ms")
                 results.setdefault((name, c), []).append(run)
     return results
@@ -179,7 +183,7 @@ def _rows(conc: list[int], targets: Targets, results: dict[tuple[str, int], list
 
 
 def main(argv: list[str] | None = None) -> str:
-    a = _args(argv)
+    a = parse_args(argv)
     modes = ["off", "exempt"] if a.mode == "both" else [a.mode]
     out: list[str] = []
     with Bench() as b:
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> str:
         up = start_upstream(b, certs, files)
         targets = compared_paths(b, up, a.candidate, not a.no_mitm)
         for mode in modes:
-            results = _measure_mode(a, up, targets, mode)
+            results = measure_mode(a, up, targets, mode)
             title = (
                 f"Small GETs ({a.size} B, mode {mode}: "
                 + ("pacing off" if mode == "off" else "exempt Range reads")

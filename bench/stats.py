@@ -48,6 +48,16 @@ def reset_hwm(pid: int) -> bool:
         return False
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process, in seconds (fields 14 and 15 of /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 # -- statistics and tables ----------------------------------------------------------------------
 
 

@@ -14,50 +14,49 @@ from typing import Any
 from aiohttp import web
 
 from politeproxy.config import loading as config_mod
-from politeproxy.config.loading import Config, ConfigError, changes, parse_hostport
+from politeproxy.config.loading import Config, ConfigError, parse_hostport
 from politeproxy.config.startup import (
     announce_pacing,
     config_line,
     config_view,
-    format_gap,
     open_data_dir,
     probe_store,
 )
-from politeproxy.config.storebuild import StartupError, make_beats, make_index_answers, make_notes, make_store
+from politeproxy.config.storebuild import StartupError, build_stores, make_index_answers
 from politeproxy.observe import admin as admin_mod
 from politeproxy.observe.announce import Announcer
+from politeproxy.observe.fanout import fan_out
+from politeproxy.observe.gauges import refresh_gauges
 from politeproxy.observe.logs import AccessLog
 from politeproxy.observe.metrics import Metrics
 from politeproxy.observe.release_route import ReleasingAdmin
 from politeproxy.observe.status import StatusBoard, StatusEvents
 from politeproxy.observe.workers import WorkerSet, serve_private
-from politeproxy.pacing.base import RepeatLog
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.access import GUEST, Access, is_loopback
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.loglimit import LogLimiter
-from politeproxy.policy.settings import format_utc
-from politeproxy.policy.table import restart_only
+from politeproxy.policy.settings import format_gap, format_utc
 from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import events_log
-from politeproxy.proxy.events import Tee
+from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
 from politeproxy.stores.base import Store
-from politeproxy.stores.failover import FailoverStore
 
 log = logging.getLogger("politeproxy")
 start_log = logging.getLogger("politeproxy.start")  # always at INFO (cli.setup_logging)
 
-# Settings that only a restart applies (the table's, policy/table.py); a reload that changes one says so.
-RESTART_ONLY = restart_only()
-
-
 
 class App:
+    """The composition root: builds every part from a Config (``start``), reloads what a reload may change
+    (``reload``, on a file change or SIGHUP), and closes them in order (``close``). It wires parts and
+    hands them to each other; it counts and paces nothing itself, and logs only its own start, reload and
+    stop lines."""
+
     def __init__(
         self, cfg: Config, config_path: str | None = None, overrides: dict[str, Any] | None = None
     ) -> None:
@@ -93,14 +92,17 @@ class App:
 
     async def start(self) -> Proxy:
         """Start everything; a failure the user can fix is a one-line StartupError (exit 2)."""
-        cfg = self.cfg
+        cfg, s = self.cfg, self.cfg.sections
         host, port = cfg.listen
         try:
             tokens = cfg.pipeline_tokens()  # [pipelines.NAME] token_env / token_file (issue 27)
             admin_token = cfg.admin_token()  # [admin] token_env / token_file: /release wants it (issue 42)
         except ConfigError as e:
             raise StartupError(str(e)) from None
-        access = Access(cfg["allow_clients"], cfg["auth"]["users"], tokens, self._guest, admin_token)
+        access = Access(
+            allow_clients=s.general.allow_clients, users=s.auth.users, tokens=tokens, on_guest=self._guest,
+            admin_token=admin_token,
+        )  # fmt: skip
         if not is_loopback(host) and host != "localhost" and not access.open_beyond_loopback:
             raise StartupError(
                 f"refusing to listen on {host}:{port} as an open proxy: "
@@ -111,20 +113,20 @@ class App:
         self.metrics.pin_hosts(hosts.concrete_hosts())  # configured hosts always keep their labels
         ca = await asyncio.to_thread(open_data_dir, cfg.data_dir, hosts)
         try:
-            store = make_store(cfg, self._store_changed)
+            self.stores = stores = build_stores(cfg, self._store_changed)
         except ConfigError as e:  # POLITEPROXY_CLOCK_OFFSET; cli checks it first, this is the backstop
             raise StartupError(str(e)) from None
-        self.store = store
-        await probe_store(store, cfg["schedule"])  # backend redis: names its address, reachable or not
-        self.metrics.set_store((store if not isinstance(store, FailoverStore) else store.active).name, False)
+        self.store = store = stores.store
+        await probe_store(stores, s.schedule)  # backend redis: names its address, reachable or not
+        self.metrics.set_store(store.name, False)
         settings = cfg.pacing()
         self.metrics.prepare(hosts.concrete_hosts(), settings)  # their label sets at 0 from the start
         events = StatusEvents(self.metrics)  # metrics, plus the per-pipeline tallies of /status
-        self.pacer = Pacer(store, settings, events, notes=make_notes(cfg, store))
-        self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), cfg["schedule"]["backend"])
+        self.pacer = Pacer(store, settings, events, notes=stores.notes)
+        self.status = StatusBoard(self.pacer, events, hosts.concrete_hosts(), stores.backend.value)
         self.proxy = self._make_proxy(ca, access, hosts)
         # The shared disk cache (issue 14); None when cache.enabled = false or its directory is unusable.
-        shared = make_index_answers(cfg, store)  # kept index answers in Redis too (issue 43)
+        shared = make_index_answers(cfg, stores)  # kept index answers in Redis too (issue 43)
         self.cache = await CacheFront.open(cfg.cache(), cfg.data_dir, events, settings.max_wait, shared)
         self.proxy.forwarder.cache = self.cache
         if self.cache is not None:  # a stale collinfo.json is served while the index rests (issue 43)
@@ -141,16 +143,16 @@ class App:
             await self.close()
             raise StartupError(f"worker channel {e.filename or ''}: {e.strerror}") from None
         self.metrics.set_configured_gap(settings.gap)
-        if cfg["metrics_listen"]:
+        if where := s.general.metrics_listen:
             try:
-                await self._start_metrics(cfg["metrics_listen"])
+                await self._start_metrics(where)
             except OSError as e:
                 await self.close()
-                raise StartupError(f"cannot serve metrics on {cfg['metrics_listen']}: {e.strerror}") from None
-        self._spawn(self._refresh_gauges(), "gauges")
+                raise StartupError(f"cannot serve metrics on {where}: {e.strerror}") from None
+        self._spawn(refresh_gauges(self.pacer, self.metrics, self._paced), "gauges")
         self._spawn(self.status.run(), "status history")
         self.announcer = Announcer(
-            make_beats(cfg, store), self.pacer, store, f"{host}:{port}", on_count=self._count_proxies
+            stores.beats, self.pacer, f"{host}:{port}", stores.live, on_count=self.metrics.proxies_counted
         )
         self.status.proxies = self.announcer.rows
         self._spawn(self.announcer.run(), "heartbeat")
@@ -163,27 +165,24 @@ class App:
         return self.proxy
 
     def _make_proxy(self, ca: CertificateAuthority, access: Access, hosts: HostSet) -> Proxy:
-        cfg = self.cfg
-        up = cfg["upstream"]
+        cfg, s = self.cfg, self.cfg.sections
+        up, rb, cl = s.upstream, s.robots, s.client
         self.upstream = Upstream(
-            up["resolve"], up["ca_file"], up["connect_timeout"], up["read_timeout"], up["max_connections"]
-        )
-        rb = cfg["robots"]
+            resolve=up.resolve, ca_file=up.ca_file, connect_timeout=up.connect_timeout,
+            read_timeout=up.read_timeout, max_connections=up.max_connections,
+        )  # fmt: skip
         self.robots = RobotsWatcher(
-            self.pacer, self.upstream, rb["ttl"], rb["max_crawl_delay"], rb["enabled"]
+            self.pacer, self.upstream, ttl=rb.ttl, cap=rb.max_crawl_delay, enabled=rb.enabled
         )
         self.classifier = Classifier(hosts, cfg.exempt_rules())
-        cl = cfg["client"]
         timeouts = Timeouts(
-            cl["handshake_timeout"],
-            cl["header_timeout"],
-            cl["idle_timeout"],
-            cl["max_header_size"],
-            cl["max_connections"],
-        )
-        status, hosts, listen = self.status.document, cfg["admin_hosts"], cfg.listen[0]
+            handshake=cl.handshake_timeout, header=cl.header_timeout, idle=cl.idle_timeout,
+            max_header_size=cl.max_header_size, max_connections=cl.max_connections,
+        )  # fmt: skip
+        status, listen = self.status.document, cfg.listen[0]
         self.admin = ReleasingAdmin(
-            self.metrics, self._health, ca.pem, status, hosts=hosts, listen=listen, release=self._release,
+            self.metrics, self._health, ca.pem, status, hosts=s.general.admin_hosts, listen=listen,
+            release=self._release,
             token=access.admin_token,
         )  # fmt: skip
         return Proxy(
@@ -191,14 +190,14 @@ class App:
             classifier=self.classifier,
             pacer=self.pacer,
             upstream=self.upstream,
-            events=Tee(self.metrics, AccessLog()),  # the access line's format is logs.py's
+            events=fan_out(ProxyEvents, self.metrics, AccessLog()),  # the access line's format is logs.py's
             access=access,
             timeouts=timeouts,
             admin=self.admin.on_proxy_port(access),
             robots=self.robots,
-            tunnel_ports=frozenset(cfg["tunnel_ports"]),
-            allow_private_destinations=cfg["allow_private_destinations"],
-            allow_ip_connect=cfg["allow_ip_connect"],
+            tunnel_ports=frozenset(s.general.tunnel_ports),
+            allow_private_destinations=s.general.allow_private_destinations,
+            allow_ip_connect=s.general.allow_ip_connect,
         )
 
     def _guest(self, name: str, client: str) -> None:
@@ -243,10 +242,6 @@ class App:
         why = "the shared store does not answer: pacing locally" if degraded else "the shared store answers"
         events_log.info("schedule store: now %s (%s)", active.name, why)
 
-    def _count_proxies(self, live: int, multiplier: float) -> None:
-        self.metrics.proxies_live.set(live)
-        self.metrics.fallback_multiplier.set(multiplier)
-
     def _health(self) -> dict[str, Any]:
         snap = self.pacer.snapshot()
         return {"store": snap.store, "degraded": snap.degraded, "queued": snap.queued}
@@ -261,31 +256,10 @@ class App:
     async def _start_metrics(self, addr: str) -> None:
         h, p = parse_hostport(addr, "metrics_listen")
         reuse = self.workers is not None  # every worker serves it too
-        self._metrics_runner = await admin_mod.serve(self.admin, h, p, self.cfg["allow_clients"], reuse)
-        who = ", ".join(["loopback", *self.cfg["allow_clients"]])
+        allowed = list(self.cfg.sections.general.allow_clients)
+        self._metrics_runner = await admin_mod.serve(self.admin, h, p, allowed, reuse)
+        who = ", ".join(["loopback", *allowed])
         log.info("metrics on %s answer %s (allow_clients); others get 403", addr, who)
-
-    async def _refresh_gauges(self) -> None:
-        """Backoff remaining per host comes from the store, which may be remote: read it once a second,
-        through the pacer, for the hosts its snapshot names.
-
-        A failure skips that host for this round and is logged (one line, then once a minute)."""
-        errors = RepeatLog(log, time.monotonic, level=logging.WARNING, tracebacks=False)
-        while True:
-            await asyncio.sleep(1.0)
-            snap = self.pacer.snapshot()
-            s = snap.settings
-            for host in sorted(snap.hosts):
-                try:
-                    view = await self.pacer.host_view(host)
-                    self.metrics.backoff.labels(host).set(view.backoff_in)
-                    self.metrics.set_host_interval(host, view.interval(s.pace_for(host)))
-                except Exception as e:  # noqa: BLE001 - a gauge must not kill the loop
-                    errors.error("backoff gauge refresh failed", e)
-            rules = {r.service: r for h in self._paced if (r := s.window_for(h)) is not None}
-            for rule, n in await self.pacer.holds.windows(rules.values()):
-                self.metrics.window_requests.labels(rule.service).set(n)
-                self.metrics.window_limit.labels(rule.service).set(rule.limit)
 
     async def _watch_config(self) -> None:
         """Reload when the file changes, once it has stopped changing; nothing in a reload ends the watch."""
@@ -316,11 +290,10 @@ class App:
             new = config_mod.load(self.config_path, self.overrides, allow_empty=False)
         except ConfigError as e:
             log.error("config reload (%s) rejected, keeping the running settings: %s", why, e)
-            self.metrics.reloads.labels("error").inc()
+            self.metrics.reloaded(False)
             return False
-        for key in RESTART_ONLY:
-            if new.get(key) != self.cfg.get(key):
-                log.warning("config reload: %s changed but applies only after a restart", key)
+        for key in self.cfg.restart_changes(new):
+            log.warning("config reload: %s changed but applies only after a restart", key)
         settings = new.pacing()
         if settings != self.pacer.settings:
             announce_pacing(settings)
@@ -330,11 +303,11 @@ class App:
         self.robots.reload(new.robots())
         self.metrics.configure_pipelines(settings)  # a newly configured pipeline keeps its label
         self.metrics.set_configured_gap(settings.gap)
-        self.metrics.reloads.labels("ok").inc()
+        self.metrics.reloaded(True)
         self.config_seen = config_view(self.config_path, True)
-        old, self.cfg = self.cfg.raw, new
+        old, self.cfg = self.cfg, new
         # Always shown (the start-up logger): after a rejected reload, the ERROR must not stay the last line.
-        start_log.info("config reloaded (%s): %s", why, "; ".join(changes(old, new.raw)) or "no changes")
+        start_log.info("config reloaded (%s): %s", why, "; ".join(old.changes(new)) or "no changes")
         return True
 
     async def close(self) -> None:

@@ -1,9 +1,8 @@
-"""What the cache reports (a small Protocol that metrics implements) and what an entry holds."""
+"""What the cache reports (a small family of events that metrics hears) and what an entry holds."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 RESULTS = ("hit", "miss", "bypass", "stale")
 # issue 43: how an index (CDX) question of a published crawl was answered: from a kept answer, from another
@@ -11,32 +10,29 @@ RESULTS = ("hit", "miss", "bypass", "stale")
 INDEX_RESULTS = ("kept", "shared", "asked")
 
 
-class CacheEvents(Protocol):
-    """``result`` is one of RESULTS (``index_question``: INDEX_RESULTS); ``pipeline`` the (bounded) name the
-    request counted as."""
+class CacheEvents:
+    """What the cache reports, each event declared once, here: a method that does nothing (so this class
+    is also the sink that hears nothing). ``result`` is one of RESULTS (``index_question``:
+    INDEX_RESULTS); ``pipeline`` the (bounded) name the request counted as. Sinks subclass it and
+    override what they hear (``observe/fanout.py`` joins them)."""
 
-    def cache_result(self, result: str, pipeline: str) -> None: ...
-    def index_question(self, result: str, pipeline: str) -> None: ...
-    def cache_slot_saved(self, pipeline: str) -> None: ...
-    def cache_size(self, nbytes: int) -> None: ...
-    def cache_evicted(self, n: int) -> None: ...
-
-
-class NoCacheEvents:
     def cache_result(self, result: str, pipeline: str) -> None:
-        pass
+        """A request to a cacheable host, by cache result."""
 
     def index_question(self, result: str, pipeline: str) -> None:
-        pass
+        """A CDX question about a published crawl, by how it was answered."""
 
     def cache_slot_saved(self, pipeline: str) -> None:
-        pass
+        """An answer from the cache that would have taken a slot or an exempt place."""
 
     def cache_size(self, nbytes: int) -> None:
-        pass
+        """The bytes in the shared disk cache now."""
 
     def cache_evicted(self, n: int) -> None:
-        pass
+        """Entries evicted to stay under cache.max_size."""
+
+
+NoCacheEvents = CacheEvents  # the family's own no-op methods: the sink that hears nothing
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from politeproxy.config.loading import Config, ConfigError, check_environment, e
 from politeproxy.observe.logs import error_line, setup_logging
 from politeproxy.policy.fairness import clean_name
 from politeproxy.policy.table import SETTINGS, Setting
+from politeproxy.stores.base import Backend
 
 EXIT_CONFIG = 2
 DOCTOR_URL = "https://index.commoncrawl.org/collinfo.json"  # politeproxy doctor's one paced request
@@ -81,11 +82,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     fmt = args.log_format or "plain"  # the config's own once it is read: JSON mode is JSON from line one
     try:
         cfg = _config(args)
-        fmt = cfg["log_format"]
+        fmt = cfg.sections.general.log_format
         check_environment(os.environ)  # POLITEPROXY_CLOCK_OFFSET, POLITEPROXY_RATE_WINDOW
     except ConfigError as e:
         return _fail(str(e), fmt=fmt)
-    setup_logging(args.verbose, cfg["log_format"])
+    setup_logging(args.verbose, cfg.sections.general.log_format)
     workers = _workers(args, cfg)
     if workers is not None:
         return workers
@@ -120,14 +121,14 @@ def _workers(args: argparse.Namespace, cfg: Config) -> int | None:
     another store for the operator would move the budget somewhere the config does not say."""
     from politeproxy.commands.supervisor import Supervisor, worker_count
 
-    n = worker_count(cfg["workers"])
+    n = worker_count(cfg.sections.general.workers)
     if n <= 1:
         return None
-    if cfg["schedule"]["backend"] == "memory":
+    if not Backend(cfg.sections.schedule.backend).shared:
         return _fail(
             f"workers = {n} needs a store the workers share: the memory store is one process's; "
             'set [schedule] backend = "file" (the data dir, the default) or "redis"',
-            fmt=cfg["log_format"],
+            fmt=cfg.sections.general.log_format,
         )
     from politeproxy.app import StartupError, open_data_dir
     from politeproxy.policy.hosts import HostSet
@@ -135,7 +136,7 @@ def _workers(args: argparse.Namespace, cfg: Config) -> int | None:
     try:  # the CA once, here: workers starting together would each make one
         open_data_dir(cfg.data_dir, HostSet(cfg.paced_hosts))
     except StartupError as e:
-        return _fail(str(e), fmt=cfg["log_format"])
+        return _fail(str(e), fmt=cfg.sections.general.log_format)
     return Supervisor(list(getattr(args, "argv", None) or sys.argv[1:]), n, *cfg.listen).run()
 
 
@@ -235,7 +236,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         cfg = load(args.file, env_overrides())  # the POLITEPROXY_* variables `run` would apply too
     except ConfigError as e:
         return _fail(str(e))
-    print(f"{args.file}: ok (listen {cfg.listen[0]}:{cfg.listen[1]}, store {cfg['schedule']['backend']})")
+    print(f"{args.file}: ok (listen {cfg.listen[0]}:{cfg.listen[1]}, store {cfg.sections.schedule.backend})")
     return 0
 
 
@@ -287,9 +288,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
     try:
         cfg = _config(args)
         print(report.run(args.action, cfg.data_dir / "cache", cfg.cache(), args.index))
-        sched = cfg["schedule"]
-        if sched["backend"] == "redis" and (args.index or args.action == "stats"):
-            print(report.redis_part(args.action, sched["redis_url"], sched["redis_prefix"]))
+        sched = cfg.sections.schedule
+        if Backend(sched.backend) is Backend.REDIS and (args.index or args.action == "stats"):
+            print(report.redis_part(args.action, sched.redis_url, sched.redis_prefix))
     except ConfigError as e:
         return _fail(str(e))
     except (CacheError, OSError) as e:

@@ -149,11 +149,11 @@ _PLAIN_URL = re.compile(r"[A-Za-z0-9%.:\[\]_~-]+")  # nothing a shell's double q
 
 def token_of(cfg: Config, pipeline: str | None) -> tuple[str, str]:
     """(how the pipeline's token is kept, where): ("env", VAR), ("file", PATH), or ("", "") for none."""
-    t = cfg.raw["pipelines"].get(pipeline or "") or {}
-    if t.get("token_env"):
-        return "env", str(t["token_env"])
-    if t.get("token_file"):
-        return "file", str(t["token_file"])
+    t = cfg.sections.pipelines.get(pipeline or "")
+    if t is not None and t.token_env:
+        return "env", t.token_env
+    if t is not None and t.token_file:
+        return "file", t.token_file
     return "", ""
 
 

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from politeproxy.commands.exec_child import exit_like, spawn, wait_forwarding
-from politeproxy.commands.exec_records import Tally, report_lines
+from politeproxy.commands.exec_records import KeyCounts, report_lines
 from politeproxy.commands.exec_relay import Relay, stop_loop, to_tcp
 
 EXIT_SETUP = 125  # exec itself could not run COMMAND as asked (as env(1), timeout(1) and docker run do)
@@ -158,8 +158,8 @@ def run(netloc: str, lines: Sequence[str], command: Sequence[str]) -> int:
         return exit_like(rc)
     relayed = report.get("relayed")
     lines_out = report_lines(
-        Tally.from_json(report.get("names")),
-        Tally.from_json(report.get("addresses")),
+        KeyCounts.from_json(report.get("names")),
+        KeyCounts.from_json(report.get("addresses")),
         relayed if isinstance(relayed, int) else 0,
     )
     if door.relay.failed:

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from politeproxy.commands.exec_child import exit_like, spawn, wait_forwarding
-from politeproxy.commands.exec_records import Tally
+from politeproxy.commands.exec_records import KeyCounts
 from politeproxy.commands.exec_relay import (
     Relay,
     Watch,
@@ -96,7 +96,7 @@ class Inside:
     COMMAND and passes signals on)."""
 
     def __init__(self, relay_sock: Path, host: str, port: int) -> None:
-        self.names, self.addresses = Tally(), Tally()
+        self.names, self.addresses = KeyCounts(), KeyCounts()
         self.relay = Relay(to_unix(relay_sock))
         self.listen = listening(host, port)
         self.dns = resolver_sockets()

@@ -26,7 +26,7 @@ SYN, ACK = 0x02, 0x10
 
 
 @dataclass
-class Tally:
+class KeyCounts:
     """Counts per key, at most MAX_KEYS keys: a program looping over random names cannot grow it."""
 
     counts: dict[str, int] = field(default_factory=dict)
@@ -44,7 +44,7 @@ class Tally:
         return {"counts": dict(self.counts), "dropped": self.dropped}
 
     @classmethod
-    def from_json(cls, doc: Any) -> Tally:
+    def from_json(cls, doc: Any) -> KeyCounts:
         """Read back defensively: a report file that is not what this module wrote gives an empty tally."""
         t = cls()
         if not isinstance(doc, dict):
@@ -158,7 +158,7 @@ def _ipv6(p: bytes) -> tuple[int, str, bytes] | None:
 # --- the report -------------------------------------------------------------------------------------
 
 
-def report_lines(names: Tally, addresses: Tally, relayed: int) -> list[str]:
+def report_lines(names: KeyCounts, addresses: KeyCounts, relayed: int) -> list[str]:
     """What `exec` prints on stderr when COMMAND ends: nothing went around the proxy, or what did."""
     head = "politeproxy exec:"
     if not names.counts and not addresses.counts and not names.dropped and not addresses.dropped:

@@ -1,7 +1,7 @@
 """The sockets of `politeproxy exec`: the relay that is the namespace's one way out (its loopback port to a
 Unix socket, that socket to the proxy's TCP port), the stub resolver that refuses every lookup, and the
 watch on the loopback that notes every other connection tried. Each is an asyncio server; every wait is
-bounded and every table is a Tally (exec_records.py).
+bounded and every table is a KeyCounts (exec_records.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import cast
 
-from politeproxy.commands.exec_records import Attempt, Tally, attempt, refuse
+from politeproxy.commands.exec_records import Attempt, KeyCounts, attempt, refuse
 
 CONNECT_TIMEOUT = 10.0  # the proxy, or the relay's Unix socket, answers at once or not at all
 IDLE_TIMEOUT = 3600.0  # a tunnel quiet this long is closed (the proxy has shorter idle limits of its own)
@@ -84,7 +84,7 @@ def to_unix(path: Path) -> Opener:
 
 
 class _DnsUdp(asyncio.DatagramProtocol):
-    def __init__(self, names: Tally) -> None:
+    def __init__(self, names: KeyCounts) -> None:
         self.names = names
         self.transport: asyncio.DatagramTransport | None = None
 
@@ -99,7 +99,7 @@ class _DnsUdp(asyncio.DatagramProtocol):
             self.transport.sendto(answer, addr)
 
 
-async def _dns_tcp(names: Tally, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _dns_tcp(names: KeyCounts, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         head = await asyncio.wait_for(reader.readexactly(2), DNS_TCP_TIMEOUT)
         body = await asyncio.wait_for(reader.readexactly(struct.unpack("!H", head)[0]), DNS_TCP_TIMEOUT)
@@ -146,7 +146,7 @@ def resolver_sockets() -> list[socket.socket]:
 
 
 async def stub_resolver(
-    names: Tally, socks: list[socket.socket]
+    names: KeyCounts, socks: list[socket.socket]
 ) -> list[asyncio.BaseTransport | asyncio.Server]:
     """Answers REFUSED on ``socks`` (from resolver_sockets) and notes each name asked."""
     loop = asyncio.get_running_loop()
@@ -168,7 +168,7 @@ class Watch:
     and the stub resolver: with every address local and no other interface, that is every try to go
     around the proxy. The kernel refuses them (RST, or ICMP unreachable); this only takes note."""
 
-    def __init__(self, addresses: Tally, relay: str) -> None:
+    def __init__(self, addresses: KeyCounts, relay: str) -> None:
         self.addresses = addresses
         self.relay = f"{relay}/tcp"
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))

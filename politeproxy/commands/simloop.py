@@ -24,7 +24,7 @@ from politeproxy.pacing.dispatcher import SWEEP_EVERY
 from politeproxy.pacing.state import QueueState, Waiter
 from politeproxy.policy.fairness import FAIR_NAMES, PipelineNames, least_served
 from politeproxy.policy.services import service_key
-from politeproxy.policy.simulation import EXEMPT, Arrival, Tally
+from politeproxy.policy.simulation import EXEMPT, Arrival, SimCounts
 from politeproxy.policy.slots import Claim, Outcome
 from politeproxy.stores.memory import MemoryStore
 
@@ -47,7 +47,7 @@ def run_now(coro: Coroutine[Any, Any, R]) -> R:
 
 
 @dataclass(slots=True)
-class Ticket:
+class SimTicket:
     """A paced request's ticket in the queue state (anything with ``done()``)."""
 
     arrival: Arrival
@@ -76,7 +76,7 @@ class Simulation:
         self.window_full: dict[str, tuple[float, int, Claim]] = {}
         self.now = T0
         self.store = MemoryStore(clock=lambda: self.now, rand=lambda: 0.5)
-        self.state: QueueState[Ticket] = QueueState()
+        self.state: QueueState[SimTicket] = QueueState()
         self.state.tags.weights = {r.name: r.weight for r in settings.pipelines}
         self.max_queued = {r.name: r.max_queued for r in settings.pipelines if r.max_queued}
         # the names the pacer counts: its fair-share places (idle expiry does not arise in one run's names)
@@ -85,10 +85,10 @@ class Simulation:
         self.seq = 0
         self.dispatch_gen = 0  # a dispatcher event of an older generation is stale
         self.dispatch_busy = False  # asleep until a granted slot: a new waiter does not wake it
-        self.reserved: Waiter[Ticket] | None = None  # the head whose slot the dispatcher holds
-        self.services: dict[str, Tally] = {}
-        self.by_host: dict[str, Tally] = {}  # host -> its service's tally
-        self.pipelines: dict[str, Tally] = {}
+        self.reserved: Waiter[SimTicket] | None = None  # the head whose slot the dispatcher holds
+        self.services: dict[str, SimCounts] = {}
+        self.by_host: dict[str, SimCounts] = {}  # host -> its service's tally
+        self.pipelines: dict[str, SimCounts] = {}
         self.end = T0
         self.pruned = T0
         self.swept = T0
@@ -142,18 +142,18 @@ class Simulation:
             a = replace(a, pipeline=name)
         self._tally(a).offered += 1
         if (p := self.pipelines.get(a.pipeline)) is None:
-            p = self.pipelines[a.pipeline] = Tally()
+            p = self.pipelines[a.pipeline] = SimCounts()
         p.offered += 1
         if a.klass == EXEMPT:
             self._enter(a, self.now + self.s.max_wait)
         else:
             self._paced(a)
 
-    def _tally(self, a: Arrival) -> Tally:
+    def _tally(self, a: Arrival) -> SimCounts:
         """The tally of the request's service (asked several times per request: kept per host name)."""
         t = self.by_host.get(a.host)
         if t is None:
-            t = self.by_host[a.host] = self.services.setdefault(service_key(a.host), Tally())
+            t = self.by_host[a.host] = self.services.setdefault(service_key(a.host), SimCounts())
         return t
 
     def _wrote(self, host: str) -> None:
@@ -308,13 +308,13 @@ class Simulation:
         ):
             self._refused(a)
             return
-        w = Waiter(host, now, deadline, Ticket(a), a.pipeline)
+        w = Waiter(host, now, deadline, SimTicket(a), a.pipeline)
         self.state.add(w)
         self._at(deadline + TIMEOUT_SLACK, "timeout", w)
         if not self.dispatch_busy:  # the pacer sets the dispatcher's wake event
             self._wake(now)
 
-    def _timeout(self, w: Waiter[Ticket]) -> None:
+    def _timeout(self, w: Waiter[SimTicket]) -> None:
         if not w.ticket.finished:
             w.ticket.finished = True
             self.state.remove(w)
@@ -360,7 +360,7 @@ class Simulation:
             self._too_late(head, c)
         self._wake(now)
 
-    def _grant(self, head: Waiter[Ticket], c: Claim) -> None:
+    def _grant(self, head: Waiter[SimTicket], c: Claim) -> None:
         """The head's slot is reserved: out of its line now, charged to its pipeline and sent at the slot
         (the dispatcher sleeps until then, holding it)."""
         self.state.remove(head)
@@ -374,13 +374,13 @@ class Simulation:
             self._granted(head)
             self._wake(self.now)
 
-    def _granted(self, head: Waiter[Ticket]) -> None:
+    def _granted(self, head: Waiter[SimTicket]) -> None:
         self.reserved = None
         self.state.charge(head.pipeline)
         head.ticket.finished = True
         self._sent(head.ticket.arrival, self.now)
 
-    def _too_late(self, head: Waiter[Ticket], c: Claim) -> None:
+    def _too_late(self, head: Waiter[SimTicket], c: Claim) -> None:
         self.state.remove(head)
         if not head.ticket.finished:
             head.ticket.finished = True

@@ -7,34 +7,42 @@ an unknown key or a wrong type is a ``ConfigError`` naming the key and what was 
 from __future__ import annotations
 
 import os
-import re
-import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from politeproxy.config import parts
 from politeproxy.config.overrides import apply_overrides, env_overrides
+from politeproxy.config.parts import egress_default
 from politeproxy.config.paths import resolve_paths
-from politeproxy.pacing.pacer import PacingSettings
-from politeproxy.policy import settings as d
+from politeproxy.pacing.base import PacingSettings
 from politeproxy.policy.backoff import BackoffPolicy
-from politeproxy.policy.cacherules import CacheLimits, CacheRule, default_rules
-from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, ExemptRule
-from politeproxy.policy.clients import DEFAULT_CLIENT_RULES, ClientRule
+from politeproxy.policy.cacherules import CacheLimits
+from politeproxy.policy.classify import ExemptRule
 from politeproxy.policy.clients import MAX_RULES as MAX_CLIENT_RULES
+from politeproxy.policy.clients import ClientRule
 from politeproxy.policy.fairness import PipelineRule, clean_name
-from politeproxy.policy.hosts import S3_PATH_STYLE_HOSTS
 from politeproxy.policy.settings import (
+    LISTEN,
+    MAX_PIPELINES,
     ConfigError,
-    RobotsSettings,
     changes,
     check_environment,
     env_number,
     parse_duration,
 )
-from politeproxy.policy.table import SETTINGS, setting
+from politeproxy.policy.table import (
+    SETTINGS,
+    RobotsSection,
+    Sections,
+    Setting,
+    default,
+    restart_only,
+    sections_from,
+    setting,
+)
 from politeproxy.policy.values import (
     Conv,
     _bool,
@@ -58,13 +66,8 @@ __all__ = [
     "build",
     "Config",
     "env_overrides",
+    "egress_default",
 ]
-
-
-def egress_default() -> str:
-    """This machine's host name, as an egress name (anything else becomes ``-``)."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname())[:63].strip("-.")
-    return name or "local"
 
 
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KiB; this refuses a wrong path to a huge file
@@ -99,7 +102,8 @@ _CACHE_RULE = {
 }
 
 
-_CLIENT_RULE = {"user_agent": (_str, ""), "max_wait": (_dur, 25.0)}
+# A rule without max_wait holds its clients as long as pacing.max_wait's default.
+_CLIENT_RULE = {"user_agent": (_str, ""), "max_wait": (_dur, default("pacing.max_wait"))}
 
 
 def _client_rules(v: Any, key: str) -> list[dict[str, Any]]:
@@ -132,8 +136,8 @@ def _pipelines(v: Any, key: str) -> dict[str, dict[str, Any]]:
     """``[pipelines.NAME]`` tables: NAME as a client sends it (printable, no spaces or quotes)."""
     if not isinstance(v, dict):
         raise ConfigError(f"{key}: expected a table of pipeline names, got {v!r}")
-    if len(v) > d.MAX_PIPELINES:
-        raise ConfigError(f"{key}: at most {d.MAX_PIPELINES} pipelines, got {len(v)}")
+    if len(v) > MAX_PIPELINES:
+        raise ConfigError(f"{key}: at most {MAX_PIPELINES} pipelines, got {len(v)}")
     for name in v:
         if not name or clean_name(name) != name:
             raise ConfigError(
@@ -172,10 +176,10 @@ _NESTED: dict[str, Conv] = {
 _BY_NAME: dict[str, tuple[Conv, Any]] = {"hosts": (_hosts, None), "pipelines": (_pipelines, {})}
 
 
-def _schema() -> dict[str, Any]:
+def _schema(settings: Iterable[Setting] = SETTINGS) -> dict[str, Any]:
     """The TOML schema, from the table of settings: nested dicts of (converter, default) per key."""
     schema: dict[str, Any] = {}
-    for s in SETTINGS:
+    for s in settings:
         *tables, name = s.path
         spec = (_NESTED.get(s.kind) or converter(s), s.default)
         if "*" in tables:  # one key of every [hosts."<pattern>"] table
@@ -222,12 +226,17 @@ def _section(raw: Any, schema: Mapping[str, Any], prefix: str) -> dict[str, Any]
 
 @dataclass(frozen=True)
 class Config:
+    """One loaded config: its typed ``sections`` (what every part is handed) and the validated tree they were
+    built from (``raw``: the reload's diff, ``get``). Outside config/ the package reads ``sections`` only."""
+
     raw: dict[str, Any]
     source: str = "<defaults>"
-    listen: tuple[str, int] = parse_hostport(d.LISTEN, "listen")
+    listen: tuple[str, int] = parse_hostport(LISTEN, "listen")
     data_dir: Path = field(default_factory=default_data_dir)
+    sections: Sections = field(default_factory=Sections)
 
     def __getitem__(self, section: str) -> Any:
+        """The validated tree of one section; config/'s own (storebuild.py), never a part's."""
         return self.raw[section]
 
     def get(self, key: str) -> Any:
@@ -241,117 +250,65 @@ class Config:
             value = value.get(name)
         return value
 
-    def robots(self) -> RobotsSettings:
-        r = self.raw["robots"]
-        return RobotsSettings(r["enabled"], r["ttl"], r["max_crawl_delay"])
+    def robots(self) -> RobotsSection:
+        return self.sections.robots
 
     @property
     def paced_hosts(self) -> list[str]:
-        """paced_hosts, plus S3's own endpoints with intercept_s3_path_style (only /commoncrawl/ paced)."""
-        path_style = list(S3_PATH_STYLE_HOSTS) if self.raw.get("intercept_s3_path_style") else []
-        return list(self.raw["paced_hosts"]) + path_style
+        return parts.paced_hosts(self.sections)
 
     def exempt_rules(self) -> tuple[ExemptRule, ...]:
-        """[[exempt.rules]] added to the defaults (Common Crawl's parquet datasets), or in their place with
-        ``exempt.keep_defaults = false``."""
-        rules = self.raw["exempt"]["rules"]
-        if rules is None:
-            return DEFAULT_EXEMPT_RULES
-        listed = tuple(
-            ExemptRule(r["host"], r["path"], r["range_required"], tuple(r["methods"])) for r in rules
-        )
-        return listed + DEFAULT_EXEMPT_RULES if self.raw["exempt"]["keep_defaults"] else listed
+        return parts.exempt_rules(self.sections)
 
     def client_rules(self) -> tuple[ClientRule, ...]:
-        """[[clients.rules]] before the built-in rules, or alone with ``clients.keep_defaults = false``."""
-        rules = self.raw["clients"]["rules"] or []
-        listed = tuple(ClientRule(r["user_agent"], r["max_wait"], "configured") for r in rules)
-        return listed + DEFAULT_CLIENT_RULES if self.raw["clients"]["keep_defaults"] else listed
+        return parts.client_rules(self.sections)
 
     def host_intervals(self) -> tuple[tuple[str, float], ...]:
-        hosts = self.raw["hosts"]
-        if hosts is None:
-            return PacingSettings().host_intervals
-        return tuple((h, t["interval"]) for h, t in hosts.items())
+        return parts.host_intervals(self.sections)
 
     def pipelines(self) -> tuple[PipelineRule, ...]:
-        return tuple(
-            PipelineRule(name, t["weight"], t["max_queued"] or None)
-            for name, t in self.raw["pipelines"].items()
-        )
+        return parts.pipelines(self.sections)
 
     def pipeline_tokens(self) -> dict[str, str]:
         """Each configured pipeline's secret, read from its token_env variable or token_file (issue 27);
         a ConfigError names the key and never the secret."""
         out: dict[str, str] = {}
-        for name, t in self.raw["pipelines"].items():
-            secret = _secret(f"pipelines.{name}", t["token_env"], t["token_file"])
+        for name, t in self.sections.pipelines.items():
+            secret = _secret(f"pipelines.{name}", t.token_env, t.token_file)
             if secret:
                 out[name] = secret
         return out
 
     def admin_token(self) -> str:
         """The token ``POST /release`` requires ([admin] token_env / token_file), "" when none is set."""
-        a = self.raw["admin"]
-        return _secret("admin", a["token_env"], a["token_file"])
+        a = self.sections.admin
+        return _secret("admin", a.token_env, a.token_file)
 
     def pacing(self) -> PacingSettings:
-        p = self.raw["pacing"]
-        return PacingSettings(
-            gap=self.raw["schedule"]["global_rate"],
-            max_wait=p["max_wait"],
-            client_rules=self.client_rules(),
-            retries=p["retries"],
-            max_queue=p["max_queue"],
-            throttle_codes=frozenset(p["throttle_codes"]),
-            block_codes=frozenset(p["block_codes"]),
-            index_rest=p["index_rest"],
-            backoff=self.backoff(),
-            host_intervals=self.host_intervals(),
-            pipelines=self.pipelines(),
-            exempt_max_in_flight=self.raw["exempt"]["max_in_flight"],
-            exempt_respect_backoff=self.raw["exempt"]["respect_backoff"],
-            exempt_rate=self.raw["exempt"]["rate"],
-            exempt_burst=self.raw["exempt"]["burst"],
-            egress=self.egress_name,
-            window=self.raw["egress"]["window"],
-            window_limit=self.raw["egress"]["limit"],
-        )
+        return parts.pacing(self.sections)
 
     @property
     def egress_name(self) -> str:
         """``[egress] name``, else this machine's host name (its valid characters only)."""
-        return self.raw["egress"]["name"] or egress_default()
+        return parts.egress_name(self.sections)
 
     def cache(self) -> CacheLimits:
-        c = self.raw["cache"]
-        rules = default_rules(c["collinfo_ttl"])
-        if c["rules"] is not None:
-            rules = tuple(
-                CacheRule(r["class"], tuple(r["hosts"]), tuple(r["paths"]), r["exact"], r["ttl"], r["ranges"])
-                for r in c["rules"]
-            )
-        return CacheLimits(
-            c["enabled"], c["max_object"], c["max_range"], c["max_size"], rules,
-            index_answers=c["index_answers"], index_miss_ttl=c["index_miss_ttl"],
-            index_redis_max_answer=c["index_redis_max_answer"],
-            index_redis_max_size=c["index_redis_max_size"],
-        )  # fmt: skip
+        return parts.cache(self.sections)
 
     def backoff(self) -> BackoffPolicy:
-        p = self.raw["pacing"]
-        return BackoffPolicy(
-            base=p["backoff_base"],
-            cap=p["backoff_cap"],
-            jitter=p["backoff_jitter"],
-            block_hold=p["block_hold"],
-            block_hold_cap=max(p["block_hold"], p["block_hold_cap"]),
-            adaptive=p["adaptive"],
-            adaptive_floor=p["adaptive_floor"],
-            adaptive_recovery=p["adaptive_recovery"],
-        )
+        return BackoffPolicy.of(self.sections)
+
+    def restart_changes(self, new: Config) -> list[str]:
+        """The keys only a restart applies (the table's) whose value ``new`` changes, in table order."""
+        return [key for key in RESTART_ONLY if new.get(key) != self.get(key)]
+
+    def changes(self, new: Config) -> list[str]:
+        """``key: old -> new`` for every key ``new`` changes (secrets shown as changed, never their value)."""
+        return changes(self.raw, new.raw)
 
 
+# Settings that only a restart applies (the table's); a reload that changes one says so.
+RESTART_ONLY = restart_only()
 # Keys that hold a path: made absolute at load time (see paths.py).
 PATH_KEYS: tuple[tuple[str, ...], ...] = tuple(s.path for s in SETTINGS if s.kind == "path")
 
@@ -369,7 +326,7 @@ def build(
     apply_overrides(merged, overrides or {})
     listen = parse_hostport(merged["listen"], "listen")
     data_dir = Path(merged["data_dir"]) if merged["data_dir"] else default_data_dir()
-    return Config(raw=merged, source=source, listen=listen, data_dir=data_dir)
+    return Config(raw=merged, source=source, listen=listen, data_dir=data_dir, sections=sections_from(merged))
 
 
 def read_toml(path: str | os.PathLike[str], allow_empty: bool = True) -> dict[str, Any]:

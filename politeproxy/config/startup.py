@@ -12,11 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from politeproxy.config.storebuild import StartupError
+from politeproxy.config.storebuild import StartupError, StoreSet
 from politeproxy.pacing.base import PacingSettings
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.redis_url import redis_address
 from politeproxy.policy.settings import format_duration, format_gap, format_rate
+from politeproxy.policy.table import ScheduleSection
 from politeproxy.proxy.ca import CAError, CertificateAuthority
 
 log = logging.getLogger("politeproxy")
@@ -103,11 +104,10 @@ async def probe_redis(client: Any, url: str, timeout: float = PROBE_TIMEOUT) -> 
     return True
 
 
-async def probe_store(store: Any, schedule: dict[str, Any]) -> None:
-    """The start-up probe of the redis backend: the failover store's primary, a RedisStore."""
-    client = getattr(getattr(store, "primary", None), "client", None)
-    if schedule["backend"] == "redis" and client is not None:
-        await probe_redis(client, schedule["redis_url"])
+async def probe_store(stores: StoreSet, schedule: ScheduleSection) -> None:
+    """The start-up probe of the redis backend: its client, when the store set has one."""
+    if stores.redis is not None:
+        await probe_redis(stores.redis, schedule.redis_url)
 
 
 def config_view(path: str | None, read: bool) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.answers import error_type, proxy_status
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.routing import Target, split_host_port
+from politeproxy.policy.settings import DEFAULTS
 from politeproxy.proxy.clientside import ClientSide
 from politeproxy.proxy.passage import add_via
 
@@ -92,11 +93,7 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
 
 # The default of admin_hosts (policy/table.py): the deploy files' service names (docker-compose's service,
 # which deploy/prometheus.yml scrapes as politeproxy:3128; deploy/k8s.yaml's Service in its namespace).
-ADMIN_HOSTS: tuple[str, ...] = (
-    "politeproxy",
-    "politeproxy.politeproxy.svc",
-    "politeproxy.politeproxy.svc.cluster.local",
-)
+ADMIN_HOSTS: tuple[str, ...] = DEFAULTS.general.admin_hosts
 ANY_HOST = frozenset({"/ca.pem"})  # public data: answered whatever the Host
 
 

@@ -19,20 +19,22 @@ from typing import Any
 from politeproxy import __version__
 from politeproxy.pacing.pacer import Pacer
 from politeproxy.policy.heartbeat import BEAT_EVERY, Beat, live, make_beat, proxy_id
-from politeproxy.stores.base import Store, WarnOnce
-from politeproxy.stores.failover import FailoverStore
-from politeproxy.stores.heartbeats import Beats
+from politeproxy.stores.base import WarnOnce
+from politeproxy.stores.heartbeats import Beats, alone
 
 log = logging.getLogger("politeproxy.store")
 
 
 class Announcer:
+    """Writes this proxy's heartbeat beside the schedule, reads every proxy's, and tells ``live`` (the
+    failover store's ``note_live``, from the store set) their count; ``rows`` lists them for /status."""
+
     def __init__(
         self,
         beats: Beats,
         pacer: Pacer,
-        store: Store,
         listen: str,
+        live: Callable[[int], float] = alone,
         clock: Callable[[], float] = time.time,
         every: float = BEAT_EVERY,
         ident: str | None = None,
@@ -40,7 +42,7 @@ class Announcer:
     ) -> None:
         self.beats = beats
         self.pacer = pacer
-        self.store = store
+        self.live = live  # (live proxies) -> the gap multiplier the fallback would pace with
         self.listen = listen
         self.clock = clock
         self.every = every
@@ -67,10 +69,7 @@ class Announcer:
             self.peers = live([*self.peers, mine], now)
             return
         self.peers = live([*found, mine], now)
-        mult = 1.0
-        if isinstance(self.store, FailoverStore):
-            self.store.note_live(len(self.peers))
-            mult = self.store.gap_multiplier
+        mult = self.live(len(self.peers))
         if self.on_count:
             self.on_count(len(self.peers), mult)
 

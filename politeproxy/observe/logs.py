@@ -20,7 +20,7 @@ from typing import Any
 
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.settings import format_utc
-from politeproxy.proxy.events import NoProxyEvents
+from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.exchange import Exchange
 
 access_log = logging.getLogger("politeproxy.access")
@@ -78,7 +78,7 @@ def json_head(created: float, level: str, name: str) -> dict[str, Any]:
     return {"ts": round(created, 3), "level": level, "logger": name}
 
 
-class AccessLog(NoProxyEvents):
+class AccessLog(ProxyEvents):
     """The ProxyEvents sink of the access log: one INFO line per exchange on ``politeproxy.access``.
 
     Refusals are the exception (issue 41): a client that retries them at once would write a line per retry.

@@ -93,3 +93,14 @@ class RateWindow:
         """Events in the last ``seconds`` (whole slices: at most one slice more)."""
         oldest = math.floor((now - seconds) / self.width)
         return sum(n for i, n in self.slices if i > oldest)
+
+
+def summed(label: str, host: str, value: int, others: dict[str, int]) -> int:
+    """The gauge value for ``label``: the host's own, or the sum over every host labelled ``other``."""
+    if label != OTHER or host == OTHER:
+        return value
+    if value:
+        others[host] = value
+    else:
+        others.pop(host, None)
+    return sum(others.values())

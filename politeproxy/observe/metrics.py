@@ -39,12 +39,14 @@ from politeproxy.observe.metricparts import (
     HostLabelled,
     HostLabels,
     RateWindow,
+    summed,
 )
 from politeproxy.pacing.base import PacerEvents, PacingSettings
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, FREE_PIPELINES, PipelineNames
 from politeproxy.policy.settings import MAX_PIPELINES
-from politeproxy.proxy.events import NoProxyEvents, ProxyEvents
+from politeproxy.proxy.events import ProxyEvents
+from politeproxy.stores.base import BACKENDS
 
 __all__ = ["FREE_HOST_LABELS", "OTHER", "PINNED_HOSTS", "Metrics", "RateWindow", "code_class"]
 
@@ -54,7 +56,7 @@ STATUS_GROUPS = ("2xx", "3xx", "4xx", "5xx", "error")  # the code label of reque
 HELD_CLASSES = (Klass.PACED.value, Klass.EXEMPT.value)  # the classes a configured host's requests take
 ZERO_REASONS = ("max_wait", "queue_full")  # refusals worth a 0 line per configured host
 
-disable_created_metrics()  # process-wide; the proxy's only registry is this module's
+disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide; the proxy's only registry is this module's
 
 
 def code_class(status: int | None) -> str:
@@ -80,8 +82,10 @@ class _RateCollector(Collector):
 
 
 class Metrics(PacerEvents, ProxyEvents, CacheEvents):
-    """Implements the event Protocols of the pacer, the proxy and the cache (``rejected`` serves the pacer
-    and the proxy alike). Nothing else touches Prometheus."""
+    """Hears the events of the pacer, the proxy and the cache (``rejected`` serves the pacer and the proxy
+    alike; the access line is ``logs.AccessLog``'s, so ``access`` stays the family's no-op and a fan-out
+    leaves metrics out of it), and the composition root's few (``store_changed``, ``proxies_counted``,
+    ``reloaded``, the gauges of ``observe/gauges.py``). Nothing else touches Prometheus."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, hosts: Iterable[str] = ()) -> None:
         self.clock = clock
@@ -220,9 +224,6 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
     def cache_evicted(self, n: int) -> None:
         self.cache_evictions.inc(n)
 
-    def set_host_interval(self, host: str, seconds: float) -> None:
-        self.host_interval.labels(host).set(seconds)
-
     def _process_metrics(self, r: CollectorRegistry) -> None:
         self.configured_rate = Gauge(
             "politeproxy_configured_rate", "The global budget in requests per second (0 when off)", registry=r
@@ -315,17 +316,34 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
     def retried(self, host: str) -> None:
         self.retries.labels(host).inc()
 
-    # The access line is logs.AccessLog's; metrics count the exchange in ``answered``. The empty method is
-    # NoProxyEvents's own, so events.Tee leaves metrics out of each access line.
-    access = NoProxyEvents.access
-
     def set_configured_gap(self, gap: float) -> None:
         self.configured_rate.set(1.0 / gap if gap > 0 else 0.0)
 
     def set_store(self, name: str, degraded: bool) -> None:
-        for s in ("memory", "file", "redis"):
+        """The store paced on now (``name``, one of ``stores.base.BACKENDS``), and whether that is the
+        fallback of a shared store that does not answer."""
+        for s in BACKENDS:
             self.store.labels(s).set(1 if s == name else 0)
         self.degraded.set(1 if degraded else 0)
+
+    def proxies_counted(self, live: int, multiplier: float) -> None:
+        """The heartbeats' live count, and the gap multiplier the fallback would pace with."""
+        self.proxies_live.set(live)
+        self.fallback_multiplier.set(multiplier)
+
+    def reloaded(self, ok: bool) -> None:
+        """One config reload, taken or rejected."""
+        self.reloads.labels("ok" if ok else "error").inc()
+
+    def host_gauges(self, host: str, backoff: float, interval: float) -> None:
+        """A host's backoff left and effective interval, as last read from the store."""
+        self.backoff.labels(host).set(backoff)
+        self.host_interval.labels(host).set(interval)
+
+    def window_gauges(self, service: str, requests: int, limit: int) -> None:
+        """A service's request window: the requests in it now and its limit."""
+        self.window_requests.labels(service).set(requests)
+        self.window_limit.labels(service).set(limit)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -372,15 +390,5 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
 
     def exempt_changed(self, host: str, in_flight: int) -> None:
         label = self.host_label(host)
-        self.exempt_in_flight.labels(host).set(_summed(label, host, in_flight, self._other_exempt))
+        self.exempt_in_flight.labels(host).set(summed(label, host, in_flight, self._other_exempt))
 
-
-def _summed(label: str, host: str, value: int, others: dict[str, int]) -> int:
-    """The gauge value for ``label``: the host's own, or the sum over every host labelled ``other``."""
-    if label != OTHER or host == OTHER:
-        return value
-    if value:
-        others[host] = value
-    else:
-        others.pop(host, None)
-    return sum(others.values())

@@ -20,14 +20,15 @@ from typing import Any
 
 from politeproxy import __version__
 from politeproxy.cache.base import INDEX_RESULTS, CacheEvents
+from politeproxy.observe.fanout import FAMILIES, join_into
 from politeproxy.observe.hostrows import host_row, num
-from politeproxy.observe.metrics import Metrics, RateWindow
+from politeproxy.observe.metricparts import RateWindow
 from politeproxy.pacing.base import PacerEvents
 from politeproxy.pacing.pacer import Pacer, PacerSnapshot
 from politeproxy.policy.classify import Klass
-from politeproxy.policy.fairness import DEFAULT_PIPELINE, OTHER_PIPELINE
+from politeproxy.policy.fairness import OTHER_PIPELINE
 from politeproxy.policy.holds import HoldNote
-from politeproxy.proxy.events import NoProxyEvents, ProxyEvents
+from politeproxy.proxy.events import ProxyEvents
 from politeproxy.stores.base import HostView
 
 HISTORY_SPAN = 900.0  # seconds of history kept (15 min)
@@ -72,11 +73,12 @@ class Tally:
 
 
 class StatusEvents(PacerEvents, ProxyEvents, CacheEvents):
-    """The events app.py hands the pacer and the cache: every call goes on to ``Metrics``; grants and paced
-    waits are also tallied per pipeline, and cache results counted, for the status document. It stands in
-    for ``Metrics`` wherever it is passed, so it implements the same three Protocols, method by method."""
+    """The status view's sink: grants and paced waits tallied per pipeline, cache results counted, for the
+    status document. Made with a ``sink`` (``Metrics``), it stands in for it: every event of the three
+    families reaches the sink, and those heard here reach this too (``fanout.join_into``), so app.py
+    hands one object to the pacer and the cache. Only what the document counts is written here."""
 
-    def __init__(self, sink: Metrics, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, sink: object | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.sink = sink
         self.clock = clock
         self.total = RateWindow(GRANT_WINDOW, int(GRANT_WINDOW))
@@ -84,6 +86,8 @@ class StatusEvents(PacerEvents, ProxyEvents, CacheEvents):
         self.cache_counts = dict.fromkeys(("hit", "miss", "stale", "bypass", "slots_saved", "evicted"), 0)
         self.cache_bytes: int | None = None
         self.index_counts: dict[str, dict[str, int]] = {}  # pipeline -> INDEX_RESULTS counts, bounded
+        if sink is not None:
+            join_into(self, FAMILIES, (sink, self))
 
     def tally(self, pipeline: str) -> Tally:
         t = self.tallies.get(pipeline)
@@ -94,10 +98,9 @@ class StatusEvents(PacerEvents, ProxyEvents, CacheEvents):
             t = self.tallies.setdefault(pipeline, Tally())
         return t
 
-    # -- PacerEvents ----------------------------------------------------------------------------------
+    # -- what the document counts (every other event goes to the sink alone) -------------------------
 
     def granted(self, host: str, lateness: float, pipeline: str) -> None:
-        self.sink.granted(host, lateness, pipeline)
         now = self.clock()
         self.total.add(now)
         t = self.tally(pipeline)
@@ -105,47 +108,14 @@ class StatusEvents(PacerEvents, ProxyEvents, CacheEvents):
         t.last_host = host
 
     def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None:
-        self.sink.waited(host, klass, seconds, pipeline)
         if klass is Klass.PACED and math.isfinite(seconds):
             self.tally(pipeline).waits.append((self.clock(), seconds))
 
-    def throttled(self, host: str, code: int, delay: float) -> None:
-        self.sink.throttled(host, code, delay)
-
-    def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None:
-        self.sink.rejected(host, reason, pipeline)
-
-    def line_changed(self, host: str, pipeline: str, depth: int) -> None:
-        self.sink.line_changed(host, pipeline, depth)
-
-    def exempt_changed(self, host: str, in_flight: int) -> None:
-        self.sink.exempt_changed(host, in_flight)
-
-    # -- ProxyEvents (rejected above serves both) ----------------------------------------------------
-
-    def answered(self, host: str, klass: str, status: int | None, pipeline: str = DEFAULT_PIPELINE) -> None:
-        self.sink.answered(host, klass, status, pipeline)
-
-    def bytes_relayed(self, direction: str, n: int) -> None:
-        self.sink.bytes_relayed(direction, n)
-
-    def tunnels_changed(self, open_now: int) -> None:
-        self.sink.tunnels_changed(open_now)
-
-    def retried(self, host: str) -> None:
-        self.sink.retried(host)
-
-    # The access line is logs.AccessLog's: NoProxyEvents's own empty method, as in Metrics.
-    access = NoProxyEvents.access
-
-    # The cache's events (politeproxy.cache.base.CacheEvents): passed on, and counted since start here.
     def cache_result(self, result: str, pipeline: str) -> None:
-        self.sink.cache_result(result, pipeline)
         if result in self.cache_counts:
             self.cache_counts[result] += 1
 
     def index_question(self, result: str, pipeline: str) -> None:
-        self.sink.index_question(result, pipeline)
         if result in INDEX_RESULTS:
             if pipeline not in self.index_counts and len(self.index_counts) >= MAX_TALLIES - 1:
                 pipeline = OTHER_PIPELINE  # a backstop, as for the tallies: names are bounded already
@@ -153,15 +123,12 @@ class StatusEvents(PacerEvents, ProxyEvents, CacheEvents):
             counts[result] += 1
 
     def cache_slot_saved(self, pipeline: str) -> None:
-        self.sink.cache_slot_saved(pipeline)
         self.cache_counts["slots_saved"] += 1
 
     def cache_size(self, nbytes: int) -> None:
-        self.sink.cache_size(nbytes)
         self.cache_bytes = nbytes
 
     def cache_evicted(self, n: int) -> None:
-        self.sink.cache_evicted(n)
         self.cache_counts["evicted"] += n
 
     def cache_view(self) -> dict[str, Any]:

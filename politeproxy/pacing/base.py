@@ -1,4 +1,4 @@
-"""What the pacing modules share: settings, the refusal, the events Protocol that metrics implements, and
+"""What the pacing modules share: settings, the refusal, the events metrics hears, and
 a log that does not flood on a persistent error."""
 
 from __future__ import annotations
@@ -7,51 +7,59 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Protocol
+from typing import Any
 
-from politeproxy.policy.backoff import DEFAULT_BLOCK_CODES, DEFAULT_THROTTLE_CODES, BackoffPolicy
+from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.clients import DEFAULT_CLIENT_RULES, ClientRule, bound_for
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, PipelineRule
 from politeproxy.policy.hosts import host_matches
 from politeproxy.policy.loglimit import LogLimiter, error_key, error_line
 from politeproxy.policy.services import service_key
-from politeproxy.policy.settings import INDEX_REST
+from politeproxy.policy.table import DEFAULT_HOST_INTERVALS, Sections, default, from_table, table_values
 from politeproxy.policy.window import WindowRule
 from politeproxy.stores.base import StoreError
 
-INDEX_HOST_INTERVAL = 1.0
+INDEX_HOST_INTERVAL: float = dict(DEFAULT_HOST_INTERVALS)["index.commoncrawl.org"]
 # Waiters one proxy holds at most (paced lines plus exempt places together). Each client connection holds
 # at most one, so this only bites when pacing is off and a host backs off, or under a flood.
-DEFAULT_MAX_QUEUE = 1024
+DEFAULT_MAX_QUEUE: int = default("pacing.max_queue")
 
 
 @dataclass(frozen=True)
 class PacingSettings:
-    gap: float = 0.2  # global seconds between grants; 0 = off
-    max_wait: float = 25.0
+    """What the pacer reads, from five sections of the table: each ``from_table`` field names its key once
+    (its default is the table's); the rest are built from rule tables by config/parts.py."""
+
+    gap: float = from_table("schedule.global_rate")  # global seconds between grants; 0 = off
+    max_wait: float = from_table("pacing.max_wait")
     # issue 41: the hold bound per client (User-Agent prefix), in place of max_wait for the clients it matches
     client_rules: tuple[ClientRule, ...] = DEFAULT_CLIENT_RULES
-    retries: int = 2
-    throttle_codes: frozenset[int] = DEFAULT_THROTTLE_CODES
+    retries: int = from_table("pacing.retries")
+    throttle_codes: frozenset[int] = from_table("pacing.throttle_codes", frozenset)
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     # host pattern -> minimum interval; index.commoncrawl.org is one fragile server
-    host_intervals: tuple[tuple[str, float], ...] = (("index.commoncrawl.org", INDEX_HOST_INTERVAL),)
-    exempt_max_in_flight: int = 16
-    exempt_respect_backoff: bool = True
-    max_queue: int = DEFAULT_MAX_QUEUE
+    host_intervals: tuple[tuple[str, float], ...] = DEFAULT_HOST_INTERVALS
+    exempt_max_in_flight: int = from_table("exempt.max_in_flight")
+    exempt_respect_backoff: bool = from_table("exempt.respect_backoff")
+    max_queue: int = from_table("pacing.max_queue")
     # [pipelines.NAME] weight / max_queued; a pipeline not listed has weight 1 and no cap of its own
     pipelines: tuple[PipelineRule, ...] = ()
     # issue 12: codes that block (hold, then one probe); the GCRA ceiling of exempt reads (0 = off)
-    block_codes: frozenset[int] = DEFAULT_BLOCK_CODES
-    exempt_rate: float = 0.1
-    exempt_burst: int = 90
+    block_codes: frozenset[int] = from_table("pacing.block_codes", frozenset)
+    exempt_rate: float = from_table("exempt.rate")
+    exempt_burst: int = from_table("exempt.burst")
     # issue 24: the request window per egress and service (policy.window); a limit of 0 = no window
-    egress: str = "local"
-    window: float = 300.0
-    window_limit: int = 4800
+    egress: str = "local"  # the loaded config's is [egress] name, else the host name (config/parts.py)
+    window: float = from_table("egress.window")
+    window_limit: int = from_table("egress.limit")
     # issue 43: the index service rests this long after a warning (policy.indexanswers.index_rest)
-    index_rest: float = INDEX_REST
+    index_rest: float = from_table("pacing.index_rest")
+
+    @classmethod
+    def of(cls, sections: Sections, **built: Any) -> PacingSettings:
+        """The settings of ``sections``: every ``from_table`` field read by its key, the rest ``built``."""
+        return cls(**table_values(cls, sections), **built)
 
     def interval_for(self, host: str) -> float:
         return _interval_for(self.host_intervals, host)
@@ -115,39 +123,33 @@ class WaitTooLong(Exception):
         return self.note or self.why
 
 
-class PacerEvents(Protocol):
-    """What the pacer reports, as the pacer calls it; ``metrics.Metrics`` and ``status.StatusEvents``
-    implement it. The pacer knows nothing of Prometheus. ``pipeline`` is the bounded name a request counted
-    as; ``rejected`` keeps a default so that one method also serves the proxy's ``ProxyEvents``."""
-
-    def granted(self, host: str, lateness: float, pipeline: str) -> None: ...
-    def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None: ...
-    def throttled(self, host: str, code: int, delay: float) -> None: ...
-    def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None: ...
-    def line_changed(self, host: str, pipeline: str, depth: int) -> None: ...
-    def exempt_changed(self, host: str, in_flight: int) -> None: ...
-
-
-class NoPacerEvents:
-    """PacerEvents that go nowhere (tests, tools)."""
+class PacerEvents:
+    """What the pacer reports, each event declared once, here: a method that does nothing (so this class
+    is also the sink that hears nothing: tests, tools). ``metrics.Metrics`` and ``status.StatusEvents``
+    subclass it and override what they hear; ``observe/fanout.py`` joins them. The pacer knows nothing of
+    Prometheus. ``pipeline`` is the bounded name a request counted as; ``rejected`` keeps a default so that
+    one method also serves the proxy's ``ProxyEvents``."""
 
     def granted(self, host: str, lateness: float, pipeline: str) -> None:
-        pass
+        """A slot handed out, ``lateness`` seconds after its time."""
 
     def waited(self, host: str, klass: Klass, seconds: float, pipeline: str) -> None:
-        pass
+        """A request held ``seconds`` before it went upstream."""
 
     def throttled(self, host: str, code: int, delay: float) -> None:
-        pass
+        """A throttle answer (``code`` 0: a failure), and the backoff it set."""
 
     def rejected(self, host: str, reason: str, pipeline: str = DEFAULT_PIPELINE) -> None:
-        pass
+        """A request refused by the pacer (``reason``: "max_wait" or "queue_full")."""
 
     def line_changed(self, host: str, pipeline: str, depth: int) -> None:
-        pass
+        """The depth of one (host, pipeline) line of waiters now."""
 
     def exempt_changed(self, host: str, in_flight: int) -> None:
-        pass
+        """Exempt reads of ``host`` in flight now."""
+
+
+NoPacerEvents = PacerEvents  # the family's own no-op methods: the sink that hears nothing
 
 
 class RepeatLog:

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from politeproxy.pacing.base import (
     DEFAULT_MAX_QUEUE,
     INDEX_HOST_INTERVAL,
-    NoPacerEvents,
     PacerEvents,
     PacingSettings,
     RepeatLog,
@@ -85,7 +84,7 @@ class Pacer:
     ) -> None:
         self._store = store
         self._settings = settings or PacingSettings()
-        self._events: PacerEvents = events or NoPacerEvents()
+        self._events: PacerEvents = events or PacerEvents()  # the family itself hears nothing
         self.monotonic = monotonic  # the pacer's clock (injected: a virtual one in tests)
         self._dispatcher = Dispatcher(QueueState(), store, lambda: self._settings, self._events, monotonic)
         self._state: QueueState[asyncio.Future[float]] = self._dispatcher.state
@@ -167,7 +166,7 @@ class Pacer:
 
     def snapshot(self) -> PacerSnapshot:
         """The one read path for status, health and gauges: a frozen copy of the counts now."""
-        store = (self._store.name, bool(getattr(self._store, "degraded", False)))  # a failover store degrades
+        store = (self._store.name, self._store.degraded)  # only a failover store ever degrades
         return take(
             self.monotonic(), self._settings, self._dispatcher.grants, self._state, self._places, store,
             self._rest.reasons(),

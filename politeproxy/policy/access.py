@@ -6,7 +6,7 @@ import base64
 import binascii
 import hmac
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from politeproxy.policy.fairness import clean_name
 
@@ -36,8 +36,8 @@ class Access:
 
     def __init__(
         self,
-        allow_clients: list[str],
-        users: dict[str, str],
+        allow_clients: Iterable[str],
+        users: Mapping[str, str],
         tokens: dict[str, str] | None = None,
         on_guest: Callable[[str, str], None] = lambda _name, _client: None,
         admin_token: str = "",

@@ -8,15 +8,15 @@ from dataclasses import dataclass, replace
 from email.utils import parsedate_to_datetime
 from enum import IntEnum
 
-from politeproxy.policy import settings as d
 from politeproxy.policy.slots import HostState, adaptive_interval
+from politeproxy.policy.table import Sections, default, from_table, table_values
 
 # Why these: 429 and 503 are the standard "slow down", short-lived (S3's SlowDown reaches clients as 503
 # or wrapped in a 500): exponential backoff is right. A 403 from CloudFront on data.commoncrawl.org is a
 # rate-rule block (Common Crawl's downloader calls it unrecoverable; a WAF window runs 1 to 10 minutes and
 # every request sent in it prolongs it): a long hold, then one probe. A 404 or 416 is an ordinary answer.
-DEFAULT_THROTTLE_CODES: frozenset[int] = frozenset(d.THROTTLE_CODES)
-DEFAULT_BLOCK_CODES: frozenset[int] = frozenset(d.BLOCK_CODES)
+DEFAULT_THROTTLE_CODES: frozenset[int] = frozenset(default("pacing.throttle_codes"))
+DEFAULT_BLOCK_CODES: frozenset[int] = frozenset(default("pacing.block_codes"))
 FAIL_BLOCK = 3  # connection failures in a row from one host count as a block (pywb drops connections)
 
 
@@ -30,15 +30,25 @@ class Kind(IntEnum):
 
 @dataclass(frozen=True)
 class BackoffPolicy:
-    base: float = d.BACKOFF_BASE
-    factor: float = d.BACKOFF_FACTOR
-    cap: float = d.BACKOFF_CAP
-    jitter: float = d.BACKOFF_JITTER  # a delay grows by up to this fraction, never beyond the cap
-    block_hold: float = d.BLOCK_HOLD  # the first hold after a block, doubled per consecutive block ...
-    block_hold_cap: float = d.BLOCK_HOLD_CAP  # ... up to this
-    adaptive: bool = d.ADAPTIVE  # a throttle or block raises the host's interval (AIMD)
-    adaptive_floor: float = d.ADAPTIVE_FLOOR  # the raised interval is at least this
-    adaptive_recovery: float = d.ADAPTIVE_RECOVERY  # from the end of the backoff, back to the configured one
+    """How long a host rests after a throttle or a block: [pacing]'s backoff, block and adaptive keys."""
+
+    base: float = from_table("pacing.backoff_base")
+    factor: float = 2.0  # not a config key
+    cap: float = from_table("pacing.backoff_cap")
+    jitter: float = from_table("pacing.backoff_jitter")  # a delay grows by up to this fraction, not past cap
+    # the first hold after a block, doubled per consecutive block up to block_hold_cap
+    block_hold: float = from_table("pacing.block_hold")
+    block_hold_cap: float = from_table("pacing.block_hold_cap")
+    adaptive: bool = from_table("pacing.adaptive")  # a throttle or block raises the host's interval (AIMD)
+    adaptive_floor: float = from_table("pacing.adaptive_floor")  # the raised interval is at least this
+    # from the end of the backoff, back to the configured interval over this
+    adaptive_recovery: float = from_table("pacing.adaptive_recovery")
+
+    @classmethod
+    def of(cls, sections: Sections) -> BackoffPolicy:
+        """The policy of ``sections``; the longest hold is at least the first."""
+        b = cls(**table_values(cls, sections))
+        return replace(b, block_hold_cap=max(b.block_hold, b.block_hold_cap))
 
 
 # The longest Retry-After taken at its word; a longer one (or a date years ahead) is cut to this. The

@@ -15,10 +15,10 @@ import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from politeproxy.policy import settings as d
 from politeproxy.policy.classify import normalize_path
 from politeproxy.policy.hosts import BUCKET_HOSTS, host_matches
 from politeproxy.policy.indexanswers import crawl_of
+from politeproxy.policy.table import Sections, default, from_table, table_values
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def rules_for(rules: tuple[CacheRule, ...], host: str) -> tuple[CacheRule, ...]:
 DATA_HOSTS = ("data.commoncrawl.org", *BUCKET_HOSTS)  # the data distribution and every name of the bucket
 
 
-def default_rules(collinfo_ttl: float = d.CACHE_COLLINFO_TTL) -> tuple[CacheRule, ...]:
+def default_rules(collinfo_ttl: float = default("cache.collinfo_ttl")) -> tuple[CacheRule, ...]:
     """Everything published under /crawl-data/, /cc-index/ and the host index (/projects/host-index*), and
     the index server's collinfo.json only: its query answers can be an empty 200 while its backend is down."""
     return (
@@ -71,15 +71,21 @@ CDX_RULE = CacheRule("index", INDEX_HOSTS, (), ranges=False, cdx=True)
 
 @dataclass(frozen=True)
 class CacheLimits:
-    enabled: bool = d.CACHE_ENABLED
-    max_object: int = d.CACHE_MAX_OBJECT
-    max_range: int = d.CACHE_MAX_RANGE
-    max_size: int = d.CACHE_MAX_SIZE
+    """What the shared cache keeps: the [cache] section, its rules built (the default table without any)."""
+
+    enabled: bool = from_table("cache.enabled")
+    max_object: int = from_table("cache.max_object")
+    max_range: int = from_table("cache.max_range")
+    max_size: int = from_table("cache.max_size")
     rules: tuple[CacheRule, ...] = default_rules()
-    index_answers: bool = d.CACHE_INDEX_ANSWERS
-    index_miss_ttl: float = d.CACHE_INDEX_MISS_TTL
-    index_redis_max_answer: int = d.CACHE_INDEX_REDIS_MAX_ANSWER  # on the redis store (issue 43)
-    index_redis_max_size: int = d.CACHE_INDEX_REDIS_MAX_SIZE
+    index_answers: bool = from_table("cache.index_answers")
+    index_miss_ttl: float = from_table("cache.index_miss_ttl")
+    index_redis_max_answer: int = from_table("cache.index_redis_max_answer")  # on the redis store (issue 43)
+    index_redis_max_size: int = from_table("cache.index_redis_max_size")
+
+    @classmethod
+    def of(cls, sections: Sections, rules: tuple[CacheRule, ...]) -> CacheLimits:
+        return cls(**table_values(cls, sections), rules=rules)
 
 
 @dataclass(frozen=True)
@@ -269,77 +275,77 @@ def cache_key(method: str, host_class: str, port: int, raw_path: str, rng: ByteR
 
 
 @dataclass(frozen=True)
-class Store:
-    """Store the answer: ``length`` body bytes are expected (0 for a HEAD)."""
+class Keep:
+    """Keep the answer: ``length`` body bytes are expected (0 for a HEAD)."""
 
     length: int
 
 
 @dataclass(frozen=True)
-class DontStore:
+class DontKeep:
     reason: str
 
 
 def response_decision(
     limits: CacheLimits, c: Cacheable, method: str, status: int, headers: Mapping[str, str]
-) -> Store | DontStore:
+) -> Keep | DontKeep:
     """Whether the upstream's answer to ``c`` may be kept: only a 200, or a 206 that is exactly the
     requested single range, with a Content-Length within the limits, not no-store/private, not varying.
     A CDX answer: ``cdx_response``."""
     if c.rule.cdx:
         return cdx_response(limits, status, headers)
     if status not in (200, 206):
-        return DontStore("status")
+        return DontKeep("status")
     if (refused := _forbidden(headers)) is not None:
         return refused
     length = parse_length(headers.get("Content-Length"))
     if length is None:
-        return DontStore("no-length")
+        return DontKeep("no-length")
     if status == 200:
         if c.range is not None:
-            return DontStore("range-ignored")  # a 200 to a Range request: the whole object, not the key's
+            return DontKeep("range-ignored")  # a 200 to a Range request: the whole object, not the key's
         if method == "GET" and length > limits.max_object:
-            return DontStore("too-large")
-        return Store(0 if method == "HEAD" else length)
+            return DontKeep("too-large")
+        return Keep(0 if method == "HEAD" else length)
     if c.range is None:
-        return DontStore("unasked-206")
+        return DontKeep("unasked-206")
     cr = parse_content_range(headers.get("Content-Range", ""))
     want = c.range.expected(cr[2]) if cr is not None else None
     if cr is None or want is None or (cr[0], cr[1]) != want or length != cr[1] - cr[0] + 1:
-        return DontStore("range-mismatch")
+        return DontKeep("range-mismatch")
     if method == "GET" and length > limits.max_range:
-        return DontStore("too-large")
-    return Store(0 if method == "HEAD" else length)
+        return DontKeep("too-large")
+    return Keep(0 if method == "HEAD" else length)
 
 
-def _forbidden(headers: Mapping[str, str]) -> DontStore | None:
+def _forbidden(headers: Mapping[str, str]) -> DontKeep | None:
     """An answer that says not to keep it (no-store, private, no-cache), or that varies beyond encoding."""
     if _directives(headers.get("Cache-Control")) & {"no-store", "private", "no-cache"}:
-        return DontStore("no-store")
+        return DontKeep("no-store")
     if "Set-Cookie" in headers or _directives(headers.get("Vary")) - {"accept-encoding"}:
-        return DontStore("vary")
+        return DontKeep("vary")
     return None
 
 
-def cdx_response(limits: CacheLimits, status: int, headers: Mapping[str, str]) -> Store | DontStore:
+def cdx_response(limits: CacheLimits, status: int, headers: Mapping[str, str]) -> Keep | DontKeep:
     """A CDX answer may be kept when it is a 200 (its body must then hold a capture line: ``keeps_body``)
     or pywb's "No Captures found" 404 (kept index_miss_ttl; 0: never); anything else, never. pywb streams
-    its answers: no Content-Length is ``Store(UNKNOWN)``, the tee bounds it at max_object as it comes."""
+    its answers: no Content-Length is ``Keep(UNKNOWN)``, the tee bounds it at max_object as it comes."""
     if status not in (200, 404) or (status == 404 and limits.index_miss_ttl <= 0):
-        return DontStore("status")
+        return DontKeep("status")
     if (refused := _forbidden(headers)) is not None:
         return refused
     length = parse_length(headers.get("Content-Length"))
     if "Content-Length" in headers and length is None:
-        return DontStore("no-length")
+        return DontKeep("no-length")
     if length is None:
-        return Store(UNKNOWN)
+        return Keep(UNKNOWN)
     if status == 200 and length == 0:
-        return DontStore("empty")
-    return DontStore("too-large") if length > limits.max_object else Store(length)
+        return DontKeep("empty")
+    return DontKeep("too-large") if length > limits.max_object else Keep(length)
 
 
-UNKNOWN = -1  # Store.length of an answer without Content-Length (a CDX answer, streamed)
+UNKNOWN = -1  # Keep.length of an answer without Content-Length (a CDX answer, streamed)
 
 
 def keeps_body(c: Cacheable, status: int, has_text: bool) -> bool:

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from politeproxy.policy.slots import Claim, Outcome
+from politeproxy.policy.table import from_table
 
 BACKLOG_TTL = 3.0  # seconds a proxy's marks outlive its last claim, at least (a proxy that died)
 TTL_GAPS = 16.0  # ... and at least this many global gaps: a backlogged proxy claims once per own slot
@@ -37,7 +38,7 @@ def weight_of(w: float) -> float:
 @dataclass(frozen=True)
 class FairAsk:
     pipeline: str
-    weight: float = 1.0
+    weight: float = from_table("pipelines.*.weight")
     proxy: str = ""  # the asking proxy (its dispatcher's random id): its marks are its own
     backlog: tuple[str, ...] = ()  # the pipelines with requests ready on the asking proxy
 

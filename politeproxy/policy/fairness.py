@@ -20,6 +20,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from politeproxy.policy.table import from_table
+
 DEFAULT_PIPELINE = "default"  # the pipeline of callers that name none (tools, tests)
 OTHER_PIPELINE = "other"
 FREE_PIPELINES = 50  # names beyond the configured ones that keep a metric label of their own, first come
@@ -33,7 +35,7 @@ class PipelineRule:
     """A configured pipeline: ``[pipelines.NAME] weight = 2, max_queued = 500``."""
 
     name: str
-    weight: float = 1.0
+    weight: float = from_table("pipelines.*.weight")
     max_queued: int | None = None  # requests waiting at once; None = no cap of its own
 
 

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from politeproxy.policy.hosts import valid_hostname
+from politeproxy.policy.table import default
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -154,7 +155,7 @@ def parse_absolute_target(raw: str) -> tuple[str, Target] | Refusal:
     return target if isinstance(target, Refusal) else (scheme, target)
 
 
-ALLOW_IP_CONNECT = False  # the default of the allow_ip_connect key (policy/table.py)
+ALLOW_IP_CONNECT: bool = default("allow_ip_connect")  # the key's default (policy/table.py)
 
 # The paced names a client should use instead of a name that reaches Common Crawl's data unpaced.
 PACED_EXAMPLES = "data.commoncrawl.org, commoncrawl.s3.amazonaws.com"

@@ -16,21 +16,13 @@ import datetime as dt
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from politeproxy.policy.table import DAY, SETTINGS, SIZE_BOUNDS, default, setting
+from politeproxy.policy.table import DAY, SETTINGS, SIZE_BOUNDS, RobotsSection, Sections, setting
 
 
 class ConfigError(ValueError):
     """A config value, flag or environment variable is invalid; the message is one line naming it."""
-
-
-def bounds_of(key: str) -> tuple[Any, Any]:
-    """The (lowest, highest) of a key with bounds in the table."""
-    b = setting(key).bounds
-    assert b is not None, key
-    return b
 
 
 # (lowest, highest) per duration key, in seconds, from the table. The upper bounds are far above any
@@ -52,91 +44,28 @@ ENV_NUMBERS: dict[str, tuple[float, float, float]] = {
 }
 
 
-# -- defaults: named views of the table (policy/table.py), THE one home of every default -------------
-# The dataclasses (PacingSettings, BackoffPolicy, Timeouts, Upstream, RobotsWatcher) read these names;
-# tests/unit/policy/test_settings_defaults.py checks that they agree with what the config loads.
-
-LISTEN: str = default("listen")
-LOG_FORMAT: str = default("log_format")
-TUNNEL_PORTS: tuple[int, ...] = default("tunnel_ports")
-ALLOW_PRIVATE_DESTINATIONS: bool = default("allow_private_destinations")
-INTERCEPT_S3_PATH_STYLE: bool = default("intercept_s3_path_style")
-# [client]
-HANDSHAKE_TIMEOUT: float = default("client.handshake_timeout")
-HEADER_TIMEOUT: float = default("client.header_timeout")
-IDLE_TIMEOUT: float = default("client.idle_timeout")
-MAX_HEADER_SIZE: int = default("client.max_header_size")
-MAX_CLIENT_CONNECTIONS: int = default("client.max_connections")
-# [upstream]
-CONNECT_TIMEOUT: float = default("upstream.connect_timeout")
-READ_TIMEOUT: float = default("upstream.read_timeout")
-UPSTREAM_MAX_CONNECTIONS: int = default("upstream.max_connections")
-# [schedule]
-BACKEND: str = default("schedule.backend")
-GLOBAL_GAP: float = default("schedule.global_rate")  # seconds between paced grants: 5 req/s
-REDIS_URL: str = default("schedule.redis_url")
-REDIS_PREFIX: str = default("schedule.redis_prefix")
-REDIS_KEY_TTL: float = default("schedule.redis_key_ttl")
-EXPECTED_PROXIES: int = default("schedule.expected_proxies")
-# [pacing]
-MAX_WAIT: float = default("pacing.max_wait")  # under duckdb's and cdx_toolkit's 30 s timeouts
-RETRIES: int = default("pacing.retries")
-MAX_QUEUE: int = default("pacing.max_queue")  # paced lines plus exempt places together
-BACKOFF_BASE: float = default("pacing.backoff_base")
-BACKOFF_FACTOR = 2.0  # not a config key
-BACKOFF_CAP: float = default("pacing.backoff_cap")
-BACKOFF_JITTER: float = default("pacing.backoff_jitter")
-# Per-code policies (issue 12): 429/500/503 back off exponentially; a 403 (CloudFront's rate rule) holds the
-# host for BLOCK_HOLD, doubling per consecutive block up to BLOCK_HOLD_CAP, then one probe goes alone.
-THROTTLE_CODES: tuple[int, ...] = default("pacing.throttle_codes")
-BLOCK_CODES: tuple[int, ...] = default("pacing.block_codes")
-BLOCK_HOLD: float = default("pacing.block_hold")
-BLOCK_HOLD_CAP: float = default("pacing.block_hold_cap")
-# The adaptive host interval: at least doubled by a throttle (never below the floor), back to the
-# configured one in 4 steps over ADAPTIVE_RECOVERY from the end of the backoff.
-ADAPTIVE: bool = default("pacing.adaptive")
-ADAPTIVE_FLOOR: float = default("pacing.adaptive_floor")
-ADAPTIVE_RECOVERY: float = default("pacing.adaptive_recovery")
-# [hosts]: index.commoncrawl.org is one fragile pywb server; cdx_toolkit paces it at 1 s. The default
-# [hosts] table is not a key's default: it is what a config without [hosts] gets.
-INDEX_HOST_INTERVAL = 1.0
-HOST_INTERVALS: tuple[tuple[str, float], ...] = (("index.commoncrawl.org", INDEX_HOST_INTERVAL),)
-# [exempt]
-EXEMPT_MAX_IN_FLIGHT: int = default("exempt.max_in_flight")
-EXEMPT_RESPECT_BACKOFF: bool = default("exempt.respect_backoff")
-EXEMPT_RATE: float = default("exempt.rate")  # 50/s per service, shared by every proxy on the store
-EXEMPT_BURST: int = default("exempt.burst")
-EXEMPT_BURST_BOUNDS = bounds_of("exempt.burst")
-# [pipelines.NAME]: a pipeline's weight in the fair queue, and its own cap on requests waiting (0 = none)
-PIPELINE_WEIGHT: float = default("pipelines.*.weight")
-PIPELINE_WEIGHT_BOUNDS = bounds_of("pipelines.*.weight")
-PIPELINE_MAX_QUEUED: int = default("pipelines.*.max_queued")
-PIPELINE_MAX_QUEUED_BOUNDS = bounds_of("pipelines.*.max_queued")
+# -- defaults -------------------------------------------------------------------------------------------
+# Every default lives in the table (policy/table.py): ``DEFAULTS`` is its typed view, one section per TOML
+# section (``DEFAULTS.client.idle_timeout``); the parts' own settings dataclasses take theirs with
+# ``from_table``. tests/unit/policy/test_settings_defaults.py finds any literal that repeats one.
+DEFAULTS = Sections()
+LISTEN: str = DEFAULTS.general.listen  # the Config's listen before a file is read
 MAX_PIPELINES = 256  # configured [pipelines.*] tables at most (each keeps a metric label for good)
-# [robots]
-ROBOTS_ENABLED: bool = default("robots.enabled")
-ROBOTS_TTL: float = default("robots.ttl")
-ROBOTS_MAX_CRAWL_DELAY: float = default("robots.max_crawl_delay")
-# [cache] (issue 14): the shared disk cache of immutable Common Crawl objects, in <data_dir>/cache
-CACHE_ENABLED: bool = default("cache.enabled")
-CACHE_MAX_OBJECT: int = default("cache.max_object")
-CACHE_MAX_RANGE: int = default("cache.max_range")
-CACHE_MAX_SIZE: int = default("cache.max_size")
-CACHE_COLLINFO_TTL: float = default("cache.collinfo_ttl")  # collinfo.json changes once a month
-CACHE_INDEX_ANSWERS: bool = default("cache.index_answers")  # issue 43: CDX answers of published crawls
-CACHE_INDEX_MISS_TTL: float = default("cache.index_miss_ttl")
-CACHE_INDEX_REDIS_MAX_ANSWER: int = default("cache.index_redis_max_answer")
-CACHE_INDEX_REDIS_MAX_SIZE: int = default("cache.index_redis_max_size")
-INDEX_REST: float = default("pacing.index_rest")  # issue 43: the index service rests after a warning
-
-
-@dataclass(frozen=True, slots=True)
-class RobotsSettings:
-    """What the robots watcher reads: its typed settings, applied at start and by a reload."""
-
-    enabled: bool = ROBOTS_ENABLED
-    ttl: float = ROBOTS_TTL
-    max_crawl_delay: float = ROBOTS_MAX_CRAWL_DELAY
+# The parts handed these as keyword defaults (proxy/listener.py, proxy/upstream.py, proxy/robots_fetch.py)
+# read them by these names until they take their sections; App passes every value from the loaded sections.
+HANDSHAKE_TIMEOUT: float = DEFAULTS.client.handshake_timeout
+HEADER_TIMEOUT: float = DEFAULTS.client.header_timeout
+IDLE_TIMEOUT: float = DEFAULTS.client.idle_timeout
+MAX_HEADER_SIZE: int = DEFAULTS.client.max_header_size
+MAX_CLIENT_CONNECTIONS: int = DEFAULTS.client.max_connections
+CONNECT_TIMEOUT: float = DEFAULTS.upstream.connect_timeout
+READ_TIMEOUT: float = DEFAULTS.upstream.read_timeout
+UPSTREAM_MAX_CONNECTIONS: int = DEFAULTS.upstream.max_connections
+ROBOTS_ENABLED: bool = DEFAULTS.robots.enabled
+ROBOTS_TTL: float = DEFAULTS.robots.ttl
+ROBOTS_MAX_CRAWL_DELAY: float = DEFAULTS.robots.max_crawl_delay
+# What the robots watcher reads, applied at start and by a reload: the [robots] section itself.
+RobotsSettings = RobotsSection
 
 
 def check_number(value: float, key: str, lo: float = 0.0, hi: float = DAY, unit: str = "") -> float:

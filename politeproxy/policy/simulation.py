@@ -5,7 +5,7 @@
 - ``arrivals``: the requests a set of streams makes in a span, evenly spaced, in time order;
 - ``access_arrival``: one line of the proxy's own access log (plain or JSON) as the request it was;
 - ``peak``: the most send times any trailing window of a given length holds;
-- ``Tally`` and the report's rows, and ``render``, the report as the plain table.
+- ``SimCounts`` and the report's rows, and ``render``, the report as the plain table.
 
 Every parser here reads text a user typed or a file anyone may have written: it returns a value or raises
 ``WorkloadError`` (a ValueError with a message fit for one line), never anything else.
@@ -277,7 +277,7 @@ def log_arrivals(lines: Iterable[str], seconds: float) -> list[Arrival]:
 
 
 @dataclass
-class Tally:
+class SimCounts:
     """One service's (or pipeline's) counts; ``sends`` holds the times its requests went."""
 
     offered: int = 0
@@ -287,7 +287,7 @@ class Tally:
     sends: list[float] = field(default_factory=list)
 
 
-def service_row(t: Tally, window: float, limit: int) -> dict[str, Any]:
+def service_row(t: SimCounts, window: float, limit: int) -> dict[str, Any]:
     """A service's line of the report: its peak in the request window (``window`` s, ``limit``; 0 when
     the window is off) and in Common Crawl's own 300 s, against 6,000."""
     sends = sorted(t.sends)
@@ -304,7 +304,7 @@ def service_row(t: Tally, window: float, limit: int) -> dict[str, Any]:
     }
 
 
-def pipeline_row(t: Tally) -> dict[str, Any]:
+def pipeline_row(t: SimCounts) -> dict[str, Any]:
     sent = t.offered - t.refused
     return {"requests": sent, "refused": t.refused, "mean_wait_s": round(t.waits / sent, 3) if sent else 0.0}
 

@@ -21,8 +21,8 @@ from politeproxy.policy.cacherules import (
     UNKNOWN,
     Cacheable,
     CacheLimits,
-    DontStore,
-    Store,
+    DontKeep,
+    Keep,
     keeps_body,
     response_decision,
 )
@@ -61,9 +61,9 @@ class Tee:
         # granted, before it asks upstream; True: answered from another proxy's kept answer instead
         self.gate: Callable[[], Awaitable[bool]] | None = None
         # the rules' decision on the answer's head, made once: relay() asks it for Cache-Status, then start()
-        self._decided: tuple[tuple[str, int, int], Store | DontStore] | None = None
+        self._decided: tuple[tuple[str, int, int], Keep | DontKeep] | None = None
 
-    def _decision(self, method: str, status: int, headers: Mapping[str, str]) -> Store | DontStore:
+    def _decision(self, method: str, status: int, headers: Mapping[str, str]) -> Keep | DontKeep:
         key = (method, status, id(headers))
         if self._decided is None or self._decided[0] != key:
             self._decided = key, response_decision(self.front.limits, self.d, method, status, headers)
@@ -72,7 +72,7 @@ class Tee:
     def would_store(self, method: str, status: int, headers: Mapping[str, str]) -> bool:
         """Whether this answer's head lets it be kept (its Cache-Status says ``stored``); the disk may still
         refuse it."""
-        return isinstance(self._decision(method, status, headers), Store)
+        return isinstance(self._decision(method, status, headers), Keep)
 
     async def start(self, method: str, status: int, headers: Mapping[str, str]) -> None:
         if not await self._start(method, status, headers):
@@ -80,7 +80,7 @@ class Tee:
 
     async def _start(self, method: str, status: int, headers: Mapping[str, str]) -> bool:
         decision = self._decision(method, status, headers)
-        if not isinstance(decision, Store):
+        if not isinstance(decision, Keep):
             return False
         kept = [(h, headers[h]) for h in STORED_HEADERS if h in headers]
         if any(len(v) > 8192 or not v.isprintable() for _h, v in kept):

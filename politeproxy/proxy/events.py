@@ -1,13 +1,12 @@
-"""What the proxy layer reports, and to whom: a small Protocol instead of Prometheus objects.
+"""What the proxy layer reports, and to whom: a small family of events instead of Prometheus objects.
 
 ``metrics.Metrics`` counts these events and ``logs.AccessLog`` writes the access line; ``app.py`` joins
-the two with ``Tee``. The proxy layer knows neither.
+the two with ``observe.fanout.fan_out``. The proxy layer knows neither.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Protocol
 
 from politeproxy.proxy.exchange import Exchange
 
@@ -29,77 +28,30 @@ def access_path(raw: str, limit: int = PATH_LIMIT) -> str:
     return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
 
 
-class ProxyEvents(Protocol):
-    """What the proxy layer reports. ``direction`` is "client_to_upstream" or "upstream_to_client"."""
+class ProxyEvents:
+    """What the proxy layer reports, each event declared once, here: a method that does nothing.
 
-    def answered(self, host: str, klass: str, status: int | None, pipeline: str = "default") -> None: ...
-    def rejected(self, host: str, reason: str) -> None: ...
-    def bytes_relayed(self, direction: str, n: int) -> None: ...
-    def tunnels_changed(self, open_now: int) -> None: ...
-    def retried(self, host: str) -> None: ...
-    def access(self, record: Exchange) -> None: ...
-
-
-class NoProxyEvents:
-    """ProxyEvents that go nowhere: the base of a sink that hears only some events, and tests."""
+    This class is also the sink that goes nowhere (tests, tools). A sink subclasses it and overrides the
+    events it hears (``metrics.Metrics``, ``logs.AccessLog``); ``observe/fanout.py`` hands each event to
+    every sink that overrides it, so a new event is one method here plus the sinks that want it."""
 
     def answered(self, host: str, klass: str, status: int | None, pipeline: str = "default") -> None:
-        pass
+        """One exchange answered (``status`` None: the upstream failed), counted as ``pipeline``."""
 
     def rejected(self, host: str, reason: str) -> None:
-        pass
+        """A request refused by the proxy itself; ``reason`` is the rejection counter's label."""
 
     def bytes_relayed(self, direction: str, n: int) -> None:
-        pass
+        """Body bytes relayed; ``direction`` is "client_to_upstream" or "upstream_to_client"."""
 
     def tunnels_changed(self, open_now: int) -> None:
-        pass
+        """The CONNECT tunnels open now."""
 
     def retried(self, host: str) -> None:
-        pass
+        """A throttled request retried by the proxy for its client."""
 
     def access(self, record: Exchange) -> None:
-        pass
+        """One exchange done: the access line's record."""
 
 
-_EVENTS = ("answered", "rejected", "bytes_relayed", "tunnels_changed", "retried", "access")
-
-
-class Tee:
-    """ProxyEvents handed to every sink in turn (metrics, then the access log). Per event, a sink whose
-    method is ``NoProxyEvents``'s empty one is left out, and when one sink is left its method is bound
-    here directly: the per-request events then cost one call each."""
-
-    def __init__(self, *sinks: ProxyEvents) -> None:
-        self.sinks = sinks
-        for name in _EVENTS:
-            empty = getattr(NoProxyEvents, name)
-            live = [getattr(s, name) for s in sinks if getattr(type(s), name, None) is not empty]
-            if len(live) == 1:
-                setattr(self, name, live[0])
-            elif not live:
-                setattr(self, name, getattr(NoProxyEvents(), name))
-
-    def answered(self, host: str, klass: str, status: int | None, pipeline: str = "default") -> None:
-        for s in self.sinks:
-            s.answered(host, klass, status, pipeline)
-
-    def rejected(self, host: str, reason: str) -> None:
-        for s in self.sinks:
-            s.rejected(host, reason)
-
-    def bytes_relayed(self, direction: str, n: int) -> None:
-        for s in self.sinks:
-            s.bytes_relayed(direction, n)
-
-    def tunnels_changed(self, open_now: int) -> None:
-        for s in self.sinks:
-            s.tunnels_changed(open_now)
-
-    def retried(self, host: str) -> None:
-        for s in self.sinks:
-            s.retried(host)
-
-    def access(self, record: Exchange) -> None:
-        for s in self.sinks:
-            s.access(record)
+NoProxyEvents = ProxyEvents  # the family's own no-op methods: the sink that hears nothing

@@ -39,7 +39,6 @@ from politeproxy.proxy.upstream import (
     Answer,
     PoolFull,
     Upstream,
-    body_head,
     describe_error,
     loggable,
     strip_hop_by_hop,
@@ -374,7 +373,7 @@ async def _peeked(upstream: Answer, odd_form: bool) -> Signal:
     """A 403's cause from its head and its body's first bytes (peeked, left for the relay). Never raises:
     an answer that cannot be read is a 403 from nobody known."""
     try:
-        head = await body_head(upstream, PEEK)
+        head = await upstream.peek(PEEK)
         return read_signal(upstream.status, upstream.headers, head, odd_form=odd_form)
     except Exception:  # noqa: BLE001 - an odd answer must not lose its feedback
         return read_signal(upstream.status, {}, b"", odd_form=odd_form)

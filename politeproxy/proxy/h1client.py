@@ -1,12 +1,12 @@
-"""The lean upstream client for the hot case: GETs without a body, on pooled HTTP/1.1 connections (issue 15).
+"""The upstream client (issue 15; issue 44: the only one): every method, pooled HTTP/1.1 connections.
 
-aiohttp's ``ClientSession`` builds per request a request object, a connector key and lookup, timer
+aiohttp's ``ClientSession`` built per request a request object, a connector key and lookup, timer
 contexts, a response object and a stream reader; for a small GET that machinery cost more than the
 parsing. This client keeps one protocol object per connection (``h1conn``), parses with httptools
-(llhttp, the parser aiohttp itself ships), writes a request head in one call, and keeps idle connections
-per (scheme, host, port) for ``KEEPALIVE`` seconds. Anything with a body, HEAD and robots.txt still go
-through aiohttp (``upstream.Upstream.request``). Verified TLS (the same context), the --resolve map, the
-connect and read timeouts and the error-to-status mapping are the same as aiohttp's path.
+(llhttp), writes a request head in one call and a body after it, streamed (its Content-Length, else
+chunked), and keeps idle connections per (scheme, host, port) for ``KEEPALIVE`` seconds. Verified TLS,
+the --resolve map, a DNS cache, happy eyeballs, the connect and read timeouts, and an error-to-status
+mapping with the local causes named (``UpstreamFailed``, ``LOCAL_FIX``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import errno
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohappyeyeballs
 from aiohappyeyeballs import AddrInfoType
@@ -26,13 +26,17 @@ from yarl import URL
 from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
 from politeproxy.proxy.unasked import unread
 
-KEEPALIVE = 30.0  # seconds an idle connection is kept (aiohttp's keepalive_timeout in upstream.py)
-DNS_TTL = 60.0  # seconds a system resolver answer is kept (aiohttp's ttl_dns_cache)
+KEEPALIVE = 30.0  # seconds an idle connection is kept (as aiohttp's client kept them before issue 44)
+DNS_TTL = 60.0  # seconds a system resolver answer is kept (as aiohttp's ttl_dns_cache was)
 DNS_ENTRIES = 256  # names remembered at most; the table is emptied when full
 HAPPY_EYEBALLS_DELAY = (
     0.25  # seconds before the next address is tried alongside (RFC 8305; aiohttp's default)
 )
-RETRIES_ON_STALE = 3  # reused connections found closed before their answer, tried past in one GET
+RETRIES_ON_STALE = 3  # reused connections found closed before their answer, tried past in one request
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})  # RFC 9110 9.2.2
+NO_LENGTH_NEEDED = frozenset(
+    {"GET", "HEAD", "OPTIONS", "TRACE"}
+)  # aiohttp's GET_METHODS: no "Content-Length: 0"
 # Seconds after an answer's end before its connection is written to again (issue 42 item 6). Bytes the
 # upstream sends just after an answer may still be on their way when the connection is checked empty, and
 # would then arrive after the next request was written, as its answer. A connection quiet for this long is
@@ -67,22 +71,33 @@ class H1Client:
         self.sweeper: asyncio.TimerHandle | None = None
         self.closing = False
 
-    async def get(self, url: URL, headers: CIMultiDict[str]) -> H1Answer:
-        """Send ``GET url`` and wait for the answer's head. Raises ``UpstreamFailed`` (status and reason)."""
+    def get(self, url: URL, headers: CIMultiDict[str]) -> Awaitable[H1Answer]:
+        return self.request("GET", url, headers, None)
+
+    async def request(
+        self, method: str, url: URL, headers: CIMultiDict[str], body: AsyncIterator[bytes] | None
+    ) -> H1Answer:
+        """Send ``method url`` (and ``body``, streamed) and wait for the answer's head. Raises
+        ``UpstreamFailed`` (status and reason)."""
         host, port = url.raw_host or "", url.port or 0
         key = (url.scheme, host, port)
-        head = _request_head(url, host, port, headers)
-        for _ in range(RETRIES_ON_STALE + 1):  # a reused connection the upstream closed meanwhile: next one
+        head, length = _request_head(method, url, host, port, headers, body is not None)
+        # a request that may have done something upstream is never sent twice (RFC 9112 9.3.1), nor a body
+        retries = RETRIES_ON_STALE if body is None and method in IDEMPOTENT else 0
+        for attempt in range(retries + 1):
             conn = await self._reuse(key) or await self._connect(key)
-            answer = H1Answer(conn, url, self.read_timeout, self.high_water)
-            answer.on_release = self._put
+            answer = H1Answer(conn, url, self.read_timeout, self.high_water, method == "HEAD")
             conn.answer = answer
             conn.transport.write(head)  # type: ignore[union-attr]
+            if body is not None:
+                answer.writer = asyncio.get_running_loop().create_task(
+                    _send_body(conn, answer, body, length, self.read_timeout)
+                )
             try:
                 await answer.head()
             except UpstreamFailed as e:
                 answer.close()
-                if e.gone and conn.reused:
+                if e.gone and conn.reused and attempt < retries:
                     continue
                 raise
             except BaseException:
@@ -182,7 +197,7 @@ class H1Client:
                 )
                 try:
                     _, conn = await loop.create_connection(
-                        lambda: H1Conn(key, where, tls),
+                        lambda: H1Conn(key, where, tls, self._put),
                         sock=sock,
                         ssl=self.tls if tls else None,
                         server_hostname=key[1] if tls else None,
@@ -255,15 +270,66 @@ def _ack_now(transport: asyncio.BaseTransport | None) -> None:
 QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 
-def _request_head(url: URL, host: str, port: int, headers: CIMultiDict[str]) -> bytes:
-    """``GET`` head bytes, with Host from the URL as aiohttp writes it (port only when not the default)."""
+def _request_head(
+    method: str, url: URL, host: str, port: int, headers: CIMultiDict[str], has_body: bool
+) -> tuple[bytes, int]:
+    """The head's bytes, with Host from the URL (port only when not the default) and the body's framing
+    (aiohttp's rules: a body without a length goes chunked; a method that may carry one says 0 without);
+    and the body's length, -1 for chunked."""
     netloc = f"[{host}]" if ":" in host else host
     if not url.is_default_port():
         netloc = f"{netloc}:{port}"
-    lines = [f"GET {url.raw_path_qs or '/'} HTTP/1.1", f"Host: {netloc}"]
+    lines = [f"{method} {url.raw_path_qs or '/'} HTTP/1.1", f"Host: {netloc}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
+    length = 0
+    if has_body or method not in NO_LENGTH_NEEDED:
+        cl = headers.get("Content-Length")
+        if cl is None:
+            length = -1 if has_body else 0
+            lines.append("Transfer-Encoding: chunked" if has_body else "Content-Length: 0")
+        elif cl.isdigit():  # the client side's parser checked it; a second look costs nothing here
+            length = int(cl)
+        else:
+            raise UpstreamFailed(400, "the request's Content-Length is not a number", local="request")
     text = "\r\n".join(lines)
     # every field came through a parser that refuses CR and LF in it; a second look costs one scan
     if text.count("\n") != len(lines) - 1 or text.count("\r") != len(lines) - 1:
         raise UpstreamFailed(400, "a header value holds a line break", local="request")
-    return (text + "\r\n\r\n").encode("utf-8", "surrogateescape")
+    return (text + "\r\n\r\n").encode("utf-8", "surrogateescape"), length
+
+
+async def _send_body(
+    conn: H1Conn, answer: H1Answer, body: AsyncIterator[bytes], length: int, timeout: float
+) -> None:
+    """Stream the request body after its head: ``length`` bytes, or chunked when -1; never more than one
+    chunk held here (``drain`` waits while the upstream reads slower than the client sends).
+
+    A body that breaks (the client left) or a connection that cannot take it fails the answer and ends
+    the connection: the upstream must not take a short body for a whole one."""
+    transport = conn.transport
+    assert transport is not None
+    sent = 0
+    try:
+        async for chunk in body:
+            if not chunk:
+                continue
+            sent += len(chunk)
+            if length < 0:
+                transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+            elif sent > length:
+                raise UpstreamFailed(
+                    400, "the request body is longer than its Content-Length", local="request"
+                )
+            else:
+                transport.write(chunk)
+            await conn.drain(timeout)
+        if length < 0:
+            transport.write(b"0\r\n\r\n")
+        elif sent != length:
+            raise UpstreamFailed(400, "the request body ended before its Content-Length", local="request")
+    except UpstreamFailed as e:
+        answer.fail(e)
+        conn.abort()
+    except Exception as e:  # noqa: BLE001 - the client's body broke: its own side notes it (forward.py)
+        answer.fail(UpstreamFailed(502, f"the request body broke: {type(e).__name__}: {e}"))
+        conn.abort()

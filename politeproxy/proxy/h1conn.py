@@ -1,9 +1,9 @@
-"""One upstream HTTP/1.1 connection of the lean client, and the answer it is reading (issue 15).
+"""One upstream HTTP/1.1 connection of the upstream client (issue 15; issue 44: every method).
 
-The connection is a plain asyncio protocol; httptools (llhttp, the C parser aiohttp itself ships) parses
-its answers. The answer's body is buffered up to a high-water mark, then the socket stops being read until
-the relay drains it: never a whole body in memory. Untrusted upstream bytes never raise out of here: a bad
-head, a head over its bound or a cut turns into an ``UpstreamFailed`` the reader sees.
+A plain asyncio protocol: it writes request bytes (with ``drain``, the transport's flow control, for a
+body) and feeds what httptools (llhttp) parses of the upstream's bytes to the answer being read
+(``h1answer``). Bytes nobody asked for end the connection. Untrusted upstream bytes never raise out of
+here: a bad head, a head over its bound or a cut turns into an ``UpstreamFailed`` the reader sees.
 """
 
 from __future__ import annotations
@@ -12,44 +12,19 @@ import asyncio
 from collections.abc import Callable
 
 import httptools
-from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
 
 from politeproxy.proxy.fastnet import NO_CLOSE_NOTIFY, close_notify_missing, tls_object
+from politeproxy.proxy.h1answer import (
+    LOCAL_FIX,
+    MAX_FIELDS,
+    MAX_HEAD,
+    H1Answer,
+    UpstreamFailed,
+    length_unknown,
+)
 
-MAX_HEAD = 64 * 1024  # bytes of one answer head (aiohttp bounds each line at 8 KiB, not the head)
-MAX_FIELDS = 256  # header lines of one answer head
-
-
-def length_unknown(headers: CIMultiDictProxy[str]) -> bool:
-    """No Content-Length and not chunked: a body with one ends only when the connection does (RFC 9112 6.3
-    rule 8). ``upstream.close_delimited`` asks this too, with the method and status that have no body."""
-    te = ",".join(headers.getall("Transfer-Encoding", ())).lower()
-    return "Content-Length" not in headers and "chunked" not in te
-
-
-# Failures on this side (issue 24): the upstream never saw the request, so they say nothing about it and
-# record nothing. Each names its cause and its fix, in the 502's body and the log line.
-LOCAL_FIX = {
-    "tls": "this proxy does not trust the upstream's certificate (a local set-up problem, not the upstream's "
-    "answer): add the CA that signed it with [upstream] ca_file or --upstream-ca FILE",
-    "dns": "a local DNS failure, not the upstream's answer: check this machine's resolver, or map the name "
-    "with [upstream] resolve",
-    "refused": "the resolved address refused the connection (a local set-up problem, not the upstream's "
-    "answer): check [upstream] resolve, the network and any firewall",
-    "request": "the request cannot be sent as it is (not the upstream's answer)",
-}
-
-
-class UpstreamFailed(Exception):
-    """An exchange that failed, with the status the client gets and a one-line reason."""
-
-    def __init__(self, status: int, message: str, *, gone: bool = False, local: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.gone = gone  # the connection closed before any byte of an answer (a reused one: try again)
-        self.local = local  # a LOCAL_FIX key: the failure is this proxy's, not the upstream's
+# what the client, the upstream side and the tests import from here
+__all__ = ["LOCAL_FIX", "MAX_FIELDS", "MAX_HEAD", "H1Answer", "H1Conn", "UpstreamFailed", "length_unknown"]
 
 
 class H1Conn(asyncio.Protocol):
@@ -57,6 +32,8 @@ class H1Conn(asyncio.Protocol):
 
     __slots__ = (
         "answer",
+        "drained",
+        "pool",
         "eof",
         "idle_since",
         "key",
@@ -68,7 +45,14 @@ class H1Conn(asyncio.Protocol):
         "where",
     )
 
-    def __init__(self, key: tuple[str, str, int], where: str, tls: bool) -> None:
+    def __init__(
+        self,
+        key: tuple[str, str, int],
+        where: str,
+        tls: bool,
+        pool: Callable[[H1Conn], None] | None = None,
+    ) -> None:
+        self.pool = pool  # takes the connection back when an answer left it reusable
         self.key = key
         self.where = where
         self.tls = tls
@@ -79,6 +63,48 @@ class H1Conn(asyncio.Protocol):
         self.lost = False
         self.reused = False
         self.idle_since = 0.0
+        self.drained: asyncio.Future[None] | None = None  # set while the transport's buffer is full
+
+    async def drain(self, timeout: float) -> None:
+        """Wait until the transport takes more (a request body's backpressure), at most ``timeout``."""
+        w = self.drained
+        if w is not None and not self.lost:
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(w)
+            except TimeoutError:
+                raise UpstreamFailed(504, f"{self.where} took no request bytes for {timeout:g}s") from None
+        if self.lost:
+            raise UpstreamFailed(502, f"upstream {self.where} closed while the request was sent")
+
+    def pause_writing(self) -> None:
+        if self.drained is None:
+            self.drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        w, self.drained = self.drained, None
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def http_version(self) -> str:
+        return self.parser.get_http_version()
+
+    def done_with(self, reuse: bool, head_only: bool) -> None:
+        """The answer read to its end: back to the pool when ``reuse`` and it may be, else closed."""
+        self.answer = None
+        if reuse and self.pool is not None and self.usable():
+            if head_only:  # llhttp still expects the body the HEAD's head announced: start over
+                self.parser = httptools.HttpResponseParser(self)
+            self.pool(self)
+        else:
+            self.lost = True
+            if self.transport is not None:
+                self.transport.close()
+
+    def drop(self) -> None:
+        """The answer was given up (unread, cut, or its request body unsent): never reused."""
+        self.answer = None
+        self.abort()
 
     def usable(self) -> bool:
         return not (self.lost or self.eof or self.transport is None or self.transport.is_closing())
@@ -132,6 +158,7 @@ class H1Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.lost = True
+        self.resume_writing()  # a body writer waiting to drain meets the loss
         a = self.answer
         if a is not None and not self.eof:
             if exc is not None:
@@ -163,230 +190,3 @@ class H1Conn(asyncio.Protocol):
         a = self.answer
         if a is not None:
             a.message_complete(self.parser.should_keep_alive())
-
-
-class H1Answer:
-    """The answer to one request: its head, then its body read ``read(n)`` at a time (aiohttp's
-    ``ClientResponse`` shape where the relay uses it: ``status``, ``reason``, ``headers``, ``url``,
-    ``content.read``, ``content.at_eof``, ``release``, ``close``, ``closed``)."""
-
-    __slots__ = (
-        "_buffered",
-        "_chunks",
-        "_error",
-        "_head_bytes",
-        "head_seen",
-        "_high",
-        "_paused",
-        "_raw",
-        "_read_timeout",
-        "_waiter",
-        "closed",
-        "complete",
-        "conn",
-        "cut_reason",
-        "headers",
-        "keep_alive",
-        "on_release",
-        "reason",
-        "reason_raw",
-        "status",
-        "url",
-    )
-
-    def __init__(self, conn: H1Conn, url: URL, read_timeout: float, high_water: int) -> None:
-        self.conn = conn
-        self.url = url
-        self.status = 0
-        self.reason = ""
-        self.reason_raw = b""
-        self.headers: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())
-        self._raw: list[tuple[str, str]] = []
-        self._head_bytes = 0
-        self.head_seen = 0  # bytes read while no answer head was complete (1xx answers included)
-        self._chunks: list[bytes] = []
-        self._buffered = 0
-        self._high = high_water
-        self._paused = False
-        self._error: UpstreamFailed | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._read_timeout = read_timeout
-        self.complete = False  # the whole answer arrived (or ended cleanly with the connection)
-        self.keep_alive = False
-        self.cut_reason: str | None = None
-        self.closed = False
-        self.on_release: Callable[[H1Conn], None] | None = None  # the pool's: a reusable connection goes back
-
-    # fed by the connection
-    def header(self, name: bytes, value: bytes) -> None:
-        self._head_bytes += len(name) + len(value) + 4
-        if self._head_bytes > MAX_HEAD or len(self._raw) >= MAX_FIELDS:
-            raise UpstreamFailed(502, f"answer head over {MAX_HEAD} bytes or {MAX_FIELDS} fields")
-        # as aiohttp decodes them, so the headers pass on unchanged
-        self._raw.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
-
-    def head_done(self, status: int) -> None:
-        if status < 200:  # 100 Continue, 103 Early Hints: not the answer; the next head is
-            if status == 101:
-                raise UpstreamFailed(502, "switched protocols, which this proxy never asked for")
-            self._raw.clear()
-            self.reason_raw = b""
-            return
-        self.status = status
-        self.reason = self.reason_raw.decode("latin-1")
-        self.headers = CIMultiDictProxy(CIMultiDict(self._raw))
-        self.wake()
-
-    def feed(self, body: bytes) -> None:
-        self._chunks.append(body)
-        self._buffered += len(body)
-        self.wake()
-        if self._buffered > self._high and not self._paused and self.conn.transport is not None:
-            self._paused = True
-            self.conn.transport.pause_reading()
-
-    def message_complete(self, keep_alive: bool) -> None:
-        if self.status:  # an interim 1xx completes as a message of its own
-            self.complete = True
-            self.keep_alive = keep_alive
-            self.wake()
-
-    def ended(self, cut: str | None) -> None:
-        """The connection ended: a clean end of a close-delimited body, a cut, or no answer at all."""
-        if self.complete:
-            return
-        if not self.status:
-            self.fail(UpstreamFailed(502, f"upstream {self.conn.where} closed without answering", gone=True))
-        elif cut is not None or not length_unknown(self.headers):
-            self.cut_reason = cut or "connection closed before the answer's end"
-            self.fail(UpstreamFailed(502, f"upstream {self.conn.where} cut the answer: {self.cut_reason}"))
-        else:
-            self.complete = True
-            self.wake()
-
-    def overrun(self) -> None:
-        """More bytes came than the answer announced (a body over its Content-Length, or an answer nobody
-        asked for after it): the answer is no longer complete, what is still buffered is dropped, and the
-        reader meets a failure, so the client sees a cut and the cache keeps nothing."""
-        if self.complete and not self.closed:
-            self.complete = False
-            self._chunks.clear()
-            self._buffered = 0
-            self._error = UpstreamFailed(
-                502, f"upstream {self.conn.where} sent more bytes than its answer's length"
-            )
-            self.wake()
-
-    def fail(self, error: UpstreamFailed) -> None:
-        if self._error is None and not self.complete:
-            self._error = error
-            self.wake()
-
-    def wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    # read by the relay
-    async def head(self) -> None:
-        """Wait for the answer's head; at most read_timeout between two reads of the socket."""
-        while not self.status:
-            if self._error is not None:
-                raise self._error
-            await self._wait("did not answer in time")
-
-    @property
-    def content(self) -> H1Answer:
-        return self
-
-    def at_eof(self) -> bool:
-        return self.complete and not self._chunks
-
-    async def read(self, n: int) -> bytes:
-        while not self._chunks:
-            if self.complete:
-                return b""
-            if self._error is not None:
-                raise self._error
-            await self._wait(f"sent nothing for {self._read_timeout:g}s")
-        chunks = self._chunks
-        first = chunks[0]
-        if len(first) <= n and len(chunks) == 1:
-            chunks.clear()
-            data = first
-        else:
-            out, size = [], 0
-            while chunks and size < n:
-                c = chunks.pop(0)
-                if size + len(c) > n:
-                    chunks.insert(0, c[n - size :])
-                    c = c[: n - size]
-                out.append(c)
-                size += len(c)
-            data = b"".join(out)
-        self._buffered -= len(data)
-        if self._paused and self._buffered <= self._high // 2 and self.conn.transport is not None:
-            self._paused = False
-            self.conn.transport.resume_reading()
-        return data
-
-    async def peek(self, n: int) -> bytes:
-        """Up to ``n`` bytes of the body's start, left in place for ``read`` (the relay streams them on
-        unchanged): waits until they arrived, the body ended or failed, or read_timeout passed."""
-        while self._buffered < n and not self.complete and self._error is None:
-            try:
-                await self._wait(f"sent nothing for {self._read_timeout:g}s")
-            except UpstreamFailed:
-                break  # the relay's read meets the failure
-        out, size = [], 0
-        for c in self._chunks:
-            if size >= n:
-                break
-            out.append(c[: n - size])
-            size += len(out[-1])
-        return b"".join(out)
-
-    async def _wait(self, what: str) -> None:
-        loop = asyncio.get_running_loop()
-        w = self._waiter = loop.create_future()
-        timer = loop.call_later(self._read_timeout, _expire, w)
-        try:
-            await w
-        except TimeoutError:
-            self.conn.abort()
-            raise UpstreamFailed(504, f"{self.conn.where} {what}") from None
-        finally:
-            timer.cancel()
-            self._waiter = None
-
-    def release(self) -> None:
-        """Done with a fully read answer: its connection goes back to the pool when it may be reused."""
-        if self.closed:
-            return
-        self.closed = True
-        conn = self.conn
-        conn.answer = None
-        if self.complete and self.keep_alive and not self._chunks and conn.usable() and self.on_release:
-            self.on_release(conn)
-        elif self.complete:
-            _close(conn)
-        else:
-            conn.abort()
-
-    def close(self) -> None:
-        """Done early (error, cut, client gone): the connection cannot be reused."""
-        if not self.closed:
-            self.closed = True
-            self.conn.answer = None
-            self.conn.abort()
-
-
-def _expire(w: asyncio.Future[None]) -> None:
-    if not w.done():
-        w.set_exception(TimeoutError())
-
-
-def _close(conn: H1Conn) -> None:
-    conn.lost = True
-    if conn.transport is not None:
-        conn.transport.close()

@@ -16,15 +16,7 @@ from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.exchange import Exchange
 from politeproxy.proxy.passage import stamp
 from politeproxy.proxy.speak import standard_fields
-from politeproxy.proxy.upstream import (
-    CHUNK,
-    Answer,
-    EndWatch,
-    H1Answer,
-    close_delimited,
-    loggable,
-    strip_hop_by_hop,
-)
+from politeproxy.proxy.upstream import CHUNK, Answer, loggable, strip_hop_by_hop
 
 log = logging.getLogger("politeproxy")
 RETRY_AFTER_STATUSES = frozenset({403, 429, 503})  # answers that always carry a Retry-After (issue 12)
@@ -48,21 +40,15 @@ async def relay(client: ClientSide, upstream: Answer, ex: Exchange, events: Prox
     standard_fields(headers, ex, stored)  # RateLimit, Cache-Status (issue 41)
     # the head goes out with the first chunk: one TLS record and one send for a small answer
     client.start(upstream.status, upstream.reason, headers)
-    # the lean client's answer raises on a cut itself; aiohttp's ends such a body cleanly either way
-    watch = None
-    if not isinstance(upstream, H1Answer) and close_delimited(upstream, client.method):
-        watch = EndWatch(upstream)
     if tee is not None:
         await tee.start(client.method, upstream.status, upstream.headers)
     while True:
-        try:
-            chunk = await upstream.content.read(CHUNK)
-            why = watch.cut() if watch is not None and not chunk else None
-        except Exception as e:  # noqa: BLE001 - any upstream shape: one line, the client sees a cut
-            why = f"{type(e).__name__}: {e}"
-        if why is not None:
+        try:  # a cut (reset, TLS without close_notify, short of its length) raises here
+            chunk = await upstream.read(CHUNK)
+        except Exception as e:  # noqa: BLE001 - any failure: one line, the client sees a cut
             # Headers are gone already: cut the client off so it sees a truncated body, never a short one.
             ex.note = "upstream_broke"
+            why = f"{type(e).__name__}: {e}"
             log.info("%s %s: upstream failed mid-body: %s", client.method, loggable(upstream.url), why)
             client.abort()
             return

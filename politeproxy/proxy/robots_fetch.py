@@ -17,14 +17,14 @@ import asyncio
 import logging
 import time
 
-import aiohttp
 from multidict import CIMultiDict
 
 from politeproxy.pacing.pacer import Pacer, WaitTooLong
 from politeproxy.policy import settings as defaults
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.robots import crawl_delay, effective_crawl_delay
-from politeproxy.proxy.upstream import Upstream
+from politeproxy.proxy.h1conn import UpstreamFailed
+from politeproxy.proxy.upstream import Answer, Upstream
 
 log = logging.getLogger("politeproxy.policy.robots")
 
@@ -119,7 +119,7 @@ class RobotsWatcher:
                         resp = await self.upstream.request(
                             "GET", f"https://{host}/robots.txt", CIMultiDict(), None
                         )
-                except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                except (UpstreamFailed, TimeoutError, OSError) as e:
                     await p.answered(None, None)
                     raise RobotsFailed(type(e).__name__) from None
                 try:
@@ -130,20 +130,23 @@ class RobotsWatcher:
                         return 0.0  # no robots.txt: no Crawl-delay
                     raise RobotsFailed(f"status {resp.status}")
                 finally:
-                    resp.close()
+                    if resp.at_eof():  # read to its end: the pool keeps the connection
+                        resp.release()
+                    else:
+                        resp.close()
         except WaitTooLong as e:
             raise RobotsFailed(e.why) from None
 
-    async def _parse(self, resp: aiohttp.ClientResponse) -> float:
+    async def _parse(self, resp: Answer) -> float:
         """Read the body to its end, at most MAX_ROBOTS_BYTES, and take the Crawl-delay from it."""
         data = bytearray()
         try:
             async with asyncio.timeout(FETCH_TIMEOUT):
                 while len(data) < MAX_ROBOTS_BYTES:
-                    chunk = await resp.content.read(MAX_ROBOTS_BYTES - len(data))
+                    chunk = await resp.read(MAX_ROBOTS_BYTES - len(data))
                     if not chunk:
                         break
                     data += chunk
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        except (UpstreamFailed, TimeoutError, OSError) as e:
             raise RobotsFailed(f"body: {type(e).__name__}") from None
         return effective_crawl_delay(crawl_delay(data.decode("utf-8", "replace")), self.cap)

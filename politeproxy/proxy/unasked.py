@@ -1,20 +1,12 @@
 """Bytes nobody asked for (issue 25): an idle pooled upstream connection the upstream spoke on is closed,
-never reused, in both upstream clients. Sent on such a connection, the next request would take those bytes
-as its answer: the lean client checks with ``unread`` before it reuses one (h1client), aiohttp's pool with
-``CheckedConnector`` (upstream). The lean client's connection also closes itself when its loop reads them
-(h1conn)."""
+never reused. Sent on such a connection, the next request would take those bytes as its answer: the client
+checks with ``unread`` before it reuses one (h1client), for every method; its connection also closes itself
+when its loop reads them (h1conn)."""
 
 from __future__ import annotations
 
 import asyncio
 import select
-from typing import TYPE_CHECKING
-
-import aiohttp
-
-if TYPE_CHECKING:
-    from aiohttp.client_reqrep import ConnectionKey
-    from aiohttp.tracing import Trace
 
 
 def unread(transport: asyncio.BaseTransport | None) -> bool:
@@ -33,20 +25,3 @@ def unread(transport: asyncio.BaseTransport | None) -> bool:
         return bool(p.poll(0))
     except (OSError, ValueError):
         return True  # cannot look: do not trust it
-
-
-class CheckedConnector(aiohttp.TCPConnector):
-    """aiohttp's connector, except that an idle connection the upstream spoke on is closed, never reused.
-
-    aiohttp keeps what arrives on an idle connection (parsed into its queue, or left in the kernel until
-    the loop reads it) and hands it to the next request sent on it as that request's answer. Overrides
-    ``_get``, the pool's reuse step (an aiohttp internal, 3.14; tests/unit/proxy/test_pool_unsolicited.py
-    fails if it stops being called)."""
-
-    async def _get(self, key: ConnectionKey, traces: list[Trace]) -> aiohttp.connector.Connection | None:
-        while (conn := await super()._get(key, traces)) is not None:
-            proto = conn.protocol
-            if proto is not None and not proto.should_close and not unread(proto.transport):
-                return conn
-            conn.close()  # released with should_close: the transport is closed
-        return None

@@ -1,5 +1,5 @@
-"""The upstream side: one pooled aiohttp session, verified TLS, streamed bodies, curl-style --resolve; GETs
-without a body go through the lean client (``h1client``) on the same TLS context and --resolve map.
+"""The upstream side: one client of the project's own (``h1client``) for every method, pooled, verified TLS,
+bodies streamed both ways, curl-style --resolve.
 
 Connections are shared out per class (paced, exempt, passthrough) so that long downloads of one class
 cannot take every connection from the others; a wait for a free connection of one's own class is a local
@@ -9,26 +9,18 @@ limit (``PoolFull``), never an upstream throttle.
 from __future__ import annotations
 
 import asyncio
-import errno
-import ipaddress
 import re
-import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from functools import lru_cache
 
-import aiohttp
 import certifi
-from aiohttp.abc import AbstractResolver, ResolveResult
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from politeproxy.policy import settings as defaults
-from politeproxy.proxy.aiohttp_seams import connection_parts
-from politeproxy.proxy.fastnet import NO_CLOSE_NOTIFY, close_notify_missing, tls_object
 from politeproxy.proxy.h1client import H1Client
-from politeproxy.proxy.h1conn import LOCAL_FIX, H1Answer, UpstreamFailed, length_unknown
-from politeproxy.proxy.unasked import CheckedConnector
+from politeproxy.proxy.h1conn import LOCAL_FIX, H1Answer, UpstreamFailed
 
 # RFC 9110 7.6.1 and the proxy-only fields: never forwarded in either direction.
 HOP_BY_HOP = frozenset(
@@ -48,7 +40,6 @@ HOP_BY_HOP = frozenset(
 CHUNK = 256 * 1024  # measured: bulk throughput +19-49% over 64 KiB, peak RSS +2 MiB
 POOLS = ("paced", "exempt", "passthrough")
 HEADROOM = 8  # connections beyond the class shares, for robots.txt fetches (at most one per host at a time)
-NO_BODY_STATUS = frozenset({204, 304})
 
 
 def pool_shares(total: int) -> dict[str, int]:
@@ -83,14 +74,7 @@ def loggable(text: object, limit: int = 300) -> str:
     return _URL_QUERY.sub(r"\1", flat)[:limit]
 
 
-Answer = aiohttp.ClientResponse | H1Answer  # what an exchange yields: aiohttp's, or the lean client's
-
-
-def close_delimited(resp: Answer, method: str) -> bool:
-    """The body ends only when the upstream closes: no Content-Length, not chunked (RFC 9112 6.3 rule 8)."""
-    if method == "HEAD" or resp.status < 200 or resp.status in NO_BODY_STATUS:
-        return False
-    return length_unknown(resp.headers)
+Answer = H1Answer  # what an exchange yields: the answer's head, its body streamed
 
 
 def describe_error(e: BaseException, url: URL) -> tuple[int, str, str]:
@@ -106,81 +90,12 @@ def describe_error(e: BaseException, url: URL) -> tuple[int, str, str]:
 
 
 def _describe(e: BaseException, url: URL) -> tuple[int, str, str]:
-    if isinstance(e, UpstreamFailed):  # the lean client's failures carry their status and reason
+    if isinstance(e, UpstreamFailed):  # the client's failures carry their status and reason
         return e.status, loggable(e.message), e.local if e.local in LOCAL_FIX else ""
     where = f"{url.host}:{url.port}"
-    if isinstance(e, aiohttp.ClientConnectorDNSError):
-        return 502, f"cannot resolve {url.host}", "dns"
-    if isinstance(e, aiohttp.ClientConnectorCertificateError):
-        return 502, f"TLS to {where} failed: {e.certificate_error}", "tls"
-    if isinstance(e, aiohttp.ClientSSLError):
-        return 502, f"TLS to {where} failed: {e}", ""
-    if isinstance(e, aiohttp.ConnectionTimeoutError):
-        return 504, f"connecting to {where} timed out", ""
-    if isinstance(e, aiohttp.ServerTimeoutError | TimeoutError):
+    if isinstance(e, TimeoutError):
         return 504, f"{where} did not answer in time", ""
-    if isinstance(e, aiohttp.ClientConnectorError):
-        local = "refused" if e.errno == errno.ECONNREFUSED else ""
-        return 502, f"cannot connect to {where}: {e.strerror or e}", local
     return 502, loggable(f"upstream {where} failed: {type(e).__name__}: {e}"), ""
-
-
-async def body_head(resp: Answer, n: int) -> bytes:
-    """Up to ``n`` bytes of the body's start, left in place for the relay (the lean client's answers);
-    b"" for aiohttp's, whose reader offers no peek (HEAD and requests with a body: the head decides)."""
-    if isinstance(resp, H1Answer):
-        return await resp.peek(n)
-    return b""
-
-
-class EndWatch:
-    """Tells a clean end of a close-delimited body from a cut one.
-
-    aiohttp ends such a body without an error however the connection ended. A TCP reset reaches the
-    protocol's ``closed`` future as an exception; a TLS close without close_notify leaves the TLS object
-    without a received shutdown, so a read on it says "want read" instead of "zero return". Both are probed
-    after the body's end, when no application data can be left. Create it before reading the body.
-
-    A TLS transport without a readable ``SSLObject`` (aiofastnet's) is watched instead: every TLS transport
-    calls the protocol's ``eof_received`` on a close_notify, and never on a bare TCP close.
-    """
-
-    __slots__ = ("closed", "notified", "tls")
-
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        proto, self.closed, tr = connection_parts(resp)  # aiohttp_seams, internal 8
-        self.tls = tls_object(tr) if tr is not None else None
-        self.notified: list[bool] | None = None
-        if self.tls is not None and not hasattr(self.tls, "read") and proto is not None:
-            self.notified = _watch_close_notify(proto)
-
-    def cut(self) -> str | None:
-        """Why the body was cut short, or None when the upstream closed cleanly."""
-        if self.closed is not None:
-            if not self.closed.done():
-                return None if self.tls is None else self._tls()
-            if self.closed.exception() is not None:
-                return "connection reset"
-        return None if self.tls is None else self._tls()
-
-    def _tls(self) -> str | None:
-        if self.notified is not None:
-            return None if self.notified[0] else NO_CLOSE_NOTIFY
-        return close_notify_missing(self.tls)
-
-
-def _watch_close_notify(proto: asyncio.Protocol) -> list[bool]:
-    """A flag set when ``proto`` hears a clean TLS close (its ``eof_received``): hooked on this one
-    protocol only, whose connection ends with the body (close-delimited: never pooled again)."""
-    seen = [False]
-    original = proto.eof_received
-
-    def eof_received() -> bool | None:
-        seen[0] = True
-        return original()
-
-    proto.eof_received = eof_received  # type: ignore[method-assign]  # this one instance only
-    return seen
 
 
 def strip_hop_by_hop(
@@ -205,8 +120,9 @@ def _skip_set(drop: tuple[str, ...]) -> frozenset[str]:
     return HOP_BY_HOP | {d.lower() for d in drop}
 
 
-class MappedResolver(AbstractResolver):
-    """Maps ``host:port`` to ``ip:port`` like curl's ``--resolve``; other names go to the system resolver."""
+class MappedResolver:
+    """Maps ``host:port`` to ``ip:port`` like curl's ``--resolve``; other names go to the system resolver
+    (the client's own DNS cache, ``h1client``)."""
 
     def __init__(self, mapping: Mapping[str, str]) -> None:
         self.mapping: dict[tuple[str, int], tuple[str, int]] = {}
@@ -214,25 +130,9 @@ class MappedResolver(AbstractResolver):
             sh, _, sp = src.rpartition(":")
             dh, _, dp = dst.rpartition(":")
             self.mapping[(sh.lower().strip("[]"), int(sp))] = (dh.strip("[]"), int(dp))
-        self.system = aiohttp.ThreadedResolver()
 
     def lookup(self, host: str, port: int) -> tuple[str, int] | None:
         return self.mapping.get((host.lower(), port))
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        hit = self.lookup(host, port)
-        if hit is None:
-            return await self.system.resolve(host, port, family)
-        ip, p = hit
-        fam = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
-        return [
-            ResolveResult(hostname=host, host=ip, port=p, family=fam, proto=0, flags=socket.AI_NUMERICHOST)
-        ]
-
-    async def close(self) -> None:
-        await self.system.close()
 
 
 def client_ssl_context(ca_file: str = "") -> ssl.SSLContext:
@@ -243,7 +143,9 @@ def client_ssl_context(ca_file: str = "") -> ssl.SSLContext:
 
 
 class Upstream:
-    """One pooled session for every forwarded request."""
+    """One pooled client for every forwarded request: connections are kept per (scheme, host, port) for
+    30 s, names resolved once a minute, addresses tried by happy eyeballs (``h1client``). In use at once:
+    each class at most its share of ``max_connections`` (``gates``), and robots.txt fetches."""
 
     def __init__(
         self,
@@ -255,40 +157,16 @@ class Upstream:
     ) -> None:
         self.resolver = MappedResolver(resolve)
         self.ssl = client_ssl_context(ca_file)
-        # sock_connect bounds TCP + TLS; connect (pool wait + connect) only matters for the unshared
-        # headroom, since the class gates below keep the connector itself from ever being full.
-        self.timeout = aiohttp.ClientTimeout(
-            total=None, connect=2 * connect_timeout, sock_connect=connect_timeout, sock_read=read_timeout
-        )
         self.connect_timeout = connect_timeout
         self.limits = pool_shares(max_connections)
         self.gates = {k: asyncio.Semaphore(v) for k, v in self.limits.items()}
-        connector = CheckedConnector(
-            resolver=self.resolver,
-            ssl=self.ssl,
-            limit=sum(self.limits.values()) + HEADROOM,
-            limit_per_host=0,
-            ttl_dns_cache=60,
-            enable_cleanup_closed=False,
-            keepalive_timeout=30,
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=self.timeout,
-            auto_decompress=False,  # bytes pass unchanged: Content-Encoding and Content-Length survive
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
-            trust_env=False,
-            read_bufsize=CHUNK,
-        )
-        # GETs without a body (the hot case: range reads, WARC and index fetches) take the lean client
         self.h1 = H1Client(
             self.ssl,
             self.resolver.lookup,
             connect_timeout,
             read_timeout,
             max_idle=sum(self.limits.values()) + HEADROOM,
-            high_water=2 * CHUNK,  # as aiohttp's reader with read_bufsize=CHUNK
+            high_water=2 * CHUNK,  # two reads of the relay's: the socket pauses beyond
         )
 
     def request(
@@ -297,19 +175,10 @@ class Upstream:
         url: str | URL,
         headers: CIMultiDict[str],
         body: AsyncIterator[bytes] | None,
-    ) -> Awaitable[aiohttp.ClientResponse]:
-        # A plain function returning aiohttp's awaitable: no coroutine frame of ours to resume while it waits.
-        return self.session.request(
-            method,
-            url,
-            headers=headers,
-            data=body,
-            allow_redirects=False,
-            compress=None,
-            chunked=None,
-            expect100=False,
-            raise_for_status=False,
-        )
+    ) -> Awaitable[H1Answer]:
+        """One exchange outside the classes' shares: robots.txt, at most ``robots_fetch.MAX_FETCHES`` at
+        once (within HEADROOM). The caller closes the answer."""
+        return self.h1.request(method, url if isinstance(url, URL) else URL(url), headers, body)
 
     def exchange(
         self,
@@ -334,16 +203,15 @@ class Upstream:
 
     async def close(self) -> None:
         self.h1.close()
-        await self.session.close()
 
 
 class Exchange:
     """``Upstream.exchange``'s context. A class rather than an @asynccontextmanager: no generator frames
-    between the forwarder and aiohttp while the request waits, and no async-generator registration per
+    between the forwarder and the client while the request waits, and no async-generator registration per
     request (issue 10: the small-GET hot path)."""
 
     __slots__ = ("_args", "_gate", "_pool", "_pool_wait", "_resp", "_up")
-    _resp: Answer  # the lean client's answer for a plain GET, aiohttp's for anything else
+    _resp: Answer
 
     def __init__(
         self,
@@ -366,11 +234,7 @@ class Exchange:
         else:
             await gate.acquire()
         try:
-            method, url, headers, body = self._args
-            if method == "GET" and body is None:
-                self._resp = await self._up.h1.get(url, headers)
-            else:
-                self._resp = await self._up.request(method, url, headers, body)
+            self._resp = await self._up.h1.request(*self._args)
         except BaseException:
             gate.release()
             raise
@@ -379,7 +243,7 @@ class Exchange:
     async def __aexit__(self, *exc: object) -> None:
         resp = self._resp
         try:
-            if resp.content.at_eof() and not resp.closed:
+            if resp.at_eof() and not resp.closed:
                 resp.release()
             else:
                 resp.close()

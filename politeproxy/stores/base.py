@@ -1,8 +1,14 @@
-"""The one small interface every store implements.
+"""The small interfaces every store implements, and the names of the backends.
 
-Times cross this interface only as relative seconds, so each store may use its own clock (the monotonic
+``Store`` is the pacer's seam, in four groups: the schedule (``claim``, ``exempt_claim``, ``grants``),
+feedback (``throttled``, ``succeeded``, ``set_crawl_delay``, ``mirror_backoff``, ``release``), reads
+(``host_view``, ``window_used``) and, kept here for every store alike, the probes this process sent.
+``FailoverSide`` adds the four calls a ``FailoverStore`` makes of either of its two stores to copy the
+request windows across a switch; the pacer never makes them.
+
+Times cross these interfaces only as relative seconds, so each store may use its own clock (the monotonic
 clock for memory, the local wall clock for file, the server's ``TIME`` for Redis) without the callers
-caring. ``Claim.at`` is informational only.
+caring. ``Claim.at`` is informational only. How a backend is added: docs/architecture.md, "Stores".
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import random
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import StrEnum
 
 from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.fairclaim import FairAsk
@@ -19,6 +26,23 @@ from politeproxy.policy.slots import Claim, HostState, Outcome, adaptive_interva
 from politeproxy.policy.window import Relative, WindowRule
 
 log = logging.getLogger("politeproxy.store")
+
+
+class Backend(StrEnum):
+    """The values of ``schedule.backend``; each store's ``name`` is one. ``config/storebuild.py`` is the
+    one place that builds a store from it."""
+
+    MEMORY = "memory"  # this process alone
+    FILE = "file"  # the data dir: every proxy and ccrawl on the machine
+    REDIS = "redis"  # a Redis server: proxies on every machine pointed at it
+
+    @property
+    def shared(self) -> bool:
+        """Do other processes pace on the same schedule (what ``run --workers N`` needs)?"""
+        return self is not Backend.MEMORY
+
+
+BACKENDS = tuple(b.value for b in Backend)
 
 
 class StoreError(Exception):
@@ -69,12 +93,17 @@ PROBES_KEPT = 1024  # hosts whose probe this process sent and has not heard back
 
 
 class Store(ABC):
+    """Where the global schedule and each host's state live: the pacer's one seam to them (the pacer never
+    knows which store it has). Every decision is atomic in the store, so processes sharing one agree."""
+
     _probes: dict[str, None] | None = None  # the hosts whose probe this store object granted
+    # Pacing on a fallback because the shared store does not answer (only a FailoverStore ever is).
+    degraded: bool = False
 
     @property
     def name(self) -> str:
-        """Read-only here: each store names itself with a class attribute; the failover store answers with
-        the store it paces on now."""
+        """Read-only here: each store names itself with a class attribute (a ``Backend`` value); the
+        failover store answers with the store it paces on now."""
         return "abstract"
 
     def note_probe(self, host: str, c: Claim) -> None:
@@ -163,21 +192,12 @@ class Store(ABC):
         """Remember a (capped) robots.txt Crawl-delay for ``ttl`` seconds."""
 
     @abstractmethod
-    async def host_view(self, host: str) -> HostView: ...
+    async def host_view(self, host: str) -> HostView:
+        """The host's state now, in relative seconds (status, the gauges, the dispatcher's wake-ups)."""
 
     async def window_used(self, rule: WindowRule) -> int:
         """Requests the service's window holds now (slots reserved for later included), for status."""
         return 0
-
-    async def window_counts(self, rule: WindowRule) -> Relative:
-        """The service's window as ``policy.window.relative`` counts (bucket ends in seconds from now):
-        read by the failover store while this store answers, to seed its fallback with. () keeps none."""
-        return ()
-
-    async def mirror_window(self, rule: WindowRule, counts: Relative) -> None:
-        """Count at least ``counts`` in the service's window (``policy.window.merged``): the failover store
-        seeds its fallback with the shared window before pacing on it, so a switch never starts empty."""
-        raise NotImplementedError(f"{self.name} cannot be a fallback store")
 
     @abstractmethod
     async def grants(self) -> int:
@@ -193,6 +213,25 @@ class Store(ABC):
         the failover store copies every backoff the shared store records here, so the fallback knows it."""
         raise NotImplementedError(f"{self.name} cannot be a fallback store")
 
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class FailoverSide(Store):
+    """A store that can be either side of a ``FailoverStore``: it copies request windows in and out, so a
+    switch from the shared store to the fallback (and back) never starts from an empty window. Memory,
+    file and Redis stores all are; the defaults here keep nothing."""
+
+    async def window_counts(self, rule: WindowRule) -> Relative:
+        """The service's window as ``policy.window.relative`` counts (bucket ends in seconds from now):
+        read by the failover store while this store answers, to seed its fallback with. () keeps none."""
+        return ()
+
+    async def mirror_window(self, rule: WindowRule, counts: Relative) -> None:
+        """Count at least ``counts`` in the service's window (``policy.window.merged``): the failover store
+        seeds its fallback with the shared window before pacing on it, so a switch never starts empty."""
+        raise NotImplementedError(f"{self.name} cannot be a fallback store")
+
     async def window_known(self, rule: WindowRule) -> bool:
         """Does this store hold a copy of the service's window written within the window's reach (mirrored
         while the shared store answered, or its own counting)? A fallback that does not starts full."""
@@ -203,9 +242,6 @@ class Store(ABC):
         store's fallback made while this store was down, added when it answers again (they are in no
         other proxy's copy, so each proxy adds its own and the sum is exact)."""
         raise NotImplementedError(f"{self.name} cannot take a fallback's grants")
-
-    async def close(self) -> None:  # noqa: B027 - optional hook
-        pass
 
 
 def other_ceiling(host: str, ceiling: str | None) -> str | None:

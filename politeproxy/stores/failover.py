@@ -38,7 +38,7 @@ from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.heartbeat import MAX_PROXIES, multiplier
 from politeproxy.policy.slots import Claim, Outcome, duration
 from politeproxy.policy.window import WindowRule, divided
-from politeproxy.stores.base import HostView, Store, StoreBusy, StoreError, WarnOnce
+from politeproxy.stores.base import FailoverSide, HostView, Store, StoreBusy, StoreError, WarnOnce
 from politeproxy.stores.window_mirror import WindowMirror
 
 log = logging.getLogger("politeproxy.store")
@@ -48,10 +48,13 @@ BUSY_WAIT = 1.0  # a claim refused because another process holds the store asks 
 
 
 class FailoverStore(Store):
+    """A shared ``primary`` and a local ``fallback`` paced on (gap widened) while the primary is down.
+    Callers read ``name`` and ``degraded``; the heartbeats get ``note_live`` (config/storebuild.py)."""
+
     def __init__(
         self,
-        primary: Store,
-        fallback: Store,
+        primary: FailoverSide,
+        fallback: FailoverSide,
         gap_multiplier: float = 1.0,
         probe_interval: float = 1.0,
         on_change: Callable[[Store, bool], None] | None = None,
@@ -74,11 +77,10 @@ class FailoverStore(Store):
         self._last_shared = 0.0  # slot of the last paced grant from the primary alone (monotonic)
         self._last_local = 0.0  # slot of the last paced grant that went by the local schedule
         self.mirror = WindowMirror(monotonic)  # the shared windows, to seed the fallback with
-        self._reader: asyncio.Task[None] | None = None  # the mirror's snapshot read in flight
         self._busy_since: float | None = None  # the primary held by another process since (monotonic)
 
     @property
-    def active(self) -> Store:
+    def active(self) -> FailoverSide:
         return self.fallback if self.degraded else self.primary
 
     @property
@@ -89,12 +91,14 @@ class FailoverStore(Store):
     def gap_multiplier(self) -> float:
         return multiplier(self.floor_multiplier, self.live_seen)
 
-    def note_live(self, count: int) -> None:
+    def note_live(self, count: int) -> float:
         """The live proxies counted on the primary; ignored while degraded (the count seen last, when the
-        primary answered, is the one that says how many proxies now pace alone)."""
+        primary answered, is the one that says how many proxies now pace alone). Returns the gap
+        multiplier the fallback paces with."""
         if not self.degraded:
             self.live_seen = max(0, min(int(count), MAX_PROXIES))
             self._read_when_due()
+        return self.gap_multiplier
 
     @property
     def _wide(self) -> float:
@@ -176,22 +180,7 @@ class FailoverStore(Store):
         return c
 
     def _read_when_due(self) -> None:
-        if self.mirror.due() and (self._reader is None or self._reader.done()):
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # called outside the loop (a test): the next call on it reads
-                return
-            self._reader = loop.create_task(self._read_windows())
-
-    async def _read_windows(self) -> None:
-        """Snapshot the shared windows, and copy them into the fallback (as backoffs are mirrored)."""
-        try:
-            await self.mirror.read(self.primary)
-            for rule in list(self.mirror.rules.values()):
-                if not self.degraded and (counts := self.mirror.counts(rule)) is not None:
-                    await self.fallback.mirror_window(rule, counts)
-        except (*FAILS, NotImplementedError) as e:  # the claims find out for themselves; the last copy stays
-            log.debug("could not mirror the windows of %s: %r", self.primary.name, e)
+        self.mirror.read_when_due(self.primary, self.fallback, lambda: self.degraded)
 
     # -- claims -----------------------------------------------------------------------------------
 
@@ -394,11 +383,11 @@ class FailoverStore(Store):
         return await self._run(lambda s: s.grants())
 
     async def close(self) -> None:
-        for task in (self._probe, self._reader):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        self._probe = self._reader = None
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+            self._probe = None
+        await self.mirror.stop()
         await self.primary.close()
         await self.fallback.close()

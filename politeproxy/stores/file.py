@@ -27,7 +27,14 @@ from politeproxy.policy.fairclaim import FairAsk, FairState, fair_charge, fair_g
 from politeproxy.policy.slots import MAX_BACKOFF, Claim, HostState, Outcome, duration
 from politeproxy.policy.window import Relative, WindowRule, WindowState
 from politeproxy.stores import datadir, fair_records
-from politeproxy.stores.base import HostView, Store, StoreBusy, StoreError, jitter_source, other_ceiling
+from politeproxy.stores.base import (
+    FailoverSide,
+    HostView,
+    StoreBusy,
+    StoreError,
+    jitter_source,
+    other_ceiling,
+)
 from politeproxy.stores.file_records import (
     GLOBAL,
     HOST,
@@ -44,7 +51,11 @@ from politeproxy.stores.flock import Held, LockWait, lock_holders, run_held
 from politeproxy.stores.memory import StateMachine
 
 
-class FileStore(FileWindows, Store):
+class FileStore(FileWindows, FailoverSide):
+    """The schedule in the data dir, shared by every proxy and ccrawl on the machine: one flock'd global
+    record, one record per host and one per service window, each decision read, made and written whole
+    under the lock. The file backend's shared store, and the Redis backend's fallback."""
+
     name = "file"
 
     def __init__(

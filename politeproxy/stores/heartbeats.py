@@ -48,7 +48,14 @@ def parse(data: bytes | str | None) -> Beat | None:
     return decode(raw)
 
 
+def alone(count: int) -> float:
+    """The live count told to a store without a fallback: its gap multiplier stays 1."""
+    return 1.0
+
+
 class Beats(ABC):
+    """Where every proxy's heartbeat is kept: beside the schedule, so every proxy sharing it sees them."""
+
     @abstractmethod
     async def put(self, beat: Beat) -> None: ...
 
@@ -61,6 +68,8 @@ class Beats(ABC):
 
 
 class MemoryBeats(Beats):
+    """This process alone (the memory backend): only its own beat is ever read."""
+
     def __init__(self) -> None:
         self.beats: dict[str, Beat] = {}
 
@@ -77,6 +86,8 @@ class MemoryBeats(Beats):
 
 
 class FileBeats(Beats):
+    """``<data_dir>/proxies/``: one file per proxy on the machine, written whole (see the module's text)."""
+
     def __init__(self, data_dir: Path) -> None:
         self.dir = Path(data_dir) / "proxies"
 
@@ -129,6 +140,8 @@ class FileBeats(Beats):
 
 
 class RedisBeats(Beats):
+    """``<prefix>beat:<hash>`` keys with a TTL and the ``<prefix>beats`` index: every proxy on the server."""
+
     def __init__(self, client: Any, prefix: str) -> None:
         self.client = client
         self.prefix = prefix

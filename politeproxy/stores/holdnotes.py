@@ -28,6 +28,9 @@ KEEP_AFTER = 86400.0  # a Redis note lives this long past its hold's end
 
 
 class HoldNotes(ABC):
+    """Why each host is held, where every proxy sharing the store reads it; advisory (``put_quietly``,
+    ``get_quietly`` log a failure once and carry on)."""
+
     def __init__(self) -> None:
         self.warn = WarnOnce()
 
@@ -53,6 +56,8 @@ class HoldNotes(ABC):
 
 
 class MemoryNotes(HoldNotes):
+    """This process alone (the memory backend): at most ``MAX_NOTES`` hosts, the oldest forgotten."""
+
     def __init__(self) -> None:
         super().__init__()
         self.notes: OrderedDict[str, HoldNote] = OrderedDict()
@@ -116,6 +121,8 @@ class FileNotes(HoldNotes):
 
 
 class RedisNotes(HoldNotes):
+    """``<prefix>hold:<host>``: a JSON string that expires ``KEEP_AFTER`` past its hold's end."""
+
     def __init__(self, client: Any, prefix: str, clock: Any) -> None:
         super().__init__()
         self.client = client

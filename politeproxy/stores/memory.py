@@ -11,7 +11,7 @@ from politeproxy.policy.backoff import BackoffPolicy, Delay, Kind
 from politeproxy.policy.fairclaim import FairAsk, FairState, fair_charge, fair_gate
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_DURATION, Bounds, Claim, HostState, Outcome, duration
 from politeproxy.policy.window import Relative, WindowRule, WindowState
-from politeproxy.stores.base import HostView, Store, WarnOnce, jitter_source, other_ceiling
+from politeproxy.stores.base import FailoverSide, HostView, WarnOnce, jitter_source, other_ceiling
 
 # Outside a claim the host's interval is unknown: bound next_allowed by the longest interval a config may
 # give, so a throttle or a view never cuts a legitimate interval short (0xFF bytes are still far beyond).
@@ -193,7 +193,7 @@ class StateMachine:
         )
 
 
-class MemoryStore(Store):
+class MemoryStore(FailoverSide):
     """Pacing for this process alone. Its clock is monotonic by default: nobody else reads its records, so a
     wall-clock step back (NTP, a VM resumed) cannot stall it."""
 

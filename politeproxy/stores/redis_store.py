@@ -30,7 +30,7 @@ from politeproxy.policy.fairclaim import FairAsk
 from politeproxy.policy.slots import MAX_BACKOFF, MAX_CRAWL_DELAY, MAX_ROBOTS_TTL, Claim, Outcome, duration
 from politeproxy.policy.window import MAX_COUNT, MAX_KEPT, Relative, WindowRule
 from politeproxy.stores import redis_lua, redis_view_lua
-from politeproxy.stores.base import HostView, Store, StoreError, WarnOnce, jitter_source
+from politeproxy.stores.base import FailoverSide, HostView, StoreError, WarnOnce, jitter_source
 
 T = TypeVar("T")
 US = 1_000_000
@@ -68,7 +68,10 @@ def _claim(code: int, wait: float, rest: Sequence[Any]) -> Claim:
     return Claim(_OUTCOMES.get(code, Outcome.HOST_NOT_READY), wait, time.time() + wait, probe, full, name)
 
 
-class RedisStore(Store):
+class RedisStore(FailoverSide):
+    """The schedule in Redis, shared by every proxy on every machine pointed at one server and prefix:
+    each decision one Lua script on the server's clock (see the module's text for the keys)."""
+
     name = "redis"
 
     def __init__(

@@ -25,6 +25,8 @@ shared rate for a second); the fallback's divided limit (``window.divided``) cov
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,7 +34,7 @@ from dataclasses import replace
 from politeproxy.policy import window
 from politeproxy.policy.services import SERVICE_HOST
 from politeproxy.policy.window import Relative, WindowRule, WindowState
-from politeproxy.stores.base import Store
+from politeproxy.stores.base import FailoverSide, StoreError
 
 log = logging.getLogger("politeproxy.store")
 MAX_SERVICES = 64  # windows remembered (services are a handful; a fence, not a cache)
@@ -41,6 +43,10 @@ NAMED = tuple(SERVICE_HOST.values())  # the named services' window records (poli
 
 
 class WindowMirror:
+    """A failover store's copy of the shared request windows: its own grants, the last snapshot read from
+    the primary, what it seeded into the fallback since the switch, and the fallback's grants still to be
+    handed back (see the module's text)."""
+
     def __init__(self, monotonic: Callable[[], float]) -> None:
         self.monotonic = monotonic
         self.rules: dict[str, WindowRule] = {}  # the services seen, with their rule
@@ -51,6 +57,7 @@ class WindowMirror:
         self.seeded: set[str] = set()  # services seeded into the fallback since the last switch
         self.local: dict[str, WindowState] = {}  # this proxy's grants from the fallback, not handed back
         self.last_read = -READ_EVERY
+        self._reader: asyncio.Task[None] | None = None  # the snapshot read in flight (read_when_due)
 
     def watch(self, rule: WindowRule) -> None:
         self._remember(rule)
@@ -94,7 +101,7 @@ class WindowMirror:
             st = window.live(st, now, rule)[0]
         self.local[rule.service] = window.record(st, now + max(0.0, wait), rule)
 
-    async def hand_back(self, primary: Store) -> None:
+    async def hand_back(self, primary: FailoverSide) -> None:
         """Add the fallback's grants to the shared windows (the shared store answers again)."""
         for service in list(self.local):
             rule = self.rules.get(service)
@@ -111,7 +118,38 @@ class WindowMirror:
     def due(self) -> bool:
         return bool(self.rules) and self.monotonic() - self.last_read >= READ_EVERY
 
-    async def read(self, primary: Store) -> None:
+    def read_when_due(
+        self, primary: FailoverSide, fallback: FailoverSide, degraded: Callable[[], bool]
+    ) -> None:
+        """When a read is due and none is in flight: snapshot the shared windows in the background, and copy
+        them into the fallback while the primary answers (as backoffs are mirrored)."""
+        if self.due() and (self._reader is None or self._reader.done()):
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # called outside the loop (a test): the next call on it reads
+                return
+            self._reader = loop.create_task(self._copy(primary, fallback, degraded))
+
+    async def _copy(
+        self, primary: FailoverSide, fallback: FailoverSide, degraded: Callable[[], bool]
+    ) -> None:
+        try:
+            await self.read(primary)
+            for rule in list(self.rules.values()):
+                if not degraded() and (counts := self.counts(rule)) is not None:
+                    await fallback.mirror_window(rule, counts)
+        except (StoreError, OSError, ConnectionError, NotImplementedError) as e:  # the claims find out
+            log.debug("could not mirror the windows of %s: %r", primary.name, e)  # the last copy stays
+
+    async def stop(self) -> None:
+        """Cancel the read in flight, if any (the failover store's close)."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            self._reader = None
+
+    async def read(self, primary: FailoverSide) -> None:
         """Snapshot every service's shared window; a failed read keeps the last snapshot (and the grants
         since it)."""
         self.last_read = self.monotonic()
@@ -146,7 +184,7 @@ class WindowMirror:
             summed[i] = summed.get(i, 0) + c
         return window.relative(WindowState(rule.width, tuple(sorted(summed.items()))), now, rule)
 
-    async def seed(self, fallback: Store, rule: WindowRule | None) -> None:
+    async def seed(self, fallback: FailoverSide, rule: WindowRule | None) -> None:
         """Before the fallback paces ``rule``'s service for the first time since the switch: give it what
         the shared window held, or a full window when nothing was mirrored."""
         if rule is None or not rule.on or rule.service in self.seeded:

@@ -106,8 +106,11 @@ def test_ccrawl_and_proxy_share_one_schedule(
     late = [(c, a) for c in ccrawl_slots for a in arrivals if c <= a < c + GAP]
     assert len(late) <= 1, [f"+{(a - c) * 1000:.1f}ms after a ccrawl slot" for c, a in late]
 
-    # Together they keep one rate: 80 grants over one shared schedule of 50 ms, not two.
+    # Together they keep one rate: 80 grants over one shared schedule of 50 ms, not two. The budget's side is
+    # strict (3 % over: two schedules would be 100 % over); the slow side loose (a loaded box delays grants:
+    # 5.2 % under was seen beside the whole suite, and slower is polite).
     both = arrival_stats(sorted(arrivals + ccrawl_slots))
     print(f"\nccrawl+proxy: n={both.n} rate={both.rate:.2f}/s ratio={both.rate * GAP:.4f}", file=sys.stderr)
-    assert abs(both.rate * GAP - 1) <= 0.03
+    assert both.rate * GAP <= 1.03
+    assert both.rate * GAP >= 0.8
     assert both.max_window <= 1 / GAP + 2

@@ -31,10 +31,8 @@ async def test_the_failover_gap_follows_the_live_count(own_redis: RedisServer) -
     fs = FailoverStore(primary, MemoryStore(), gap_multiplier=1, probe_interval=60.0)
     client = aioredis.from_url(own_redis.url, socket_timeout=0.5)
     pacer: Any = _Pacer()
-    mine = Announcer(RedisBeats(client, "pp-live:"), pacer, fs, "127.0.0.1:1", ident="me")
-    others = [
-        Announcer(RedisBeats(client, "pp-live:"), pacer, MemoryStore(), "x", ident=f"o{i}") for i in (1, 2)
-    ]
+    mine = Announcer(RedisBeats(client, "pp-live:"), pacer, "127.0.0.1:1", fs.note_live, ident="me")
+    others = [Announcer(RedisBeats(client, "pp-live:"), pacer, "x", ident=f"o{i}") for i in (1, 2)]
     try:
         for a in [*others, mine]:
             await a.beat()

@@ -32,18 +32,18 @@ def env(tmp_path_factory: pytest.TempPathFactory, certs: Certs) -> Iterator[Behi
         yield e
 
 
-# The proxy's quiet time is 5 ms from the answer's end as the proxy read it, which is after the upstream handed
-# the answer's last byte to the kernel. Stray bytes that left the upstream within 4 ms of that are in the
-# proxy's socket before its check (1 ms for the loopback hop and the TLS record); later ones may not be, and a
-# round whose upstream thread overslept that long (a loaded box: the GIL's 5 ms switch interval) proves nothing
-# either way: it is counted aside, and more rounds are run until 20 on time were seen.
+# The proxy's quiet time is 5 ms from the answer's end as the proxy read it, which is after the upstream
+# handed the answer's last byte to the kernel. Stray bytes that left the upstream within 4 ms of that are in
+# the proxy's socket before its check (1 ms for the loopback hop and the TLS record); later ones may not be,
+# and a round whose upstream thread overslept that long (a loaded box: the GIL's 5 ms switch interval)
+# proves nothing either way: it is counted aside, and more rounds are run until 20 on time were seen.
 IN_TIME = 0.004
 ON_TIME_ROUNDS = 20
 MAX_ROUNDS = 80
 
 
 def _round(env: Behind, session: requests.Session, i: int) -> tuple[requests.Session, str | None]:
-    """One junk-carrying answer, then the next request at once; (the session to go on with, what was wrong)."""
+    """One junk-carrying answer, then the next request at once: the session to go on with, what was wrong."""
     verify, proxies = env.p.env["REQUESTS_CA_BUNDLE"], {"https": env.p.url}
     junk = f"/crawl-data/quickjunk-{JUNK_AFTER_MS}-{i}.warc.gz"
     nxt = f"/crawl-data/CC-MAIN-2024-10/after-quick-{i}.warc.gz"

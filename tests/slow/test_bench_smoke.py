@@ -121,6 +121,30 @@ def test_pacing() -> None:
     assert "Store claim latency" in out
 
 
+def test_beside_squid() -> None:
+    """Issue 44's benchmark beside Squid with ssl-bump: both relays answer every small GET, download and held
+    request through their own CAs, and the targets' table is printed. Squid is the benchmark's own set-up
+    (make bench-squid-setup), not the tests': without it this skips, under CI too."""
+    need_tool("curl")
+    need_tool("hey")
+    sys.path.insert(0, str(ROOT))
+    from bench.squid import squid_path
+
+    if squid_path() is None:
+        pytest.skip("no Squid with ssl-bump (make bench-squid-setup)")
+    out = run("beside_squid.py", timeout=180)
+    small = rows(out, "2") + rows(out, "4")
+    assert [r[1] for r in small] == ["politeproxy", "squid"] * 2, out
+    for r in small:
+        assert float(r[2].replace(",", "")) > 0 and float(r[4]) > 0 and r[-1] == "0", out
+    for name in ("politeproxy", "squid"):
+        (b,) = [r for r in rows(out, name) if r[0] == name]  # the download's row, not the held one
+        assert float(b[1].replace(",", "")) > 0 and float(b[2]) > 0, out
+    held = rows(out, "politeproxy (queued)") + rows(out, "squid (in flight)")
+    assert [r[3] for r in held] == ["200: 100", "200: 100"], out
+    assert "| small GETs, 4 clients, req/s |" in out and "| bulk 8 MiB, MB/s |" in out, out
+
+
 def test_profile_summary(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from bench.profile_small_gets import summarize
@@ -137,7 +161,15 @@ def test_profile_summary(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "script",
-    ["run_all.py", "profile_small_gets.py", "loadgen.py", "two_processes.py", "floor_probe.py", "workers.py"],
+    [
+        "run_all.py",
+        "profile_small_gets.py",
+        "loadgen.py",
+        "two_processes.py",
+        "floor_probe.py",
+        "workers.py",
+        "beside_squid.py",
+    ],
 )
 def test_help(script: str) -> None:
     r = subprocess.run(

@@ -37,6 +37,7 @@ any_redis = redis_fixture("any_redis", each_kind=True)  # Redis 7 (Debian), Redi
 
 
 LATE = 0.06  # seconds of late grants the rate tests tolerate (see their comments)
+STALL = 0.2  # seconds of held-back grants the busiest second of the healthy test tolerates (see there)
 
 
 def redis_toml(url: str, gap: str = "20ms", expected: int = 1, extra: str = "") -> str:
@@ -83,7 +84,11 @@ def test_three_proxies_share_one_budget(
     gaps = len(times) - 1  # the first arrival may be up to LATE late: the span shrinks by that much
     assert rate <= gaps / (gaps * GAP - LATE), f"combined rate {rate:.2f}/s"
     assert rate >= 50.0 * 0.8, f"combined rate {rate:.2f}/s"
-    over = over_budget(times, 50.0, window=1.0, late=LATE)
+    # The busiest second tolerates more: a stall of the loaded box (one process, or the upstream's recorder)
+    # releases the slots it held back together. Seen once in seven full-suite runs: 59 in one second, ~8
+    # slots bunched. 0.2 s of late grants (10 slots) gives a bound of 61, still far from the ~150 of three
+    # budgets; the whole run's rate above keeps the strict LATE.
+    over = over_budget(times, 50.0, window=1.0, late=STALL)
     assert over is None, over
     for p in proxies:
         assert json.loads(p.get("/healthz"))["store"] == "redis"

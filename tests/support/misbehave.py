@@ -57,8 +57,8 @@ class Misbehaving:
         self.arrivals: list[tuple[int, str, str]] = []  # (connection number, method, target)
         self.connections = 0
         self.junk_sent: set[str] = set()  # targets whose unasked answer went out (idlejunk)
-        # quickjunk: seconds from the good answer's last byte handed to the kernel to the unasked answer's first:
-        # the thread's sleep overruns its few milliseconds on a loaded box (the GIL's switch interval is 5 ms)
+        # quickjunk: seconds from the good answer's last byte handed to the kernel to the unasked answer's
+        # first: the thread's sleep overruns its milliseconds on a loaded box (the GIL switches every 5 ms)
         self.junk_delay: dict[str, float] = {}
         self.junk = threading.Condition(self.lock)
         threading.Thread(target=self._accept, daemon=True).start()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from politeproxy.commands.exec_records import (
     MAX_KEYS,
     Attempt,
-    Tally,
+    KeyCounts,
     attempt,
     refuse,
     report_lines,
@@ -96,7 +96,7 @@ def test_refuse_never_raises(wire: bytes) -> None:
 
 
 def test_the_tally_is_bounded() -> None:
-    t = Tally()
+    t = KeyCounts()
     for i in range(MAX_KEYS + 50):
         t.add(f"n{i}.example")
     t.add("n0.example")
@@ -111,12 +111,12 @@ JSONISH = st.recursive(
 
 @given(JSONISH)
 def test_a_report_reads_back_defensively(doc: object) -> None:
-    t = Tally.from_json(doc)
+    t = KeyCounts.from_json(doc)
     assert all(isinstance(v, int) and v > 0 for v in t.counts.values()) and t.dropped >= 0
 
 
 def test_the_report_names_what_went_around() -> None:
-    names, addresses = Tally(), Tally()
+    names, addresses = KeyCounts(), KeyCounts()
     assert report_lines(names, addresses, 3) == [
         "politeproxy exec: nothing went around the proxy (3 connection(s) to it)"
     ]

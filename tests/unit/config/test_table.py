@@ -59,7 +59,7 @@ def test_a_config_without_a_file_has_the_table_defaults() -> None:
         if "*" not in s.key:
             want = list(s.default) if isinstance(s.default, tuple) else s.default
             assert cfg.get(s.key) == want, s.key
-    assert d.GLOBAL_GAP == setting("schedule.global_rate").default == 0.2
+    assert d.DEFAULTS.schedule.global_rate == setting("schedule.global_rate").default == 0.2
 
 
 def test_wildcard_keys_find_their_entry() -> None:
@@ -83,7 +83,7 @@ def test_overrides_and_flags_come_from_the_table() -> None:
 
 
 def test_the_restart_only_list_is_the_tables() -> None:
-    from politeproxy.app import RESTART_ONLY
+    from politeproxy.config.loading import RESTART_ONLY
 
     assert RESTART_ONLY == restart_only()
     assert "schedule.global_rate" not in RESTART_ONLY and "schedule.backend" in RESTART_ONLY

@@ -14,8 +14,8 @@ from politeproxy.policy.cacherules import (
     ByteRange,
     Cacheable,
     CacheLimits,
-    DontStore,
-    Store,
+    DontKeep,
+    Keep,
     accepts,
     age_seconds,
     fresh,
@@ -95,56 +95,56 @@ def _c(rng: str | None = None, method: str = "GET") -> Cacheable:
 @pytest.mark.parametrize(
     "rng,status,headers,want",
     [
-        (None, 200, {"Content-Length": "10"}, Store(10)),
-        (None, 200, {"Content-Length": str(64 << 20)}, Store(64 << 20)),
-        (None, 200, {"Content-Length": str((64 << 20) + 1)}, DontStore("too-large")),
-        (None, 200, {}, DontStore("no-length")),  # chunked or close-delimited: cannot be checked
-        (None, 403, {"Content-Length": "10"}, DontStore("status")),
-        (None, 503, {"Content-Length": "10"}, DontStore("status")),
-        (None, 200, {"Content-Length": "10", "Cache-Control": "private"}, DontStore("no-store")),
-        (None, 200, {"Content-Length": "10", "Cache-Control": "no-store"}, DontStore("no-store")),
-        (None, 200, {"Content-Length": "10", "Vary": "Cookie"}, DontStore("vary")),
-        (None, 206, {"Content-Length": "10", "Content-Range": "bytes 0-9/100"}, DontStore("unasked-206")),
-        ("bytes=0-9", 200, {"Content-Length": "100"}, DontStore("range-ignored")),
-        ("bytes=0-9", 206, {"Content-Length": "10", "Content-Range": "bytes 0-9/100"}, Store(10)),
+        (None, 200, {"Content-Length": "10"}, Keep(10)),
+        (None, 200, {"Content-Length": str(64 << 20)}, Keep(64 << 20)),
+        (None, 200, {"Content-Length": str((64 << 20) + 1)}, DontKeep("too-large")),
+        (None, 200, {}, DontKeep("no-length")),  # chunked or close-delimited: cannot be checked
+        (None, 403, {"Content-Length": "10"}, DontKeep("status")),
+        (None, 503, {"Content-Length": "10"}, DontKeep("status")),
+        (None, 200, {"Content-Length": "10", "Cache-Control": "private"}, DontKeep("no-store")),
+        (None, 200, {"Content-Length": "10", "Cache-Control": "no-store"}, DontKeep("no-store")),
+        (None, 200, {"Content-Length": "10", "Vary": "Cookie"}, DontKeep("vary")),
+        (None, 206, {"Content-Length": "10", "Content-Range": "bytes 0-9/100"}, DontKeep("unasked-206")),
+        ("bytes=0-9", 200, {"Content-Length": "100"}, DontKeep("range-ignored")),
+        ("bytes=0-9", 206, {"Content-Length": "10", "Content-Range": "bytes 0-9/100"}, Keep(10)),
         (
             "bytes=0-9",
             206,
             {"Content-Length": "5", "Content-Range": "bytes 0-4/100"},
-            DontStore("range-mismatch"),
+            DontKeep("range-mismatch"),
         ),
         (
             "bytes=0-9",
             206,
             {"Content-Length": "9", "Content-Range": "bytes 0-9/100"},
-            DontStore("range-mismatch"),
+            DontKeep("range-mismatch"),
         ),
         (
             "bytes=0-9",
             206,
             {"Content-Length": "10", "Content-Range": "bytes 1-10/100"},
-            DontStore("range-mismatch"),
+            DontKeep("range-mismatch"),
         ),
         (
             "bytes=0-9",
             206,
             {"Content-Length": "10", "Content-Range": "bytes 0-9/*"},
-            DontStore("range-mismatch"),
+            DontKeep("range-mismatch"),
         ),
-        ("bytes=0-999", 206, {"Content-Length": "100", "Content-Range": "bytes 0-99/100"}, Store(100)),
-        ("bytes=90-", 206, {"Content-Length": "10", "Content-Range": "bytes 90-99/100"}, Store(10)),
-        ("bytes=-10", 206, {"Content-Length": "10", "Content-Range": "bytes 90-99/100"}, Store(10)),
+        ("bytes=0-999", 206, {"Content-Length": "100", "Content-Range": "bytes 0-99/100"}, Keep(100)),
+        ("bytes=90-", 206, {"Content-Length": "10", "Content-Range": "bytes 90-99/100"}, Keep(10)),
+        ("bytes=-10", 206, {"Content-Length": "10", "Content-Range": "bytes 90-99/100"}, Keep(10)),
         (
             "bytes=-10",
             206,
             {"Content-Length": "10", "Content-Range": "bytes 80-89/100"},
-            DontStore("range-mismatch"),
+            DontKeep("range-mismatch"),
         ),
         (
             "bytes=0-",
             206,
             {"Content-Length": str((16 << 20) + 1), "Content-Range": f"bytes 0-{16 << 20}/{(16 << 20) + 1}"},
-            DontStore("too-large"),
+            DontKeep("too-large"),
         ),
     ],
 )
@@ -154,7 +154,7 @@ def test_response_table(rng: str | None, status: int, headers: dict[str, str], w
 
 def test_head_stores_no_body_whatever_the_length() -> None:
     got = response_decision(L, _c(None, "HEAD"), "HEAD", 200, {"Content-Length": str(1 << 40)})
-    assert got == Store(0)
+    assert got == Keep(0)
 
 
 def test_collinfo_ttl_and_immutable_entries() -> None:
@@ -272,10 +272,10 @@ def test_response_decision_never_raises(rng: str | None, status: int, headers: d
     """Any upstream status and header text gives a store (with a non-negative length within the limits)
     or a reason; only a 200 or 206 is ever stored."""
     got = response_decision(L, _c(rng), "GET", status, headers)
-    if isinstance(got, Store):
+    if isinstance(got, Keep):
         assert status in (200, 206) and 0 <= got.length <= L.max_object
     else:
-        assert isinstance(got, DontStore)
+        assert isinstance(got, DontKeep)
 
 
 _ANY = st.one_of(

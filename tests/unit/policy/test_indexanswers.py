@@ -15,8 +15,8 @@ from politeproxy.policy.cacherules import (
     Bypass,
     Cacheable,
     CacheLimits,
-    DontStore,
-    Store,
+    DontKeep,
+    Keep,
     entry_ttl,
     fresh,
     keeps_body,
@@ -37,7 +37,7 @@ def ask(path: str, published: frozenset[str] = PUBLISHED, method: str = "GET", *
     return request_decision(L, method, IX, path, headers, False, published=published)
 
 
-def kept(status: int, headers: dict[str, str]) -> Store | DontStore:
+def kept(status: int, headers: dict[str, str]) -> Keep | DontKeep:
     c = ask(Q)
     assert isinstance(c, Cacheable)
     return response_decision(L, c, "GET", status, headers)
@@ -85,18 +85,18 @@ def test_other_queries_still_bypass_and_other_index_paths_are_not_the_caches() -
 @pytest.mark.parametrize(
     "status,headers,want",
     [
-        (200, CHUNKED, Store(UNKNOWN)),  # pywb streams: kept once it ends, if it holds a line
-        (200, {"Content-Length": "120"}, Store(120)),
-        (200, {"Content-Length": "0"}, DontStore("empty")),  # pywb's empty 200 of a failed backend
-        (404, {"Content-Length": "30"}, Store(30)),  # "No Captures found": kept for index_miss_ttl
-        (400, {"Content-Length": "30"}, DontStore("status")),  # no more pages
-        (503, {}, DontStore("status")),
-        (500, CHUNKED, DontStore("status")),
-        (206, {"Content-Length": "1"}, DontStore("status")),
-        (200, {"Content-Length": "x"}, DontStore("no-length")),
-        (200, {"Content-Length": str(L.max_object + 1)}, DontStore("too-large")),
-        (200, {**CHUNKED, "Cache-Control": "no-store"}, DontStore("no-store")),
-        (200, {**CHUNKED, "Set-Cookie": "a=b"}, DontStore("vary")),
+        (200, CHUNKED, Keep(UNKNOWN)),  # pywb streams: kept once it ends, if it holds a line
+        (200, {"Content-Length": "120"}, Keep(120)),
+        (200, {"Content-Length": "0"}, DontKeep("empty")),  # pywb's empty 200 of a failed backend
+        (404, {"Content-Length": "30"}, Keep(30)),  # "No Captures found": kept for index_miss_ttl
+        (400, {"Content-Length": "30"}, DontKeep("status")),  # no more pages
+        (503, {}, DontKeep("status")),
+        (500, CHUNKED, DontKeep("status")),
+        (206, {"Content-Length": "1"}, DontKeep("status")),
+        (200, {"Content-Length": "x"}, DontKeep("no-length")),
+        (200, {"Content-Length": str(L.max_object + 1)}, DontKeep("too-large")),
+        (200, {**CHUNKED, "Cache-Control": "no-store"}, DontKeep("no-store")),
+        (200, {**CHUNKED, "Set-Cookie": "a=b"}, DontKeep("vary")),
     ],
 )
 def test_which_answers_are_kept(status: int, headers: dict[str, str], want: object) -> None:
@@ -113,7 +113,7 @@ def test_a_200_is_kept_only_with_a_capture_line_and_a_404_for_a_time_of_its_own(
     assert fresh(entry_ttl(L, c.rule, 404), 1000.0, 1000.0 + 86399) and not fresh(86400.0, 1000.0, 87401.0)
     never = CacheLimits(index_miss_ttl=0.0)
     c0 = request_decision(never, "GET", IX, Q, {}, False, published=PUBLISHED)
-    assert isinstance(c0, Cacheable) and response_decision(never, c0, "GET", 404, {}) == DontStore("status")
+    assert isinstance(c0, Cacheable) and response_decision(never, c0, "GET", 404, {}) == DontKeep("status")
 
 
 def test_crawl_of_and_collinfo() -> None:

@@ -1,4 +1,4 @@
-"""The config's defaults and the dataclasses' defaults are one set of numbers (policy/settings.py).
+"""The config's defaults and the dataclasses' defaults are one set of numbers (the table, policy/table.py).
 
 Each check compares what a proxy started without a config file uses (config.build({})) with what the
 dataclasses give when built without arguments, so a default changed in one place only fails here.
@@ -16,6 +16,8 @@ from politeproxy.config.loading import build, egress_default
 from politeproxy.pacing.pacer import PacingSettings
 from politeproxy.policy import settings as d
 from politeproxy.policy.backoff import BackoffPolicy
+from politeproxy.policy.settings import DEFAULTS as D
+from politeproxy.policy.table import DEFAULT_HOST_INTERVALS
 from politeproxy.proxy.listener import Timeouts
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.upstream import Upstream
@@ -37,12 +39,14 @@ def test_pacing_settings_match_the_config(cfg: Any) -> None:
     assert from_config.egress == egress_default()  # the machine's host name: the one field I/O gives
     bare = replace(bare, egress=from_config.egress)
     assert from_config == bare, "config.build({}).pacing() differs from PacingSettings()"
-    assert bare.gap == d.GLOBAL_GAP and bare.max_wait == d.MAX_WAIT and bare.retries == d.RETRIES
-    assert bare.max_queue == d.MAX_QUEUE
-    assert bare.exempt_max_in_flight == d.EXEMPT_MAX_IN_FLIGHT
-    assert bare.exempt_respect_backoff is d.EXEMPT_RESPECT_BACKOFF
-    assert bare.host_intervals == d.HOST_INTERVALS
-    assert bare.interval_for("index.commoncrawl.org") == d.INDEX_HOST_INTERVAL == 1.0
+    assert bare.gap == D.schedule.global_rate and bare.max_wait == D.pacing.max_wait
+    assert bare.retries == D.pacing.retries
+    assert bare.max_queue == D.pacing.max_queue
+    assert bare.exempt_max_in_flight == D.exempt.max_in_flight
+    assert bare.exempt_respect_backoff is D.exempt.respect_backoff
+    assert bare.host_intervals == DEFAULT_HOST_INTERVALS
+    index = dict(DEFAULT_HOST_INTERVALS)["index.commoncrawl.org"]
+    assert bare.interval_for("index.commoncrawl.org") == index == 1.0
 
 
 def test_backoff_policy_matches_the_config(cfg: Any) -> None:
@@ -50,10 +54,10 @@ def test_backoff_policy_matches_the_config(cfg: Any) -> None:
     b = BackoffPolicy()
     assert (p["backoff_base"], p["backoff_cap"], p["backoff_jitter"]) == (b.base, b.cap, b.jitter)
     assert (b.base, b.factor, b.cap, b.jitter) == (
-        d.BACKOFF_BASE,
-        d.BACKOFF_FACTOR,
-        d.BACKOFF_CAP,
-        d.BACKOFF_JITTER,
+        D.pacing.backoff_base,
+        2.0,
+        D.pacing.backoff_cap,
+        D.pacing.backoff_jitter,
     )
 
 
@@ -70,9 +74,9 @@ def test_client_timeouts_match_the_config(cfg: Any) -> None:
 
 def test_upstream_defaults_match_the_config(cfg: Any) -> None:
     u, up = cfg["upstream"], _defaults(Upstream)
-    assert up["connect_timeout"] == u["connect_timeout"] == d.CONNECT_TIMEOUT
-    assert up["read_timeout"] == u["read_timeout"] == d.READ_TIMEOUT
-    assert up["max_connections"] == u["max_connections"] == d.UPSTREAM_MAX_CONNECTIONS
+    assert up["connect_timeout"] == u["connect_timeout"] == D.upstream.connect_timeout
+    assert up["read_timeout"] == u["read_timeout"] == D.upstream.read_timeout
+    assert up["max_connections"] == u["max_connections"] == D.upstream.max_connections
     assert up["ca_file"] == u["ca_file"]
 
 
@@ -82,23 +86,23 @@ def test_robots_defaults_match_the_config(cfg: Any) -> None:
 
 
 def test_top_level_defaults(cfg: Any) -> None:
-    assert cfg.listen == ("127.0.0.1", 3128) and cfg["listen"] == d.LISTEN
-    assert cfg["log_format"] == d.LOG_FORMAT
-    assert cfg["tunnel_ports"] == list(d.TUNNEL_PORTS)
+    assert cfg.listen == ("127.0.0.1", 3128) and cfg["listen"] == D.general.listen
+    assert cfg["log_format"] == D.general.log_format
+    assert cfg["tunnel_ports"] == list(D.general.tunnel_ports)
     s = cfg["schedule"]
     assert (s["backend"], s["global_rate"], s["redis_key_ttl"], s["expected_proxies"]) == (
-        d.BACKEND,
-        d.GLOBAL_GAP,
-        d.REDIS_KEY_TTL,
-        d.EXPECTED_PROXIES,
+        D.schedule.backend,
+        D.schedule.global_rate,
+        D.schedule.redis_key_ttl,
+        D.schedule.expected_proxies,
     )
     # A default must itself pass the bounds a config value has to pass.
     for key, value in [
-        ("schedule.global_rate", d.GLOBAL_GAP),
-        ("pacing.max_wait", d.MAX_WAIT),
-        ("pacing.backoff_cap", d.BACKOFF_CAP),
-        ("robots.ttl", d.ROBOTS_TTL),
-        ("client.idle_timeout", d.IDLE_TIMEOUT),
-        ("upstream.read_timeout", d.READ_TIMEOUT),
+        ("schedule.global_rate", D.schedule.global_rate),
+        ("pacing.max_wait", D.pacing.max_wait),
+        ("pacing.backoff_cap", D.pacing.backoff_cap),
+        ("robots.ttl", D.robots.ttl),
+        ("client.idle_timeout", D.client.idle_timeout),
+        ("upstream.read_timeout", D.upstream.read_timeout),
     ]:
         assert d.parse_duration(f"{value}s", key) == value  # a bare number needs a unit now

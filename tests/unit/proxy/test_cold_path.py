@@ -20,7 +20,7 @@ from politeproxy.policy.classify import Klass
 from politeproxy.policy.hosts import host_matches
 from politeproxy.policy.slots import MAX_THROTTLES, Bounds, HostState, bounded_host, sane_host
 from politeproxy.proxy import fastnet
-from politeproxy.proxy.upstream import HOP_BY_HOP, _watch_close_notify, strip_hop_by_hop
+from politeproxy.proxy.upstream import HOP_BY_HOP, strip_hop_by_hop
 from politeproxy.stores.memory import MemoryStore
 
 H = "data.commoncrawl.org"
@@ -158,22 +158,6 @@ def test_fastnet_patches_a_loop_when_installed(monkeypatch: pytest.MonkeyPatch) 
         assert loop.create_server != before
     finally:
         loop.close()
-
-
-def test_close_notify_watch_sees_only_eof_received() -> None:
-    """aiofastnet offers no SSLObject to probe: a clean TLS close is heard as the protocol's eof_received."""
-    calls: list[str] = []
-
-    class Proto(asyncio.Protocol):
-        def eof_received(self) -> bool | None:
-            calls.append("eof")
-            return None
-
-    proto = Proto()
-    seen = _watch_close_notify(proto)
-    assert seen == [False]
-    proto.eof_received()
-    assert seen == [True] and calls == ["eof"]  # the protocol's own handler still runs
 
 
 @given(

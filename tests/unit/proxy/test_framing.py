@@ -172,7 +172,7 @@ def test_every_request_read_is_the_one_h11_reads_in_the_same_place(data: bytes, 
     assert len(got) <= len(ref), (got, ref)
     for mine, theirs in zip(got, ref, strict=False):
         assert mine == theirs
-    assert len(answers(out)) >= len(got)  # and each was answered
+    assert out.count(b" 200 OK\r\n") >= len(got)  # and each was answered (a HEAD's without a body)
 
 
 CL, TE, HOST = b"Content-Length", b"Transfer-Encoding", b"Host: a\r\n"

@@ -264,7 +264,7 @@ async def test_the_request_head_on_the_wire(make_client: Callable[..., H1Client]
 )
 def test_host_carries_the_port_only_when_not_the_default(url: str, host_line: str) -> None:
     u = URL(url)
-    head = _request_head(u, u.raw_host or "", u.port or 0, CIMultiDict())
+    head, _ = _request_head("GET", u, u.raw_host or "", u.port or 0, CIMultiDict(), False)
     assert head == f"GET / HTTP/1.1\r\n{host_line}\r\n\r\n".encode()
 
 

@@ -1,5 +1,5 @@
-"""Upstream bytes nobody asked for never become an answer (issue 25, items 3 and 4), in both upstream pools:
-the lean client (GET) and aiohttp's (HEAD), over real TLS sockets to a raw upstream that misbehaves on purpose
+"""Upstream bytes nobody asked for never become an answer (issue 25, items 3 and 4), for GET and HEAD alike
+(one upstream client since issue 44), over real TLS sockets to a raw upstream that misbehaves on purpose
 (tests/support/misbehave.py, a threaded server: it keeps talking while this test's loop is blocked).
 
 The race the proxy meets under load is made certain here: the loop is blocked (a plain ``time.sleep``) while
