@@ -181,7 +181,7 @@ class Destinations:
             return await destinations(target, self.lookup(target.host, target.port), self.check(client))
 
     async def for_request(self, client: str, target: Target) -> Refusal | None:
-        """The check for a plain http:// request. aiohttp resolves the name again when it connects, so
+        """The check for a plain http:// request. The upstream client resolves the name again to connect, so
         a name is refused when any of its addresses is (a rebinding gap remains: see docs/security.md)."""
         where = self.where(client)
         if self.lookup(target.host, target.port) is not None:
