@@ -145,8 +145,8 @@ class FrontProtocol(H1Connection):
             self.proxy.events.rejected("other", "bad_request")  # the first head: counted, as a refusal
         super()._malformed(status, why)
 
-    async def _serve(self, req: Served) -> None:
-        await self.proxy.plain(req)
+    def _serve(self, req: Served) -> Awaitable[None]:
+        return self.proxy.plain(req)
 
     # -- the first head: a CONNECT --------------------------------------------------------------------
 
