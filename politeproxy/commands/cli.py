@@ -90,7 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     workers = _workers(args, cfg)
     if workers is not None:
         return workers
-    from politeproxy.app import App, StartupError
+    from politeproxy.app import App
+    from politeproxy.config.storebuild import StartupError
 
     async def main() -> int:
         loop_kind = type(asyncio.get_running_loop()).__module__.split(".")[0]
@@ -107,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     uvloop: Any = None
     if os.environ.get("POLITEPROXY_EVENT_LOOP", "").lower() != "asyncio":
         try:
-            import uvloop  # type: ignore[import-not-found,no-redef]
+            import uvloop
         except ImportError:
             uvloop = None
     # The import is kept apart from the run: an ImportError inside main() must not start it twice.
@@ -130,7 +131,8 @@ def _workers(args: argparse.Namespace, cfg: Config) -> int | None:
             'set [schedule] backend = "file" (the data dir, the default) or "redis"',
             fmt=cfg.sections.general.log_format,
         )
-    from politeproxy.app import StartupError, open_data_dir
+    from politeproxy.config.startup import open_data_dir
+    from politeproxy.config.storebuild import StartupError
     from politeproxy.policy.hosts import HostSet
 
     try:  # the CA once, here: workers starting together would each make one

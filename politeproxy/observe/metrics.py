@@ -56,7 +56,7 @@ STATUS_GROUPS = ("2xx", "3xx", "4xx", "5xx", "error")  # the code label of reque
 HELD_CLASSES = (Klass.PACED.value, Klass.EXEMPT.value)  # the classes a configured host's requests take
 ZERO_REASONS = ("max_wait", "queue_full")  # refusals worth a 0 line per configured host
 
-disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide; the proxy's only registry is this module's
+disable_created_metrics()  # process-wide; the proxy's only registry is this module's
 
 
 def code_class(status: int | None) -> str:

@@ -57,6 +57,7 @@ def tls_object(transport: asyncio.BaseTransport) -> object | None:
     """The TLS object of a transport (``ssl.SSLObject`` on asyncio's and uvloop's transports; aiofastnet's
     may not offer one), or None."""
     try:
-        return transport.get_extra_info("ssl_object")
+        found: object | None = transport.get_extra_info("ssl_object")
     except Exception:  # noqa: BLE001 - a transport without the extra is simply not probed
         return None
+    return found
