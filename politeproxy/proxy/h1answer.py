@@ -16,7 +16,7 @@ from typing import Protocol
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-MAX_HEAD = 64 * 1024  # bytes of one answer head (aiohttp bounds each line at 8 KiB, not the head)
+MAX_HEAD = 64 * 1024  # bytes of one answer head (a whole head, not one line, is bounded)
 MAX_FIELDS = 256  # header lines of one answer head
 NO_FIELDS: CIMultiDictProxy[str] = CIMultiDictProxy(CIMultiDict())  # read-only: one for every answer
 
@@ -71,7 +71,7 @@ class Link(Protocol):
 class H1Answer:
     """The answer to one request, what ``upstream.Answer`` names: ``status``, ``reason``, ``headers`` and
     ``url``, then the body through ``read(n)`` (``peek(n)`` leaves its start in place; ``content`` is the
-    answer itself, for readers written against aiohttp's shape), and ``release`` or ``close`` when done."""
+    answer itself, for readers written against a client response's shape), and ``release`` or ``close`` when done."""
 
     __slots__ = (
         "_buffered",
@@ -129,7 +129,7 @@ class H1Answer:
         self._head_bytes += len(name) + len(value) + 4
         if self._head_bytes > MAX_HEAD or len(self._raw) >= MAX_FIELDS:
             raise UpstreamFailed(502, f"answer head over {MAX_HEAD} bytes or {MAX_FIELDS} fields")
-        # as aiohttp decodes them, so the headers pass on unchanged
+        # UTF-8 with surrogates for other bytes, so the headers pass on unchanged
         self._raw.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
 
     def head_done(self, status: int) -> None:

@@ -1,8 +1,8 @@
 """The upstream client (issue 15; issue 44: the only one): every method, pooled HTTP/1.1 connections.
 
-aiohttp's ``ClientSession`` built per request a request object, a connector key and lookup, timer
+A general client session builds per request a request object, a connector key and lookup, timer
 contexts, a response object and a stream reader; for a small GET that machinery cost more than the
-parsing. This client keeps one protocol object per connection (``h1conn``), parses with httptools
+parsing (measured when the proxy had one, issue 15). This client keeps one protocol object per connection (``h1conn``), parses with httptools
 (llhttp), writes a request head in one call and a body after it, streamed (its Content-Length, else
 chunked), and keeps idle connections per (scheme, host, port) for ``KEEPALIVE`` seconds. Verified TLS,
 the --resolve map, a DNS cache, happy eyeballs, the connect and read timeouts, and an error-to-status
@@ -26,17 +26,17 @@ from yarl import URL
 from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
 from politeproxy.proxy.unasked import unread
 
-KEEPALIVE = 30.0  # seconds an idle connection is kept (as aiohttp's client kept them before issue 44)
-DNS_TTL = 60.0  # seconds a system resolver answer is kept (as aiohttp's ttl_dns_cache was)
+KEEPALIVE = 30.0  # seconds an idle connection is kept (the keep-alive the proxy's connections had before issue 44)
+DNS_TTL = 60.0  # seconds a system resolver answer is kept (as before issue 44)
 DNS_ENTRIES = 256  # names remembered at most; the table is emptied when full
 HAPPY_EYEBALLS_DELAY = (
-    0.25  # seconds before the next address is tried alongside (RFC 8305; aiohttp's default)
+    0.25  # seconds before the next address is tried alongside (RFC 8305's recommended delay)
 )
 RETRIES_ON_STALE = 3  # reused connections found closed before their answer, tried past in one request
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})  # RFC 9110 9.2.2
 NO_LENGTH_NEEDED = frozenset(
     {"GET", "HEAD", "OPTIONS", "TRACE"}
-)  # aiohttp's GET_METHODS: no "Content-Length: 0"
+)  # methods that need no "Content-Length: 0" without a body
 # Seconds after an answer's end before its connection is written to again (issue 42 item 6). Bytes the
 # upstream sends just after an answer may still be on their way when the connection is checked empty, and
 # would then arrive after the next request was written, as its answer. A connection quiet for this long is
@@ -174,7 +174,7 @@ class H1Client:
         where = f"{host}:{port}"
         tls = scheme == "https"
         try:
-            async with asyncio.timeout(2 * self.connect_timeout):  # aiohttp's connect: resolve + connect
+            async with asyncio.timeout(2 * self.connect_timeout):  # resolve + connect, as before issue 44
                 addrs = await self._resolve(host, port)
                 return await self._open(addrs, key, where, tls)
         except UpstreamFailed:
@@ -187,7 +187,7 @@ class H1Client:
     async def _open(
         self, infos: list[AddrInfoType], key: tuple[str, str, int], where: str, tls: bool
     ) -> H1Conn:
-        """TCP to the first address that answers (happy eyeballs, as aiohttp's connector: a blackholed IPv6
+        """TCP to the first address that answers (happy eyeballs, RFC 8305: a blackholed IPv6
         address costs 0.25 s, not the connect timeout), then TLS; both within connect_timeout."""
         loop = asyncio.get_running_loop()
         try:
@@ -274,7 +274,7 @@ def _request_head(
     method: str, url: URL, host: str, port: int, headers: CIMultiDict[str], has_body: bool
 ) -> tuple[bytes, int]:
     """The head's bytes, with Host from the URL (port only when not the default) and the body's framing
-    (aiohttp's rules: a body without a length goes chunked; a method that may carry one says 0 without);
+    (a body without a length goes chunked; a method that may carry one says 0 without, as before issue 44);
     and the body's length, -1 for chunked."""
     netloc = f"[{host}]" if ":" in host else host
     if not url.is_default_port():
