@@ -71,7 +71,8 @@ class Link(Protocol):
 class H1Answer:
     """The answer to one request, what ``upstream.Answer`` names: ``status``, ``reason``, ``headers`` and
     ``url``, then the body through ``read(n)`` (``peek(n)`` leaves its start in place; ``content`` is the
-    answer itself, for readers written against a client response's shape), and ``release`` or ``close`` when done."""
+    answer itself, for readers written against a client response's shape), and ``release`` or ``close``
+    when done."""
 
     __slots__ = (
         "_buffered",

@@ -2,7 +2,8 @@
 
 A general client session builds per request a request object, a connector key and lookup, timer
 contexts, a response object and a stream reader; for a small GET that machinery cost more than the
-parsing (measured when the proxy had one, issue 15). This client keeps one protocol object per connection (``h1conn``), parses with httptools
+parsing (measured when the proxy had one, issue 15). This client keeps one protocol object per
+connection (``h1conn``), parses with httptools
 (llhttp), writes a request head in one call and a body after it, streamed (its Content-Length, else
 chunked), and keeps idle connections per (scheme, host, port) for ``KEEPALIVE`` seconds. Verified TLS,
 the --resolve map, a DNS cache, happy eyeballs, the connect and read timeouts, and an error-to-status
@@ -26,7 +27,7 @@ from yarl import URL
 from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
 from politeproxy.proxy.unasked import unread
 
-KEEPALIVE = 30.0  # seconds an idle connection is kept (the keep-alive the proxy's connections had before issue 44)
+KEEPALIVE = 30.0  # seconds an idle connection is kept (the pool's keep-alive before issue 44)
 DNS_TTL = 60.0  # seconds a system resolver answer is kept (as before issue 44)
 DNS_ENTRIES = 256  # names remembered at most; the table is emptied when full
 HAPPY_EYEBALLS_DELAY = (

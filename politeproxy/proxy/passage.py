@@ -15,7 +15,7 @@ from multidict import CIMultiDict
 VIA_ENTRY = "1.1 politeproxy"
 WAIT_HEADER = "X-Politeproxy-Wait"  # seconds the proxy held the request before it went upstream, "0.412"
 PIPELINE_HEADER = "X-Politeproxy-Pipeline"  # the (bounded, cleaned) pipeline name it counted as
-MAX_VIA = 4096  # an upstream Via longer than this is cut (the answer's whole head is bounded already: h1answer.MAX_HEAD)
+MAX_VIA = 4096  # an upstream Via longer than this is cut (the whole head is bounded: h1answer.MAX_HEAD)
 
 
 def add_via(headers: CIMultiDict[str]) -> None:
