@@ -31,7 +31,7 @@ from politeproxy.proxy.flight import Flight
 T = TypeVar("T")
 
 
-class Disk(Protocol):
+class TeeFront(Protocol):
     """What a tee needs of the cache front (cached.CacheFront, which makes the tees and imports this)."""
 
     @property
@@ -49,7 +49,7 @@ class Disk(Protocol):
 class Tee:
     """Fed by relay() with the answer's head and each chunk; writes a storable answer to a temp file."""
 
-    def __init__(self, front: Disk, d: Cacheable, flight: Flight | None = None) -> None:
+    def __init__(self, front: TeeFront, d: Cacheable, flight: Flight | None = None) -> None:
         self.front, self.d, self.flight = front, d, flight
         self.writer: Writer | None = None
         self.expected = 0  # UNKNOWN: no Content-Length (a CDX answer)

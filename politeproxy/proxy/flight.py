@@ -34,12 +34,14 @@ FOLLOW_STALL = 120.0  # seconds without progress after which a follower gives up
 # timeout ends a stalled download long before: this only bounds a follower whatever happens)
 
 
-class Disk(Protocol):
+class DiskRunner(Protocol):
+    """What a flight needs of the cache front: file work off the loop, or in the background."""
+
     async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
     def bg(self, fn: Callable[[], object]) -> None: ...
 
 
-class Leasing(Disk, Protocol):
+class Leasing(DiskRunner, Protocol):
     """What taking a key's lease between processes needs of the cache front (cached.CacheFront)."""
 
     @property
@@ -112,7 +114,7 @@ async def _head(flight: Flight) -> bool:
 
 
 async def follow(
-    disk: Disk,
+    disk: DiskRunner,
     client: ClientSide,
     flight: Flight,
     ex: Exchange,
@@ -152,7 +154,7 @@ class _Broken(Exception):
 
 
 async def _pump(
-    disk: Disk, f: BinaryIO, flight: Flight, ex: Exchange, write: Callable[[bytes], Awaitable[None]]
+    disk: DiskRunner, f: BinaryIO, flight: Flight, ex: Exchange, write: Callable[[bytes], Awaitable[None]]
 ) -> None:
     """Send the leader's body from ``f`` as it is written, until it is stored whole; _Broken otherwise."""
     sent = 0

@@ -35,7 +35,7 @@ TLS_TO_PLAIN_PORT = (
 CHALLENGE = {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
 
 
-class Limits(Protocol):
+class PortLimits(Protocol):
     """The bounds of a connection on the proxy port (listener.Timeouts)."""
 
     @property
@@ -53,7 +53,7 @@ class Listener(Protocol):
     this module): the bounds, the checks, and where a request or a routed connection goes."""
 
     @property
-    def timeouts(self) -> Limits: ...
+    def timeouts(self) -> PortLimits: ...
     @property
     def access(self) -> Access: ...
     @property

@@ -188,13 +188,13 @@ class Upstream:
         body: AsyncIterator[bytes] | None,
         pool: str,
         pool_wait: float,
-    ) -> Exchange:
+    ) -> UpstreamCall:
         """One upstream exchange on a connection of ``pool``'s share; the response is released (read to
         its end) or closed (anything else: error, cut, cancellation) on every path out.
 
         Raises PoolFull (on entering) when no connection of the class came free within ``pool_wait`` seconds.
         """
-        return Exchange(self, (method, url, headers, body), pool, pool_wait)
+        return UpstreamCall(self, (method, url, headers, body), pool, pool_wait)
 
     def tunnel_address(self, host: str, port: int) -> tuple[str, int]:
         """Where a blind tunnel to ``host:port`` should connect (the --resolve map applies)."""
@@ -205,7 +205,7 @@ class Upstream:
         self.h1.close()
 
 
-class Exchange:
+class UpstreamCall:
     """``Upstream.exchange``'s context. A class rather than an @asynccontextmanager: no generator frames
     between the forwarder and the client while the request waits, and no async-generator registration per
     request (issue 10: the small-GET hot path)."""
