@@ -193,3 +193,25 @@ def test_the_type_checking_rule_sees_a_hidden_import() -> None:
     src = "if TYPE_CHECKING:\n    from politeproxy.stores.file import FileStore\n"
     assert _hidden_package_imports(ast.parse(src)) == ["politeproxy.stores.file"]
     assert _hidden_package_imports(ast.parse("if TYPE_CHECKING:\n    from aiohttp import web\n")) == []
+
+
+def class_names(root: Path) -> dict[str, list[str]]:
+    """Every top-level class of the package by name: where each is defined."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                found.setdefault(node.name, []).append(str(path.relative_to(root)))
+    return found
+
+
+def test_one_class_per_name_in_the_package() -> None:
+    """Issue 44 item 5: two classes of one name (two Exchanges, two Disks) make every reader ask which."""
+    twice = {name: where for name, where in class_names(ROOT / "politeproxy").items() if len(where) > 1}
+    assert not twice, twice
+
+
+def test_the_class_name_rule_sees_a_second_class(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("class Disk:\n    pass\n")
+    (tmp_path / "b.py").write_text("from typing import Protocol\n\n\nclass Disk(Protocol):\n    pass\n")
+    assert class_names(tmp_path)["Disk"] == ["a.py", "b.py"]
