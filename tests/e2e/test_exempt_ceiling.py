@@ -67,9 +67,10 @@ def assert_within_ceiling(ts: list[float]) -> None:
     # loaded 2-core box: one clean-clone run counted 27). The whole run's bound below stays exact.
     assert per_window <= 1 / RATE + BURST + 2, per_window
     # The GCRA grants at most BURST + span / RATE slots over a span; the arrival log measures the span with
-    # the upstream leg's jitter (a first arrival delayed by a few ms shortens it), so one slot of slack.
+    # the upstream leg's jitter (a first arrival delivered late shortens it): the same 0.1 s of lateness as
+    # above, two slots (one slot over was seen in a run beside a CPU burner).
     span = ts[-1] - ts[0]
-    assert len(ts) <= (span + RATE) / RATE + BURST + 1, (len(ts), span)
+    assert len(ts) <= (span + RATE) / RATE + BURST + 2, (len(ts), span)
     assert len(ts) >= 0.6 * span / RATE, (len(ts), span)  # loosely: the ceiling, not the readers, set it
 
 

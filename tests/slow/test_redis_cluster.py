@@ -83,7 +83,7 @@ def test_three_proxies_share_one_budget(
     rate = achieved_rate(times)
     gaps = len(times) - 1  # the first arrival may be up to LATE late: the span shrinks by that much
     assert rate <= gaps / (gaps * GAP - LATE), f"combined rate {rate:.2f}/s"
-    assert rate >= 50.0 * 0.8, f"combined rate {rate:.2f}/s"
+    assert rate >= 50.0 * 0.6, f"combined rate {rate:.2f}/s"  # 0.67 was seen beside a CPU burner
     # The busiest second tolerates more: a stall of the loaded box (one process, or the upstream's recorder)
     # releases the slots it held back together. Seen once in seven full-suite runs: 59 in one second, ~8
     # slots bunched. 0.2 s of late grants (10 slots) gives a bound of 61, still far from the ~150 of three
