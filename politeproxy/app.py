@@ -43,8 +43,8 @@ from politeproxy.proxy.cached import CacheFront
 from politeproxy.proxy.eventlog import events_log
 from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.listener import Proxy, Timeouts
+from politeproxy.proxy.origin.upstream import Upstream
 from politeproxy.proxy.robots_fetch import RobotsWatcher
-from politeproxy.proxy.upstream import Upstream
 from politeproxy.stores.base import Store
 
 log = logging.getLogger("politeproxy")

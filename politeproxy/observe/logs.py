@@ -72,7 +72,6 @@ def _more_text(more: dict[str, Any] | None) -> str:
     return "".join(f" {k}={v}" for k, v in more.items()) if more else ""
 
 
-
 def json_head(created: float, level: str, name: str) -> dict[str, Any]:
     """The keys every JSON line starts with (an access line's fields follow them at the top level)."""
     return {"ts": round(created, 3), "level": level, "logger": name}

@@ -391,4 +391,3 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
     def exempt_changed(self, host: str, in_flight: int) -> None:
         label = self.host_label(host)
         self.exempt_in_flight.labels(host).set(summed(label, host, in_flight, self._other_exempt))
-

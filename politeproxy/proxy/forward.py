@@ -31,11 +31,7 @@ from politeproxy.proxy.clientside import ClientSide, Own, own
 from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.events import ProxyEvents, access_path
 from politeproxy.proxy.exchange import Exchange, Tunnel
-from politeproxy.proxy.passage import held
-from politeproxy.proxy.relay import relay
-from politeproxy.proxy.robots_fetch import RobotsWatcher
-from politeproxy.proxy.speak import Speaker, dialect, standard_fields
-from politeproxy.proxy.upstream import (
+from politeproxy.proxy.origin.upstream import (
     Answer,
     PoolFull,
     Upstream,
@@ -43,6 +39,10 @@ from politeproxy.proxy.upstream import (
     loggable,
     strip_hop_by_hop,
 )
+from politeproxy.proxy.passage import held
+from politeproxy.proxy.relay import relay
+from politeproxy.proxy.robots_fetch import RobotsWatcher
+from politeproxy.proxy.speak import Speaker, dialect, standard_fields
 
 log = logging.getLogger("politeproxy")
 Admin = Callable[[ClientSide], Awaitable[None]]  # answers an admin path on the proxy port (observe/admin.py)

@@ -29,11 +29,11 @@ from politeproxy.proxy.exchange import Tunnel
 from politeproxy.proxy.forward import Admin, Forwarder
 from politeproxy.proxy.front import FrontProtocol, refusals
 from politeproxy.proxy.h1server import H1Server
+from politeproxy.proxy.origin.upstream import Upstream
 from politeproxy.proxy.pacedaddrs import PacedAddresses
 from politeproxy.proxy.peek import PeekingTunnel
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.served import Served
-from politeproxy.proxy.upstream import Upstream
 
 log = logging.getLogger("politeproxy")
 

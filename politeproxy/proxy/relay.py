@@ -14,9 +14,9 @@ from politeproxy.policy.backoff import retry_after_seconds
 from politeproxy.proxy.clientside import ClientSide
 from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.origin.upstream import CHUNK, Answer, loggable, strip_hop_by_hop
 from politeproxy.proxy.passage import stamp
 from politeproxy.proxy.speak import standard_fields
-from politeproxy.proxy.upstream import CHUNK, Answer, loggable, strip_hop_by_hop
 
 log = logging.getLogger("politeproxy")
 RETRY_AFTER_STATUSES = frozenset({403, 429, 503})  # answers that always carry a Retry-After (issue 12)

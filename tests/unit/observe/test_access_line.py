@@ -17,6 +17,7 @@ from politeproxy.policy.classify import Klass
 from politeproxy.proxy.eventlog import OperatorLog
 from politeproxy.proxy.events import PATH_LIMIT, access_path
 from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.origin.upstream import PoolFull
 from politeproxy.proxy.passage import (
     MAX_VIA,
     PIPELINE_HEADER,
@@ -26,7 +27,6 @@ from politeproxy.proxy.passage import (
     stamp,
     wait_text,
 )
-from politeproxy.proxy.upstream import PoolFull
 from tests.support.access_lines import render
 
 REC = Exchange(
