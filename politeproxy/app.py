@@ -40,8 +40,8 @@ from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.settings import format_gap, format_utc
 from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.cached import CacheFront
+from politeproxy.proxy.common.events import ProxyEvents
 from politeproxy.proxy.eventlog import events_log
-from politeproxy.proxy.events import ProxyEvents
 from politeproxy.proxy.listener import Proxy, Timeouts
 from politeproxy.proxy.origin.upstream import Upstream
 from politeproxy.proxy.robots_fetch import RobotsWatcher

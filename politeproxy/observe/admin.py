@@ -35,8 +35,8 @@ from politeproxy.policy.answers import error_type, proxy_status
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.routing import Target, split_host_port
 from politeproxy.policy.settings import DEFAULTS
-from politeproxy.proxy.clientside import ClientSide
-from politeproxy.proxy.passage import add_via
+from politeproxy.proxy.common.clientside import ClientSide
+from politeproxy.proxy.common.passage import add_via
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 PATHS = ("/", "/status", "/metrics", "/healthz", "/ca.pem")

@@ -20,8 +20,8 @@ from typing import Any
 
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.settings import format_utc
-from politeproxy.proxy.events import ProxyEvents
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.events import ProxyEvents
+from politeproxy.proxy.common.exchange import Exchange
 
 access_log = logging.getLogger("politeproxy.access")
 # Loggers at INFO whatever the verbosity: the access line, the start line, and the operator's events

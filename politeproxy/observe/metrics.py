@@ -45,7 +45,7 @@ from politeproxy.pacing.base import PacerEvents, PacingSettings
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, FREE_PIPELINES, PipelineNames
 from politeproxy.policy.settings import MAX_PIPELINES
-from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.common.events import ProxyEvents
 from politeproxy.stores.base import BACKENDS
 
 __all__ = ["FREE_HOST_LABELS", "OTHER", "PINNED_HOSTS", "Metrics", "RateWindow", "code_class"]

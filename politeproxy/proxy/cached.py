@@ -42,11 +42,11 @@ from politeproxy.policy.cacherules import (
 )
 from politeproxy.policy.classify import Klass
 from politeproxy.proxy.cachetee import Tee
-from politeproxy.proxy.clientside import ClientSide, Own
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.clientside import ClientSide, Own
+from politeproxy.proxy.common.exchange import Exchange
+from politeproxy.proxy.common.passage import stamp
 from politeproxy.proxy.flight import Flight, follow, take_lease
 from politeproxy.proxy.indexshare import IndexShare
-from politeproxy.proxy.passage import stamp
 from politeproxy.proxy.published import Published
 from politeproxy.proxy.speak import standard_fields
 

@@ -27,10 +27,11 @@ from politeproxy.policy.forms import cloudfront_refuses, refused_form
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.signals import PEEK, Signal, read_signal, wants_body
 from politeproxy.proxy.cached import CacheFront
-from politeproxy.proxy.clientside import ClientSide, Own, own
+from politeproxy.proxy.common.clientside import ClientSide, Own, own
+from politeproxy.proxy.common.events import ProxyEvents, access_path
+from politeproxy.proxy.common.exchange import Exchange, Tunnel
+from politeproxy.proxy.common.passage import held
 from politeproxy.proxy.eventlog import OperatorLog
-from politeproxy.proxy.events import ProxyEvents, access_path
-from politeproxy.proxy.exchange import Exchange, Tunnel
 from politeproxy.proxy.origin.upstream import (
     Answer,
     PoolFull,
@@ -39,7 +40,6 @@ from politeproxy.proxy.origin.upstream import (
     loggable,
     strip_hop_by_hop,
 )
-from politeproxy.proxy.passage import held
 from politeproxy.proxy.relay import relay
 from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.speak import Speaker, dialect, standard_fields

@@ -21,11 +21,12 @@ from politeproxy.policy import settings as defaults
 from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.routing import Refusal, Target
-from politeproxy.proxy import fastnet, intercept, tunnel
+from politeproxy.proxy import intercept, tunnel
 from politeproxy.proxy.ca import CertificateAuthority
-from politeproxy.proxy.clientside import own
-from politeproxy.proxy.events import ProxyEvents
-from politeproxy.proxy.exchange import Tunnel
+from politeproxy.proxy.common import fastnet
+from politeproxy.proxy.common.clientside import own
+from politeproxy.proxy.common.events import ProxyEvents
+from politeproxy.proxy.common.exchange import Tunnel
 from politeproxy.proxy.forward import Admin, Forwarder
 from politeproxy.proxy.front import FrontProtocol, refusals
 from politeproxy.proxy.h1server import H1Server

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from politeproxy.proxy import sni
-from politeproxy.proxy.responses import BurstLimitedLog, plain_response
+from politeproxy.proxy.common.responses import BurstLimitedLog, plain_response
 from politeproxy.proxy.tunnel import RelayPair
 
 log = logging.getLogger("politeproxy")

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 
 from politeproxy.policy.backoff import retry_after_seconds
-from politeproxy.proxy.clientside import ClientSide
-from politeproxy.proxy.events import ProxyEvents
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.clientside import ClientSide
+from politeproxy.proxy.common.events import ProxyEvents
+from politeproxy.proxy.common.exchange import Exchange
+from politeproxy.proxy.common.passage import stamp
 from politeproxy.proxy.origin.upstream import CHUNK, Answer, loggable, strip_hop_by_hop
-from politeproxy.proxy.passage import stamp
 from politeproxy.proxy.speak import standard_fields
 
 log = logging.getLogger("politeproxy")

@@ -11,8 +11,8 @@ from typing import Any
 import httptools
 from multidict import CIMultiDict
 
-from politeproxy.proxy.clientside import Own
-from politeproxy.proxy.passage import add_via
+from politeproxy.proxy.common.clientside import Own
+from politeproxy.proxy.common.passage import add_via
 
 
 class FakeTransport(asyncio.Transport):

@@ -1,1 +1,1 @@
-"""the upstream client, the project's own: every method, pooled connections, answers streamed"""
+"""The upstream client, the project's own: every method, pooled connections, answers streamed."""

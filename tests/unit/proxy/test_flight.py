@@ -14,7 +14,7 @@ import pytest
 
 from politeproxy.policy.classify import Klass
 from politeproxy.proxy import flight as fl
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.exchange import Exchange
 
 T = TypeVar("T")
 

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from politeproxy.proxy.clientside import own
-from politeproxy.proxy.exchange import Tunnel
+from politeproxy.proxy.common.clientside import own
+from politeproxy.proxy.common.exchange import Tunnel
 from politeproxy.proxy.h1server import H1Server
 from politeproxy.proxy.served import Served
 from tests.support.fake_client import FakeTransport, answers

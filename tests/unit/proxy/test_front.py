@@ -12,9 +12,9 @@ from unittest import mock
 
 from politeproxy.policy.access import Access
 from politeproxy.policy.routing import Refusal, Target
-from politeproxy.proxy.clientside import own
-from politeproxy.proxy.events import NoProxyEvents
-from politeproxy.proxy.exchange import Tunnel
+from politeproxy.proxy.common.clientside import own
+from politeproxy.proxy.common.events import NoProxyEvents
+from politeproxy.proxy.common.exchange import Tunnel
 from politeproxy.proxy.front import FrontProtocol
 from politeproxy.proxy.served import Served
 from tests.support.fake_client import FakeTransport, answers

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from politeproxy.proxy import h1server
-from politeproxy.proxy.clientside import ClientGone, own
-from politeproxy.proxy.exchange import Tunnel
+from politeproxy.proxy.common.clientside import ClientGone, own
+from politeproxy.proxy.common.exchange import Tunnel
 from politeproxy.proxy.h1server import H1Server
 from politeproxy.proxy.served import Served
 from tests.support.fake_client import FakeTransport, answers
