@@ -25,7 +25,7 @@ from politeproxy.proxy.common.exchange import Exchange
 
 access_log = logging.getLogger("politeproxy.access")
 # Loggers at INFO whatever the verbosity: the access line, the start line, and the operator's events
-# (backoffs, blocks, probes, refusals, store switch-overs; proxy/eventlog.py, rate-limited there).
+# (backoffs, blocks, probes, refusals, store switch-overs; proxy/forwarding/eventlog.py, rate-limited there).
 ALWAYS_INFO = ("politeproxy.access", "politeproxy.start", "politeproxy.events")
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # The pacer's refusals (Exchange.note): summed per cause, host and pipeline in the access log

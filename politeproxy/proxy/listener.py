@@ -27,13 +27,13 @@ from politeproxy.proxy.common import fastnet
 from politeproxy.proxy.common.clientside import own
 from politeproxy.proxy.common.events import ProxyEvents
 from politeproxy.proxy.common.exchange import Tunnel
-from politeproxy.proxy.forward import Admin, Forwarder
+from politeproxy.proxy.forwarding.forward import Admin, Forwarder
+from politeproxy.proxy.forwarding.robots_fetch import RobotsWatcher
 from politeproxy.proxy.front import FrontProtocol, refusals
 from politeproxy.proxy.h1server import H1Server
 from politeproxy.proxy.origin.upstream import Upstream
 from politeproxy.proxy.pacedaddrs import PacedAddresses
 from politeproxy.proxy.peek import PeekingTunnel
-from politeproxy.proxy.robots_fetch import RobotsWatcher
 from politeproxy.proxy.served import Served
 
 log = logging.getLogger("politeproxy")

@@ -25,7 +25,7 @@ from politeproxy.proxy.common.passage import (
     stamp,
     wait_text,
 )
-from politeproxy.proxy.eventlog import OperatorLog
+from politeproxy.proxy.forwarding.eventlog import OperatorLog
 from politeproxy.proxy.origin.upstream import PoolFull
 from tests.support.access_lines import render
 

@@ -21,7 +21,7 @@ from politeproxy.policy.hosts import HostSet
 from politeproxy.proxy.common.clientside import own
 from politeproxy.proxy.common.events import NoProxyEvents
 from politeproxy.proxy.common.exchange import Tunnel
-from politeproxy.proxy.forward import Forwarder
+from politeproxy.proxy.forwarding.forward import Forwarder
 from tests.support.fake_client import RecordedSide
 
 

@@ -24,7 +24,7 @@ from politeproxy.cache.store import LEASE_REFRESH, DiskStore
 from politeproxy.proxy.common.clientside import ClientSide
 from politeproxy.proxy.common.exchange import Exchange
 from politeproxy.proxy.common.passage import stamp
-from politeproxy.proxy.speak import standard_fields
+from politeproxy.proxy.forwarding.speak import standard_fields
 
 log = logging.getLogger("politeproxy")
 T = TypeVar("T")
