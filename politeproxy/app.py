@@ -38,8 +38,8 @@ from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.settings import format_gap, format_utc
-from politeproxy.proxy.ca import CertificateAuthority
 from politeproxy.proxy.common.events import ProxyEvents
+from politeproxy.proxy.door.ca import CertificateAuthority
 from politeproxy.proxy.forwarding.cached import CacheFront
 from politeproxy.proxy.forwarding.eventlog import events_log
 from politeproxy.proxy.forwarding.robots_fetch import RobotsWatcher

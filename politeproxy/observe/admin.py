@@ -47,7 +47,7 @@ StatusSource = Callable[[], Awaitable[dict[str, Any]]]
 
 class AdminRequest(Protocol):
     """What the admin paths read of a request: aiohttp's (``--metrics-listen``) or the proxy port's
-    (``Asked``: a request read by the proxy's own protocol, proxy/front.py)."""
+    (``Asked``: a request read by the proxy's own protocol, proxy/door/front.py)."""
 
     @property
     def method(self) -> str: ...

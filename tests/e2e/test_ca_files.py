@@ -23,9 +23,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from politeproxy.proxy import ca as ca_mod
-from politeproxy.proxy import intercept
-from politeproxy.proxy.ca import CAError, CertificateAuthority
+from politeproxy.proxy.door import ca as ca_mod
+from politeproxy.proxy.door import intercept
+from politeproxy.proxy.door.ca import CAError, CertificateAuthority
 from tests.support.catools import new_ca, pem_key
 from tests.support.processes import ROOT
 
@@ -134,7 +134,7 @@ RACE = textwrap.dedent(
     import sys, time
     from cryptography.hazmat.primitives import hashes
     from politeproxy.policy.hosts import HostSet
-    from politeproxy.proxy.ca import CertificateAuthority
+    from politeproxy.proxy.door.ca import CertificateAuthority
     start = float(sys.argv[2])
     while time.time() < start:
         pass
@@ -213,7 +213,7 @@ def test_a_corrupt_leaf_key_is_replaced_with_a_warning(
     d = tmp_path / "data"
     new_ca(d)
     (d / "leaf-key.pem").write_bytes(b"not a key")
-    with caplog.at_level(logging.WARNING, "politeproxy.proxy.ca"):
+    with caplog.at_level(logging.WARNING, "politeproxy.proxy.door.ca"):
         ca = new_ca(d)
     assert "leaf-key.pem" in caplog.text
     ca.context_for("data.commoncrawl.org")
@@ -226,7 +226,7 @@ def test_a_key_readable_by_others_is_made_private_loudly(
     d = tmp_path / "data"
     new_ca(d)
     (d / name).chmod(0o644)
-    with caplog.at_level(logging.WARNING, "politeproxy.proxy.ca"):
+    with caplog.at_level(logging.WARNING, "politeproxy.proxy.door.ca"):
         new_ca(d)
     assert stat.S_IMODE((d / name).stat().st_mode) == 0o600
     assert "READABLE BY OTHERS" in caplog.text and name in caplog.text, caplog.text

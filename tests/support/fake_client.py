@@ -1,5 +1,5 @@
 """Test doubles for the client side of an exchange: a transport that records what a protocol writes (for
-proxy/h1server.py without a socket), a ClientSide that records its answer (for the forwarder), and a
+proxy/door/h1server.py without a socket), a ClientSide that records its answer (for the forwarder), and a
 parser of the answers written."""
 
 from __future__ import annotations

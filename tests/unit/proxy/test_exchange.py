@@ -18,8 +18,8 @@ from politeproxy.policy.routing import Target
 from politeproxy.proxy.common.events import NoProxyEvents
 from politeproxy.proxy.common.exchange import Exchange, Tunnel
 from politeproxy.proxy.common.passage import PIPELINE_HEADER, WAIT_HEADER
+from politeproxy.proxy.door.front import FrontProtocol
 from politeproxy.proxy.forwarding.forward import Forwarder
-from politeproxy.proxy.front import FrontProtocol
 from tests.support.fake_client import RecordedSide
 
 D = "data.commoncrawl.org"
