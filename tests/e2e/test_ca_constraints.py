@@ -136,7 +136,7 @@ def test_an_old_ca_without_exclusions_is_replaced_loudly(
     # The old CA really was the hole: an IP leaf signed with its key verifies.
     cert, _, _ = sign(d, [IP(ipaddress.ip_address("127.0.0.1"))])
     assert openssl_verify(d / "ca.pem", cert).returncode == 0
-    with caplog.at_level(logging.WARNING, "politeproxy.proxy.door.ca"):
+    with caplog.at_level(logging.WARNING, "politeproxy.proxy.ca"):
         ca = new_ca(d)
     assert "MAKING A NEW CA" in caplog.text and "exclude IP" in caplog.text, caplog.text
     assert ca.created and (d / "ca.pem").read_bytes() != old
@@ -144,7 +144,7 @@ def test_an_old_ca_without_exclusions_is_replaced_loudly(
     cert, _, _ = sign(d, [IP(ipaddress.ip_address("127.0.0.1"))])
     assert openssl_verify(d / "ca.pem", cert).returncode != 0
     caplog.clear()
-    with caplog.at_level(logging.WARNING, "politeproxy.proxy.door.ca"):
+    with caplog.at_level(logging.WARNING, "politeproxy.proxy.ca"):
         new_ca(d)  # the new one is kept without a word
     assert "MAKING A NEW CA" not in caplog.text
 
@@ -152,7 +152,7 @@ def test_an_old_ca_without_exclusions_is_replaced_loudly(
 def test_helper_commands_keep_an_old_ca_but_say_so(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     d = tmp_path / "data"
     old = write_old_ca(d)
-    with caplog.at_level(logging.WARNING, "politeproxy.proxy.door.ca"):
+    with caplog.at_level(logging.WARNING, "politeproxy.proxy.ca"):
         ca = new_ca(d, remake=False)
     assert (d / "ca.pem").read_bytes() == old and not ca.created
     assert "outdated" in caplog.text and "MAKING A NEW CA" not in caplog.text

@@ -213,7 +213,7 @@ def test_a_corrupt_leaf_key_is_replaced_with_a_warning(
     d = tmp_path / "data"
     new_ca(d)
     (d / "leaf-key.pem").write_bytes(b"not a key")
-    with caplog.at_level(logging.WARNING, "politeproxy.proxy.door.ca"):
+    with caplog.at_level(logging.WARNING, "politeproxy.proxy.ca"):
         ca = new_ca(d)
     assert "leaf-key.pem" in caplog.text
     ca.context_for("data.commoncrawl.org")
@@ -226,7 +226,7 @@ def test_a_key_readable_by_others_is_made_private_loudly(
     d = tmp_path / "data"
     new_ca(d)
     (d / name).chmod(0o644)
-    with caplog.at_level(logging.WARNING, "politeproxy.proxy.door.ca"):
+    with caplog.at_level(logging.WARNING, "politeproxy.proxy.ca"):
         new_ca(d)
     assert stat.S_IMODE((d / name).stat().st_mode) == 0o600
     assert "READABLE BY OTHERS" in caplog.text and name in caplog.text, caplog.text
