@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA_HOST, Bench, make_certs, start_upstream  # noqa: E402
 from bench.stats import spread  # noqa: E402
-from politeproxy.proxy.upstream import client_ssl_context  # noqa: E402
+from politeproxy.proxy.origin.upstream import client_ssl_context  # noqa: E402
 
 
 class H11Conn(asyncio.Protocol):

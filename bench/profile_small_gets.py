@@ -70,7 +70,7 @@ AREAS: tuple[tuple[str, Callable[[list[str]], bool]], ...] = (
         "upstream client (Upstream.request: aiohttp; h1client/h1conn: the lean one for GETs)",
         lambda ks: any(
             k.endswith("Upstream.request")
-            or k.startswith(("politeproxy/proxy/h1client", "politeproxy/proxy/h1conn"))
+            or k.startswith(("politeproxy/proxy/origin/h1client", "politeproxy/proxy/origin/h1conn"))
             for k in ks
         ),
     ),

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from politeproxy.proxy.fastnet import OFF_WORDS
+from politeproxy.proxy.common.fastnet import OFF_WORDS
 
 
 def log(msg: str) -> None:

@@ -38,13 +38,13 @@ from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.settings import format_gap, format_utc
-from politeproxy.proxy.ca import CertificateAuthority
-from politeproxy.proxy.cached import CacheFront
-from politeproxy.proxy.eventlog import events_log
-from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.common.events import ProxyEvents
+from politeproxy.proxy.door.ca import CertificateAuthority
+from politeproxy.proxy.forwarding.cached import CacheFront
+from politeproxy.proxy.forwarding.eventlog import events_log
+from politeproxy.proxy.forwarding.robots_fetch import RobotsWatcher
 from politeproxy.proxy.listener import Proxy, Timeouts
-from politeproxy.proxy.robots_fetch import RobotsWatcher
-from politeproxy.proxy.upstream import Upstream
+from politeproxy.proxy.origin.upstream import Upstream
 from politeproxy.stores.base import Store
 
 log = logging.getLogger("politeproxy")

@@ -23,15 +23,17 @@ def layout_block() -> str:
 
 
 def documented() -> set[str]:
-    """Every ``folder/module.py`` (or top-level ``module.py``) the tree names, by its indentation."""
-    found, folder = set(), ""
+    """Every ``folder/module.py`` (or top-level ``module.py``) the tree names, by its indentation: two
+    spaces a level, a folder a name ending in ``/`` (``proxy/`` holds folders of its own)."""
+    found, folders = set(), {}  # folders: {indent: the folder a line at that indent opens}
     for line in layout_block().splitlines()[1:]:
         indent = len(line) - len(line.lstrip())
         name = line.split()[0] if line.strip() else ""
-        if indent == 2 and name.endswith("/"):
-            folder = name
+        folders = {i: f for i, f in folders.items() if i < indent}
+        if name.endswith("/"):
+            folders[indent] = name
             continue
-        prefix = folder if indent == 4 else ""
+        prefix = "".join(folders[i] for i in sorted(folders))
         first_column = re.split(r"\s{2,}", line.strip())[0]  # the names, not the description
         for module in re.findall(r"\b([a-z_0-9]+\.py)\b", first_column):
             found.add(prefix + module)

@@ -144,7 +144,7 @@ def _workers(args: argparse.Namespace, cfg: Config) -> int | None:
 
 def _ca(cfg: Config) -> Any:
     from politeproxy.policy.hosts import HostSet
-    from politeproxy.proxy.ca import CAError, CertificateAuthority
+    from politeproxy.proxy.door.ca import CAError, CertificateAuthority
 
     try:
         ca = CertificateAuthority(cfg.data_dir, HostSet(cfg.paced_hosts).permitted_subtrees(), remake=False)

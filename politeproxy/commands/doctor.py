@@ -39,7 +39,7 @@ from urllib.parse import unquote, urlsplit
 
 from cryptography import x509
 
-from politeproxy.proxy.passage import PIPELINE_HEADER, VIA_ENTRY, WAIT_HEADER
+from politeproxy.proxy.common.passage import PIPELINE_HEADER, VIA_ENTRY, WAIT_HEADER
 
 DEFAULT_URL = "https://index.commoncrawl.org/collinfo.json"
 CC_HOSTS = (

@@ -18,7 +18,7 @@ from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.redis_url import redis_address
 from politeproxy.policy.settings import format_duration, format_gap, format_rate
 from politeproxy.policy.table import ScheduleSection
-from politeproxy.proxy.ca import CAError, CertificateAuthority
+from politeproxy.proxy.door.ca import CAError, CertificateAuthority
 
 log = logging.getLogger("politeproxy")
 start_log = logging.getLogger("politeproxy.start")  # always at INFO (logs.setup_logging)

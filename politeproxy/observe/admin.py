@@ -35,8 +35,8 @@ from politeproxy.policy.answers import error_type, proxy_status
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.routing import Target, split_host_port
 from politeproxy.policy.settings import DEFAULTS
-from politeproxy.proxy.clientside import ClientSide
-from politeproxy.proxy.passage import add_via
+from politeproxy.proxy.common.clientside import ClientSide
+from politeproxy.proxy.common.passage import add_via
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 PATHS = ("/", "/status", "/metrics", "/healthz", "/ca.pem")
@@ -47,7 +47,7 @@ StatusSource = Callable[[], Awaitable[dict[str, Any]]]
 
 class AdminRequest(Protocol):
     """What the admin paths read of a request: aiohttp's (``--metrics-listen``) or the proxy port's
-    (``Asked``: a request read by the proxy's own protocol, proxy/front.py)."""
+    (``Asked``: a request read by the proxy's own protocol, proxy/door/front.py)."""
 
     @property
     def method(self) -> str: ...

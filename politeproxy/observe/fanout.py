@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from politeproxy.cache.base import CacheEvents
 from politeproxy.pacing.base import PacerEvents
-from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.common.events import ProxyEvents
 
 FAMILIES: tuple[type, ...] = (ProxyEvents, PacerEvents, CacheEvents)
 E = TypeVar("E")

@@ -20,12 +20,12 @@ from typing import Any
 
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.settings import format_utc
-from politeproxy.proxy.events import ProxyEvents
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.events import ProxyEvents
+from politeproxy.proxy.common.exchange import Exchange
 
 access_log = logging.getLogger("politeproxy.access")
 # Loggers at INFO whatever the verbosity: the access line, the start line, and the operator's events
-# (backoffs, blocks, probes, refusals, store switch-overs; proxy/eventlog.py, rate-limited there).
+# (backoffs, blocks, probes, refusals, store switch-overs; proxy/forwarding/eventlog.py, rate-limited there).
 ALWAYS_INFO = ("politeproxy.access", "politeproxy.start", "politeproxy.events")
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # The pacer's refusals (Exchange.note): summed per cause, host and pipeline in the access log
@@ -70,7 +70,6 @@ def access_args(r: Exchange) -> tuple[object, ...]:
 
 def _more_text(more: dict[str, Any] | None) -> str:
     return "".join(f" {k}={v}" for k, v in more.items()) if more else ""
-
 
 
 def json_head(created: float, level: str, name: str) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from politeproxy.pacing.base import PacerEvents, PacingSettings
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import DEFAULT_PIPELINE, FREE_PIPELINES, PipelineNames
 from politeproxy.policy.settings import MAX_PIPELINES
-from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.common.events import ProxyEvents
 from politeproxy.stores.base import BACKENDS
 
 __all__ = ["FREE_HOST_LABELS", "OTHER", "PINNED_HOSTS", "Metrics", "RateWindow", "code_class"]
@@ -391,4 +391,3 @@ class Metrics(PacerEvents, ProxyEvents, CacheEvents):
     def exempt_changed(self, host: str, in_flight: int) -> None:
         label = self.host_label(host)
         self.exempt_in_flight.labels(host).set(summed(label, host, in_flight, self._other_exempt))
-

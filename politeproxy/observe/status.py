@@ -28,7 +28,7 @@ from politeproxy.pacing.pacer import Pacer, PacerSnapshot
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.fairness import OTHER_PIPELINE
 from politeproxy.policy.holds import HoldNote
-from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.common.events import ProxyEvents
 from politeproxy.stores.base import HostView
 
 HISTORY_SPAN = 900.0  # seconds of history kept (15 min)

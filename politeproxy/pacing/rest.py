@@ -90,7 +90,6 @@ class RestNotes:
         return {h: r for h, (_, _, _, r) in self._hosts.items() if r}
 
 
-
 async def exempt_slot(
     store: Store,
     s: PacingSettings,

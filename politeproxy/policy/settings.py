@@ -51,8 +51,9 @@ ENV_NUMBERS: dict[str, tuple[float, float, float]] = {
 DEFAULTS = Sections()
 LISTEN: str = DEFAULTS.general.listen  # the Config's listen before a file is read
 MAX_PIPELINES = 256  # configured [pipelines.*] tables at most (each keeps a metric label for good)
-# The parts handed these as keyword defaults (proxy/listener.py, proxy/upstream.py, proxy/robots_fetch.py)
-# read them by these names until they take their sections; App passes every value from the loaded sections.
+# The parts handed these as keyword defaults (proxy/listener.py, proxy/origin/upstream.py,
+# proxy/forwarding/robots_fetch.py) read them by these names until they take their sections; App passes every
+# value from the loaded sections.
 HANDSHAKE_TIMEOUT: float = DEFAULTS.client.handshake_timeout
 HEADER_TIMEOUT: float = DEFAULTS.client.header_timeout
 IDLE_TIMEOUT: float = DEFAULTS.client.idle_timeout

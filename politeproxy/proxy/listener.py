@@ -21,19 +21,20 @@ from politeproxy.policy import settings as defaults
 from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.routing import Refusal, Target
-from politeproxy.proxy import fastnet, intercept, tunnel
-from politeproxy.proxy.ca import CertificateAuthority
-from politeproxy.proxy.clientside import own
-from politeproxy.proxy.events import ProxyEvents
-from politeproxy.proxy.exchange import Tunnel
-from politeproxy.proxy.forward import Admin, Forwarder
-from politeproxy.proxy.front import FrontProtocol, refusals
-from politeproxy.proxy.h1server import H1Server
-from politeproxy.proxy.pacedaddrs import PacedAddresses
-from politeproxy.proxy.peek import PeekingTunnel
-from politeproxy.proxy.robots_fetch import RobotsWatcher
-from politeproxy.proxy.served import Served
-from politeproxy.proxy.upstream import Upstream
+from politeproxy.proxy.common import fastnet
+from politeproxy.proxy.common.clientside import own
+from politeproxy.proxy.common.events import ProxyEvents
+from politeproxy.proxy.common.exchange import Tunnel
+from politeproxy.proxy.door import intercept, tunnel
+from politeproxy.proxy.door.ca import CertificateAuthority
+from politeproxy.proxy.door.front import FrontProtocol, refusals
+from politeproxy.proxy.door.h1server import H1Server
+from politeproxy.proxy.door.pacedaddrs import PacedAddresses
+from politeproxy.proxy.door.peek import PeekingTunnel
+from politeproxy.proxy.door.served import Served
+from politeproxy.proxy.forwarding.forward import Admin, Forwarder
+from politeproxy.proxy.forwarding.robots_fetch import RobotsWatcher
+from politeproxy.proxy.origin.upstream import Upstream
 
 log = logging.getLogger("politeproxy")
 

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from politeproxy.policy.hosts import DEFAULT_PACED_HOSTS
-from politeproxy.proxy.ca import sign_leaf
+from politeproxy.proxy.door.ca import sign_leaf
 from tests.support.processes import POLITEPROXY, ROOT, need_tool
 from tests.support.proxy_proc import FAST
 from tests.support.proxyio import ProxyFactory, exchange, tls_through_proxy, upstream_toml

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from politeproxy.policy.hosts import valid_hostname
-from politeproxy.proxy.ca import constraints_current
+from politeproxy.proxy.door.ca import constraints_current
 from tests.support.catools import (
     PERMITTED,
     client_handshake,
@@ -186,7 +186,7 @@ def test_the_remake_reason_names_four_missing_names_and_a_count() -> None:
     """A CA made before the S3 endpoint forms lacks ~150 names: the warning stays one readable line."""
     from cryptography.hazmat.primitives.asymmetric import ec
 
-    from politeproxy.proxy.ca import CertificateAuthority
+    from politeproxy.proxy.door.ca import CertificateAuthority
 
     missing = [f"commoncrawl.s3-r{i}.amazonaws.com" for i in range(150)]
     why = CertificateAuthority._why_remake(None, ec.generate_private_key(ec.SECP256R1()), missing)  # type: ignore[arg-type]

@@ -23,9 +23,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from politeproxy.proxy import ca as ca_mod
-from politeproxy.proxy import intercept
-from politeproxy.proxy.ca import CAError, CertificateAuthority
+from politeproxy.proxy.door import ca as ca_mod
+from politeproxy.proxy.door import intercept
+from politeproxy.proxy.door.ca import CAError, CertificateAuthority
 from tests.support.catools import new_ca, pem_key
 from tests.support.processes import ROOT
 
@@ -134,7 +134,7 @@ RACE = textwrap.dedent(
     import sys, time
     from cryptography.hazmat.primitives import hashes
     from politeproxy.policy.hosts import HostSet
-    from politeproxy.proxy.ca import CertificateAuthority
+    from politeproxy.proxy.door.ca import CertificateAuthority
     start = float(sys.argv[2])
     while time.time() < start:
         pass

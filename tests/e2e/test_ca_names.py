@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from politeproxy.policy.hosts import is_covered, normalize_host, valid_hostname
-from politeproxy.proxy.ca import NameRefused
+from politeproxy.proxy.door.ca import NameRefused
 from tests.support.catools import CONFIGURED, PERMITTED, client_handshake, files_under, new_ca, tls_server
 from tests.support.proxy_proc import ProxyProc
 from tests.support.proxyio import connect_tunnel, tls_through_proxy

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from politeproxy.proxy.upstream import loggable
+from politeproxy.proxy.origin.upstream import loggable
 from tests.support.pacing_clients import tunnel_get
 from tests.support.processes import free_port, need_tool, wait_for
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, for_this_test

@@ -21,7 +21,7 @@ from tests.support.upstream_proc import Certs, Upstream
 
 NAMES = [f"h{i}x.commoncrawl.org" for i in range(130)]
 HOST_FDS = 64  # stores/file_records.py MAX_HOST_FDS: host records kept open (LRU), a constant
-POOL = 8 + 8  # upstream.max_connections here, plus the pool's headroom (proxy/upstream.py HEADROOM)
+POOL = 8 + 8  # upstream.max_connections here, plus the pool's headroom (proxy/origin/upstream.py HEADROOM)
 
 
 def open_fds(p: ProxyProc) -> list[str]:

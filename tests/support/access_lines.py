@@ -6,7 +6,7 @@ import io
 import logging
 
 from politeproxy.observe.logs import AccessLog
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.exchange import Exchange
 
 
 def render(formatter: logging.Formatter, record: Exchange) -> str:

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from politeproxy.policy.hosts import HostSet
-from politeproxy.proxy.ca import CertificateAuthority
+from politeproxy.proxy.door.ca import CertificateAuthority
 from tests.support.processes import need_tool
 
 PERMITTED = HostSet().permitted_subtrees()

@@ -1,5 +1,5 @@
 """Test doubles for the client side of an exchange: a transport that records what a protocol writes (for
-proxy/h1server.py without a socket), a ClientSide that records its answer (for the forwarder), and a
+proxy/door/h1server.py without a socket), a ClientSide that records its answer (for the forwarder), and a
 parser of the answers written."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import httptools
 from multidict import CIMultiDict
 
-from politeproxy.proxy.clientside import Own
-from politeproxy.proxy.passage import add_via
+from politeproxy.proxy.common.clientside import Own
+from politeproxy.proxy.common.passage import add_via
 
 
 class FakeTransport(asyncio.Transport):

@@ -14,8 +14,8 @@ import pytest
 import trustme
 from multidict import CIMultiDict
 
-from politeproxy.proxy.h1client import H1Client
-from politeproxy.proxy.h1conn import MAX_FIELDS, MAX_HEAD, H1Answer, UpstreamFailed
+from politeproxy.proxy.origin.h1client import H1Client
+from politeproxy.proxy.origin.h1conn import MAX_FIELDS, MAX_HEAD, H1Answer, UpstreamFailed
 
 H = "data.commoncrawl.org"
 WHERE = f"{H}:80"

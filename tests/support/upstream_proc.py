@@ -27,8 +27,8 @@ CC_HOSTS = (
 )
 OTHER_HOSTS = ("other.example", "localhost")
 # The other concrete paced names (HostSet.concrete_hosts, path-style on): a proxy looks each up for
-# allow_ip_connect (proxy/pacedaddrs.py) unless the resolve table maps it on ports 443 and 80. Mapped here,
-# so no test reads the machine's /etc/hosts or DNS for a Common Crawl name (issue 42, item 11).
+# allow_ip_connect (proxy/door/pacedaddrs.py) unless the resolve table maps it on ports 443 and 80. Mapped
+# here, so no test reads the machine's /etc/hosts or DNS for a Common Crawl name (issue 42, item 11).
 PACED_NAMES = ("commoncrawl.s3-external-1.amazonaws.com", "s3.amazonaws.com", "s3-external-1.amazonaws.com")
 
 

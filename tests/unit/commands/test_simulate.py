@@ -36,7 +36,7 @@ from politeproxy.policy.simulation import (
     parse_workload,
     peak,
 )
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.exchange import Exchange
 
 INDEX = "index.commoncrawl.org"
 

@@ -15,7 +15,7 @@ from politeproxy.pacing.base import PacingSettings
 from politeproxy.policy.classify import DEFAULT_EXEMPT_RULES, Classifier, ExemptRule
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.settings import RobotsSettings
-from politeproxy.proxy.robots_fetch import RobotsWatcher
+from politeproxy.proxy.forwarding.robots_fetch import RobotsWatcher
 
 
 def test_the_classifier_takes_new_rules() -> None:

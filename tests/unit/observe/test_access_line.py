@@ -14,10 +14,9 @@ from multidict import CIMultiDict
 from politeproxy.observe.logs import PLAIN_FORMAT, JsonFormatter, error_line
 from politeproxy.policy.backoff import Delay
 from politeproxy.policy.classify import Klass
-from politeproxy.proxy.eventlog import OperatorLog
-from politeproxy.proxy.events import PATH_LIMIT, access_path
-from politeproxy.proxy.exchange import Exchange
-from politeproxy.proxy.passage import (
+from politeproxy.proxy.common.events import PATH_LIMIT, access_path
+from politeproxy.proxy.common.exchange import Exchange
+from politeproxy.proxy.common.passage import (
     MAX_VIA,
     PIPELINE_HEADER,
     VIA_ENTRY,
@@ -26,7 +25,8 @@ from politeproxy.proxy.passage import (
     stamp,
     wait_text,
 )
-from politeproxy.proxy.upstream import PoolFull
+from politeproxy.proxy.forwarding.eventlog import OperatorLog
+from politeproxy.proxy.origin.upstream import PoolFull
 from tests.support.access_lines import render
 
 REC = Exchange(

@@ -8,7 +8,7 @@ import logging
 
 from politeproxy.observe.logs import PLAIN_FORMAT, AccessLog, JsonFormatter
 from politeproxy.policy.classify import Klass
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.exchange import Exchange
 
 
 def refused(note: str = "max_wait", pipeline: str = "etl") -> Exchange:

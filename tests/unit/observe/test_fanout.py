@@ -10,7 +10,7 @@ from politeproxy.observe.logs import AccessLog
 from politeproxy.observe.metrics import Metrics
 from politeproxy.observe.status import StatusEvents
 from politeproxy.pacing.base import PacerEvents
-from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.common.events import ProxyEvents
 
 H = "data.commoncrawl.org"
 

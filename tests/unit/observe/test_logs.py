@@ -8,7 +8,7 @@ import logging
 
 from politeproxy.observe.logs import PLAIN_FORMAT, JsonFormatter
 from politeproxy.policy.classify import Klass
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.exchange import Exchange
 from tests.support.access_lines import render
 
 REC = Exchange(

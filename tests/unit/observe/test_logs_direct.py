@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from politeproxy.observe import logs
 from politeproxy.observe.logs import AccessLog, DirectHandler, JsonFormatter, PlainFormatter
 from politeproxy.policy.classify import Klass
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.exchange import Exchange
 
 REC = Exchange(
     "10.0.0.1", "GET", "data.commoncrawl.org", "/crawl-data/x.warc.gz", Klass.PACED, "etl", 0.41234, 200, 42,
@@ -126,7 +126,7 @@ def test_a_process_writes_its_access_line_to_stderr() -> None:
         "import asyncio, logging\n"
         "from politeproxy.observe.logs import setup_logging, AccessLog\n"
         "from politeproxy.policy.classify import Klass\n"
-        "from politeproxy.proxy.exchange import Exchange\n"
+        "from politeproxy.proxy.common.exchange import Exchange\n"
         "setup_logging(0, 'plain')\n"
         "async def main():\n"
         "    AccessLog().access(Exchange('c', 'GET', 'h', '/p', Klass.PACED, 'p'))\n"

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from politeproxy.pacing.base import RepeatLog
-from politeproxy.proxy.responses import BurstLimitedLog
+from politeproxy.proxy.common.responses import BurstLimitedLog
 from politeproxy.stores.base import StoreError
 
 

@@ -295,8 +295,8 @@ async def test_retries_wait_out_the_backoff_through_the_pacer(
     sent_at: list[float],
     why: str,
 ) -> None:
-    """The forwarder's loop (proxy/forward.py): a permit, the answer, the permit's retry decision, a sleep,
-    a permit."""
+    """The forwarder's loop (proxy/forwarding/forward.py): a permit, the answer, the permit's retry decision,
+    a sleep, a permit."""
     pacer = make_pacer(store, max_wait=max_wait, retries=2)
     arrived, retried, sent = vclock(), 0, []
     answers = iter(statuses)

@@ -17,7 +17,7 @@ from politeproxy.observe.status import StatusEvents
 from politeproxy.pacing import dispatcher
 from politeproxy.pacing.base import NoPacerEvents, PacerEvents
 from politeproxy.policy.classify import Klass
-from politeproxy.proxy.events import ProxyEvents
+from politeproxy.proxy.common.events import ProxyEvents
 
 PACING = Path(politeproxy.pacing.__file__).parent
 

@@ -18,9 +18,9 @@ from politeproxy.policy import settings as d
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.settings import DEFAULTS as D
 from politeproxy.policy.table import DEFAULT_HOST_INTERVALS
+from politeproxy.proxy.forwarding.robots_fetch import RobotsWatcher
 from politeproxy.proxy.listener import Timeouts
-from politeproxy.proxy.robots_fetch import RobotsWatcher
-from politeproxy.proxy.upstream import Upstream
+from politeproxy.proxy.origin.upstream import Upstream
 
 
 def _defaults(cls: Any) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from politeproxy.pacing.pacer import Pacer, PacingSettings, Permit, WaitTooLong
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.hosts import host_matches
 from politeproxy.policy.slots import MAX_THROTTLES, Bounds, HostState, bounded_host, sane_host
-from politeproxy.proxy import fastnet
-from politeproxy.proxy.upstream import HOP_BY_HOP, strip_hop_by_hop
+from politeproxy.proxy.common import fastnet
+from politeproxy.proxy.origin.upstream import HOP_BY_HOP, strip_hop_by_hop
 from politeproxy.stores.memory import MemoryStore
 
 H = "data.commoncrawl.org"

@@ -15,11 +15,11 @@ from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier, Klass
 from politeproxy.policy.hosts import HostSet
 from politeproxy.policy.routing import Target
-from politeproxy.proxy.events import NoProxyEvents
-from politeproxy.proxy.exchange import Exchange, Tunnel
-from politeproxy.proxy.forward import Forwarder
-from politeproxy.proxy.front import FrontProtocol
-from politeproxy.proxy.passage import PIPELINE_HEADER, WAIT_HEADER
+from politeproxy.proxy.common.events import NoProxyEvents
+from politeproxy.proxy.common.exchange import Exchange, Tunnel
+from politeproxy.proxy.common.passage import PIPELINE_HEADER, WAIT_HEADER
+from politeproxy.proxy.door.front import FrontProtocol
+from politeproxy.proxy.forwarding.forward import Forwarder
 from tests.support.fake_client import RecordedSide
 
 D = "data.commoncrawl.org"

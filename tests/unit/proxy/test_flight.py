@@ -1,5 +1,6 @@
-"""A key's flight (proxy/flight.py): followers wait for the head without a lock, stream what the leader
-wrote as it comes, and end only on a stored copy. A real temporary file; the disk calls run in threads."""
+"""A key's flight (proxy/forwarding/flight.py): followers wait for the head without a lock, stream what the
+leader wrote as it comes, and end only on a stored copy. A real temporary file; the disk calls run in
+threads."""
 
 # ruff: noqa: ASYNC230 - the test's own temporary file, opened in the test: nothing else runs on its loop
 
@@ -13,8 +14,8 @@ from typing import Any, TypeVar
 import pytest
 
 from politeproxy.policy.classify import Klass
-from politeproxy.proxy import flight as fl
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.exchange import Exchange
+from politeproxy.proxy.forwarding import flight as fl
 
 T = TypeVar("T")
 

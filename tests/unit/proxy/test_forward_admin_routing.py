@@ -18,10 +18,10 @@ from politeproxy.observe.metrics import Metrics
 from politeproxy.policy.access import Access
 from politeproxy.policy.classify import Classifier
 from politeproxy.policy.hosts import HostSet
-from politeproxy.proxy.clientside import own
-from politeproxy.proxy.events import NoProxyEvents
-from politeproxy.proxy.exchange import Tunnel
-from politeproxy.proxy.forward import Forwarder
+from politeproxy.proxy.common.clientside import own
+from politeproxy.proxy.common.events import NoProxyEvents
+from politeproxy.proxy.common.exchange import Tunnel
+from politeproxy.proxy.forwarding.forward import Forwarder
 from tests.support.fake_client import RecordedSide
 
 

@@ -1,7 +1,7 @@
-"""The framing rules of client requests (proxy/framing.py, over llhttp), held against h11 as the reference
-parser: generated requests, pipelined and cut into arbitrary reads, with the cases request smuggling lives
-in (Content-Length beside Transfer-Encoding, repeated or odd lengths, codings, obs-fold, bare LF, chunk
-extensions and trailers, missing or repeated Host, odd versions).
+"""The framing rules of client requests (proxy/door/framing.py, over llhttp), held against h11 as the
+reference parser: generated requests, pipelined and cut into arbitrary reads, with the cases request
+smuggling lives in (Content-Length beside Transfer-Encoding, repeated or odd lengths, codings, obs-fold, bare
+LF, chunk extensions and trailers, missing or repeated Host, odd versions).
 
 The property: every request the proxy's protocol reads and hands on, h11 reads too, the same one (method,
 target, fields, body), in the same place in the stream; so no byte the proxy takes as one request's is
@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from politeproxy.proxy.clientside import own
-from politeproxy.proxy.exchange import Tunnel
-from politeproxy.proxy.h1server import H1Server
-from politeproxy.proxy.served import Served
+from politeproxy.proxy.common.clientside import own
+from politeproxy.proxy.common.exchange import Tunnel
+from politeproxy.proxy.door.h1server import H1Server
+from politeproxy.proxy.door.served import Served
 from tests.support.fake_client import FakeTransport, answers
 
 Parsed = tuple[bytes, bytes, list[tuple[bytes, bytes]], bytes]  # method, target, fields, body

@@ -1,7 +1,7 @@
-"""The proxy port's connection on the one server protocol (proxy/front.py), on a fake transport: its first
-head routes a CONNECT (with the bytes after the head), a plain connection is served request after request,
-a CONNECT after plain requests is not routed, a half-closed client still gets its answers, and a ClientHello
-or a silent client is refused as before."""
+"""The proxy port's connection on the one server protocol (proxy/door/front.py), on a fake transport: its
+first head routes a CONNECT (with the bytes after the head), a plain connection is served request after
+request, a CONNECT after plain requests is not routed, a half-closed client still gets its answers, and a
+ClientHello or a silent client is refused as before."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from unittest import mock
 
 from politeproxy.policy.access import Access
 from politeproxy.policy.routing import Refusal, Target
-from politeproxy.proxy.clientside import own
-from politeproxy.proxy.events import NoProxyEvents
-from politeproxy.proxy.exchange import Tunnel
-from politeproxy.proxy.front import FrontProtocol
-from politeproxy.proxy.served import Served
+from politeproxy.proxy.common.clientside import own
+from politeproxy.proxy.common.events import NoProxyEvents
+from politeproxy.proxy.common.exchange import Tunnel
+from politeproxy.proxy.door.front import FrontProtocol
+from politeproxy.proxy.door.served import Served
 from tests.support.fake_client import FakeTransport, answers
 
 D = "data.commoncrawl.org"

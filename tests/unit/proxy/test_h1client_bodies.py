@@ -1,5 +1,6 @@
-"""The lean upstream client (``proxy/h1client.py``, ``proxy/h1conn.py``): bodies, interim answers and the
-bounds on an answer head, each answered by a raw server on 127.0.0.1 (tests/support/rawupstream.py)."""
+"""The lean upstream client (``proxy/origin/h1client.py``, ``proxy/origin/h1conn.py``): bodies, interim
+answers and the bounds on an answer head, each answered by a raw server on 127.0.0.1
+(tests/support/rawupstream.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from multidict import CIMultiDictProxy
 from yarl import URL
 
-from politeproxy.proxy.h1client import H1Client
-from politeproxy.proxy.h1conn import MAX_FIELDS, MAX_HEAD
+from politeproxy.proxy.origin.h1client import H1Client
+from politeproxy.proxy.origin.h1conn import MAX_FIELDS, MAX_HEAD
 from tests.support.rawupstream import (
     OVER_HEAD,
     WHERE,

@@ -14,8 +14,8 @@ import trustme
 from aiohappyeyeballs import AddrInfoType
 from yarl import URL
 
-from politeproxy.proxy import h1client
-from politeproxy.proxy.h1client import H1Client
+from politeproxy.proxy.origin import h1client
+from politeproxy.proxy.origin.h1client import H1Client
 from tests.support.rawupstream import (
     WHERE,
     H,

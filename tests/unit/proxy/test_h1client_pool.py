@@ -12,8 +12,8 @@ import pytest
 from multidict import CIMultiDict
 from yarl import URL
 
-from politeproxy.proxy import h1client
-from politeproxy.proxy.h1client import H1Client, _request_head
+from politeproxy.proxy.origin import h1client
+from politeproxy.proxy.origin.h1client import H1Client, _request_head
 from tests.support.rawupstream import (
     WHERE,
     H,

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 from yarl import URL
 
-from politeproxy.proxy.h1client import H1Client
+from politeproxy.proxy.origin.h1client import H1Client
 from tests.support.rawupstream import H, Peer, RawServer, answering, failure, headers, ok, read_all, to
 
 URL_ = URL(f"http://{H}/bucket/key")

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 from yarl import URL
 
-from politeproxy.proxy.h1client import _request_head, _send_body
-from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
+from politeproxy.proxy.origin.h1client import _request_head, _send_body
+from politeproxy.proxy.origin.h1conn import H1Answer, H1Conn, UpstreamFailed
 
 T = TypeVar("T")
 

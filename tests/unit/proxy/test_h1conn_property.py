@@ -1,5 +1,6 @@
-"""Properties of the lean upstream client's parser of untrusted upstream bytes (``proxy/h1conn.py``): any
-bytes, and valid answers split anywhere, fed straight into the connection protocol without a socket."""
+"""Properties of the lean upstream client's parser of untrusted upstream bytes
+(``proxy/origin/h1conn.py``): any bytes, and valid answers split anywhere, fed straight into the connection
+protocol without a socket."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDictProxy
 from yarl import URL
 
-from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
+from politeproxy.proxy.origin.h1conn import H1Answer, H1Conn, UpstreamFailed
 from tests.support.rawupstream import (
     T,
 )

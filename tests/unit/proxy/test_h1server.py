@@ -1,4 +1,4 @@
-"""The intercepted connection's own protocol (proxy/h1server.py), on a fake transport: pipelined requests
+"""The intercepted connection's own protocol (proxy/door/h1server.py), on a fake transport: pipelined requests
 answered in order, a head split across many reads, bounded heads, flow control both ways, a client that
 leaves mid-body, and properties over arbitrary client bytes."""
 
@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from politeproxy.proxy import h1server
-from politeproxy.proxy.clientside import ClientGone, own
-from politeproxy.proxy.exchange import Tunnel
-from politeproxy.proxy.h1server import H1Server
-from politeproxy.proxy.served import Served
+from politeproxy.proxy.common.clientside import ClientGone, own
+from politeproxy.proxy.common.exchange import Tunnel
+from politeproxy.proxy.door import h1server
+from politeproxy.proxy.door.h1server import H1Server
+from politeproxy.proxy.door.served import Served
 from tests.support.fake_client import FakeTransport, answers
 
 D = "data.commoncrawl.org"

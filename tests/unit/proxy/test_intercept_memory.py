@@ -8,7 +8,7 @@ import asyncio
 import socket
 import ssl
 
-from politeproxy.proxy import intercept
+from politeproxy.proxy.door import intercept
 
 
 def test_start_with_read_buffer_is_small() -> None:

@@ -17,9 +17,9 @@ from yarl import URL
 
 from politeproxy.commands.cli import parser
 from politeproxy.config.overrides import apply_overrides, env_overrides
-from politeproxy.proxy.h1client import H1Client
-from politeproxy.proxy.h1conn import UpstreamFailed
-from politeproxy.proxy.upstream import describe_error
+from politeproxy.proxy.origin.h1client import H1Client
+from politeproxy.proxy.origin.h1conn import UpstreamFailed
+from politeproxy.proxy.origin.upstream import describe_error
 from tests.support.rawupstream import H, RawServer, answering, closed_port, failure, headers, ok, to, trusting
 
 URL_ = URL("https://data.commoncrawl.org/x")

@@ -1,4 +1,4 @@
-"""Which paced name owns an address (proxy/pacedaddrs.py, behind allow_ip_connect): the operator's map
+"""Which paced name owns an address (proxy/door/pacedaddrs.py, behind allow_ip_connect): the operator's map
 and resolution (a stub here: the tests never read the machine's /etc/hosts or DNS, issue 42 item 11),
 remembered for the TTL, one refresh at a time."""
 
@@ -9,7 +9,7 @@ import ipaddress
 from collections.abc import Callable
 
 from politeproxy.policy.routing import Address, Target
-from politeproxy.proxy.pacedaddrs import PacedAddresses
+from politeproxy.proxy.door.pacedaddrs import PacedAddresses
 
 V4 = ipaddress.ip_address
 NAMES = {"localhost": ["127.0.0.1", "::1"], "data.commoncrawl.org": ["127.0.0.1"]}  # what /etc/hosts may say

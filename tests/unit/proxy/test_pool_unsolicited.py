@@ -18,8 +18,8 @@ import pytest
 from multidict import CIMultiDict
 from yarl import URL
 
-from politeproxy.proxy.h1conn import UpstreamFailed
-from politeproxy.proxy.upstream import Upstream
+from politeproxy.proxy.origin.h1conn import UpstreamFailed
+from politeproxy.proxy.origin.upstream import Upstream
 from tests.support.misbehave import Misbehaving, answer_body
 from tests.support.upstream_proc import Certs, make_certs
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from politeproxy.pacing.pacer import Pacer, PacingSettings
 from politeproxy.policy.robots import crawl_delay, effective_crawl_delay
-from politeproxy.proxy import robots_fetch
-from politeproxy.proxy.robots_fetch import RobotsWatcher
-from politeproxy.proxy.upstream import Upstream
+from politeproxy.proxy.forwarding import robots_fetch
+from politeproxy.proxy.forwarding.robots_fetch import RobotsWatcher
+from politeproxy.proxy.origin.upstream import Upstream
 from politeproxy.stores.memory import MemoryStore
 from tests.support.upstream_proc import Certs
 

@@ -1,4 +1,4 @@
-"""The server name in a tunnel's first bytes (proxy/sni.py): a parser of untrusted client bytes."""
+"""The server name in a tunnel's first bytes (proxy/door/sni.py): a parser of untrusted client bytes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from politeproxy.policy.hosts import valid_hostname
-from politeproxy.proxy.peek import _Peek
-from politeproxy.proxy.sni import MAX_HELLO, MORE, NONE, Peeked, server_name
+from politeproxy.proxy.door.peek import _Peek
+from politeproxy.proxy.door.sni import MAX_HELLO, MORE, NONE, Peeked, server_name
 
 CLIENT = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # no trust store: only its first flight is used
 NO_SNI = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)

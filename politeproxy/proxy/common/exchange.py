@@ -56,7 +56,7 @@ class Exchange:
     note: str | None = None  # why it ended otherwise: "client_gone", "upstream_broke", "max_wait", ...
     cache: str | None = None  # "hit", "miss", "stale" or "bypass" for a cacheable host (issue 14)
     retry_after: float | None = None  # the pacer's delay after the last answer, seconds
-    tee: Copy | None = None  # a cache miss's copy to disk, fed by relay() (proxy/cached.py)
+    tee: Copy | None = None  # a cache miss's copy to disk, fed by relay() (proxy/forwarding/cached.py)
     quota: Quota | None = None  # its service's quota for the RateLimit fields (issue 41), when known
 
     @property

@@ -21,10 +21,10 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 from multidict import CIMultiDict
 
 from politeproxy.cache.store import LEASE_REFRESH, DiskStore
-from politeproxy.proxy.clientside import ClientSide
-from politeproxy.proxy.exchange import Exchange
-from politeproxy.proxy.passage import stamp
-from politeproxy.proxy.speak import standard_fields
+from politeproxy.proxy.common.clientside import ClientSide
+from politeproxy.proxy.common.exchange import Exchange
+from politeproxy.proxy.common.passage import stamp
+from politeproxy.proxy.forwarding.speak import standard_fields
 
 log = logging.getLogger("politeproxy")
 T = TypeVar("T")

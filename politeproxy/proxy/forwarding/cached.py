@@ -6,8 +6,8 @@ that relay() feeds while the answer streams to the client; the tee's file is ren
 when every expected byte came through.
 
 Concurrent identical misses make one upstream request (issue 25: per key, never a lock shared by keys).
-In this process the first is the leader of the key's flight (proxy/flight.py); up to MAX_FOLLOWERS others
-follow it, streaming its body from disk as it arrives; more, or one whose leader has no head within
+In this process the first is the leader of the key's flight (proxy/forwarding/flight.py); up to MAX_FOLLOWERS
+others follow it, streaming its body from disk as it arrives; more, or one whose leader has no head within
 max_wait, go upstream themselves. Between processes the leader holds the key's lease file (O_EXCL,
 cache/store.py); a proxy that finds it held polls it from the loop (LEASE_POLL) for at most max_wait,
 then looks again (a hit) or goes itself. Nothing waits in a thread and nothing is held across another
@@ -41,14 +41,14 @@ from politeproxy.policy.cacherules import (
     fresh,
 )
 from politeproxy.policy.classify import Klass
-from politeproxy.proxy.cachetee import Tee
-from politeproxy.proxy.clientside import ClientSide, Own
-from politeproxy.proxy.exchange import Exchange
-from politeproxy.proxy.flight import Flight, follow, take_lease
-from politeproxy.proxy.indexshare import IndexShare
-from politeproxy.proxy.passage import stamp
-from politeproxy.proxy.published import Published
-from politeproxy.proxy.speak import standard_fields
+from politeproxy.proxy.common.clientside import ClientSide, Own
+from politeproxy.proxy.common.exchange import Exchange
+from politeproxy.proxy.common.passage import stamp
+from politeproxy.proxy.forwarding.cachetee import Tee
+from politeproxy.proxy.forwarding.flight import Flight, follow, take_lease
+from politeproxy.proxy.forwarding.indexshare import IndexShare
+from politeproxy.proxy.forwarding.published import Published
+from politeproxy.proxy.forwarding.speak import standard_fields
 
 log = logging.getLogger("politeproxy")
 T = TypeVar("T")

@@ -1,4 +1,5 @@
-"""Kept index answers shared through Redis (issue 43 item 2), for the cache front (proxy/cached.py).
+"""Kept index answers shared through Redis (issue 43 item 2), for the cache front
+(proxy/forwarding/cached.py).
 
 On the Redis store, proxies may each have a data dir (and a disk cache) of their own. For the index
 server's kept answers the cache front then also asks Redis: a local miss is looked up there and, when

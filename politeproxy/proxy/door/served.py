@@ -19,8 +19,8 @@ from typing import Protocol
 
 from multidict import CIMultiDict
 
-from politeproxy.proxy.clientside import ClientGone, Own
-from politeproxy.proxy.passage import add_via
+from politeproxy.proxy.common.clientside import ClientGone, Own
+from politeproxy.proxy.common.passage import add_via
 
 CHUNK = 256 * 1024  # at most this many body bytes per chunk handed upstream
 NO_BODY = frozenset({204, 304})

@@ -19,11 +19,11 @@ from multidict import CIMultiDict
 from politeproxy.policy import routing
 from politeproxy.policy.access import Access
 from politeproxy.policy.routing import Refusal, Route, Target
-from politeproxy.proxy.events import ProxyEvents
-from politeproxy.proxy.exchange import Tunnel
-from politeproxy.proxy.h1server import H1Connection, Report
-from politeproxy.proxy.responses import BurstLimitedLog, plain_response
-from politeproxy.proxy.served import Served
+from politeproxy.proxy.common.events import ProxyEvents
+from politeproxy.proxy.common.exchange import Tunnel
+from politeproxy.proxy.common.responses import BurstLimitedLog, plain_response
+from politeproxy.proxy.door.h1server import H1Connection, Report
+from politeproxy.proxy.door.served import Served
 
 log = logging.getLogger("politeproxy")
 refusals = BurstLimitedLog(log)  # refusal lines, rate-limited per client

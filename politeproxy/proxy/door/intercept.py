@@ -14,7 +14,7 @@ import ssl
 from asyncio import sslproto
 from collections.abc import Awaitable, Callable
 
-from politeproxy.proxy.responses import BurstLimitedLog, plain_response
+from politeproxy.proxy.common.responses import BurstLimitedLog, plain_response
 
 log = logging.getLogger("politeproxy")
 unsigned = BurstLimitedLog(log)  # paced names the CA may not sign, rate-limited per name

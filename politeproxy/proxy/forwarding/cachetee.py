@@ -1,7 +1,7 @@
 """The tee of a cache miss: relay() feeds it the answer's head and each chunk as they go to the client; it
 writes a storable answer to a temporary file, and its commit renames the file into place only when every
-announced byte came through (proxy/cached.py makes and finishes it). A leader's tee reports each step to
-its flight (proxy/flight.py), whose followers stream the same file.
+announced byte came through (proxy/forwarding/cached.py makes and finishes it). A leader's tee reports each
+step to its flight (proxy/forwarding/flight.py), whose followers stream the same file.
 
 A CDX answer (issue 43) may come without a Content-Length (pywb streams it): it is kept when it ended
 cleanly within max_object, with the length it had; a 200 only once a byte other than whitespace came
@@ -26,7 +26,7 @@ from politeproxy.policy.cacherules import (
     keeps_body,
     response_decision,
 )
-from politeproxy.proxy.flight import Flight
+from politeproxy.proxy.forwarding.flight import Flight
 
 T = TypeVar("T")
 

@@ -18,9 +18,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from politeproxy.proxy import sni
-from politeproxy.proxy.responses import BurstLimitedLog, plain_response
-from politeproxy.proxy.tunnel import RelayPair
+from politeproxy.proxy.common.responses import BurstLimitedLog, plain_response
+from politeproxy.proxy.door import sni
+from politeproxy.proxy.door.tunnel import RelayPair
 
 log = logging.getLogger("politeproxy")
 seen = BurstLimitedLog(log)  # "intercepted on its SNI" lines at the default level, per client

@@ -29,7 +29,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from politeproxy.policy.hosts import is_covered, normalize_host, valid_hostname
 
-log = logging.getLogger("politeproxy.proxy.ca")
+log = logging.getLogger("politeproxy.proxy.ca")  # the name from before proxy/door/: log configs read it
 Key = ec.EllipticCurvePrivateKey
 
 

@@ -70,7 +70,7 @@ class Own:
     """An answer the proxy writes itself: ``politeproxy: <message>`` as text/plain, with Via (``close``:
     the connection cannot go on after it, e.g. a client that still holds back its body). ``error`` is its
     Proxy-Status error type (RFC 9209; "" reads it from the status); ``payload`` and ``content_type``
-    replace the text body (S3's XML error for the bucket, ``proxy/speak.py``)."""
+    replace the text body (S3's XML error for the bucket, ``proxy/forwarding/speak.py``)."""
 
     status: int
     message: str

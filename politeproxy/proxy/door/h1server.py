@@ -28,12 +28,12 @@ import httptools
 from multidict import CIMultiDict
 
 from politeproxy.policy.routing import Refusal
-from politeproxy.proxy import framing
-from politeproxy.proxy.clientside import ClientGone, own
-from politeproxy.proxy.exchange import Tunnel
-from politeproxy.proxy.framing import FIELD_EXTRA, LINE_EXTRA, OWS
-from politeproxy.proxy.responses import BurstLimitedLog, plain_response
-from politeproxy.proxy.served import Served
+from politeproxy.proxy.common.clientside import ClientGone, own
+from politeproxy.proxy.common.exchange import Tunnel
+from politeproxy.proxy.common.responses import BurstLimitedLog, plain_response
+from politeproxy.proxy.door import framing
+from politeproxy.proxy.door.framing import FIELD_EXTRA, LINE_EXTRA, OWS
+from politeproxy.proxy.door.served import Served
 
 log = logging.getLogger("politeproxy")
 malformed = BurstLimitedLog(log)  # a client's malformed requests: one line each, rate-limited per client

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 
 from politeproxy.policy.backoff import retry_after_seconds
-from politeproxy.proxy.clientside import ClientSide
-from politeproxy.proxy.events import ProxyEvents
-from politeproxy.proxy.exchange import Exchange
-from politeproxy.proxy.passage import stamp
-from politeproxy.proxy.speak import standard_fields
-from politeproxy.proxy.upstream import CHUNK, Answer, loggable, strip_hop_by_hop
+from politeproxy.proxy.common.clientside import ClientSide
+from politeproxy.proxy.common.events import ProxyEvents
+from politeproxy.proxy.common.exchange import Exchange
+from politeproxy.proxy.common.passage import stamp
+from politeproxy.proxy.forwarding.speak import standard_fields
+from politeproxy.proxy.origin.upstream import CHUNK, Answer, loggable, strip_hop_by_hop
 
 log = logging.getLogger("politeproxy")
 RETRY_AFTER_STATUSES = frozenset({403, 429, 503})  # answers that always carry a Retry-After (issue 12)
@@ -35,7 +35,7 @@ async def relay(client: ClientSide, upstream: Answer, ex: Exchange, events: Prox
         stamp(headers, ex.wait, ex.pipeline)
     else:
         stamp(headers)  # Via only
-    tee = ex.tee  # proxy/cached.py: a cacheable answer is written to disk as it streams
+    tee = ex.tee  # proxy/forwarding/cached.py: a cacheable answer is written to disk as it streams
     stored = tee is not None and tee.would_store(client.method, upstream.status, upstream.headers)
     standard_fields(headers, ex, stored)  # RateLimit, Cache-Status (issue 41)
     # the head goes out with the first chunk: one TLS record and one send for a small answer

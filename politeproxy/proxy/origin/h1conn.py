@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import httptools
 
-from politeproxy.proxy.fastnet import NO_CLOSE_NOTIFY, close_notify_missing, tls_object
-from politeproxy.proxy.h1answer import (
+from politeproxy.proxy.common.fastnet import NO_CLOSE_NOTIFY, close_notify_missing, tls_object
+from politeproxy.proxy.origin.h1answer import (
     LOCAL_FIX,
     MAX_FIELDS,
     MAX_HEAD,

@@ -23,8 +23,8 @@ from politeproxy.pacing.pacer import Pacer, WaitTooLong
 from politeproxy.policy import settings as defaults
 from politeproxy.policy.classify import Klass
 from politeproxy.policy.robots import crawl_delay, effective_crawl_delay
-from politeproxy.proxy.h1conn import UpstreamFailed
-from politeproxy.proxy.upstream import Answer, Upstream
+from politeproxy.proxy.origin.h1conn import UpstreamFailed
+from politeproxy.proxy.origin.upstream import Answer, Upstream
 
 log = logging.getLogger("politeproxy.policy.robots")
 

@@ -28,7 +28,7 @@ from politeproxy.policy.cacherules import (
     request_decision,
 )
 from politeproxy.policy.indexanswers import MAX_COLLINFO, published_crawls
-from politeproxy.proxy.clientside import ClientSide
+from politeproxy.proxy.common.clientside import ClientSide
 
 T = TypeVar("T")
 REREAD = 5.0  # seconds between reads of the cached collinfo.json while questions name a crawl it lacks

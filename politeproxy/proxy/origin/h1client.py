@@ -24,8 +24,8 @@ from aiohappyeyeballs import AddrInfoType
 from multidict import CIMultiDict
 from yarl import URL
 
-from politeproxy.proxy.h1conn import H1Answer, H1Conn, UpstreamFailed
-from politeproxy.proxy.unasked import unread
+from politeproxy.proxy.origin.h1conn import H1Answer, H1Conn, UpstreamFailed
+from politeproxy.proxy.origin.unasked import unread
 
 KEEPALIVE = 30.0  # seconds an idle connection is kept (the pool's keep-alive before issue 44)
 DNS_TTL = 60.0  # seconds a system resolver answer is kept (as before issue 44)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from politeproxy.policy.backoff import Delay
 from politeproxy.policy.loglimit import LogLimiter
 from politeproxy.policy.signals import Cause, Signal
-from politeproxy.proxy.responses import BurstLimitedLog
-from politeproxy.proxy.upstream import PoolFull, loggable
+from politeproxy.proxy.common.responses import BurstLimitedLog
+from politeproxy.proxy.origin.upstream import PoolFull, loggable
 
 events_log = logging.getLogger("politeproxy.events")
 POOL_LOG_EVERY = 10.0  # seconds between "pool full" warnings for one pool

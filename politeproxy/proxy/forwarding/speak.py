@@ -20,8 +20,8 @@ from multidict import CIMultiDict
 from politeproxy.policy.answers import RETRY_AFTER_CAP_MS, Stagger, cache_status, s3_code, s3_error
 from politeproxy.policy.backoff import retry_after_seconds
 from politeproxy.policy.services import BUCKET, service_of
-from politeproxy.proxy.clientside import Own
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.clientside import Own
+from politeproxy.proxy.common.exchange import Exchange
 
 XML = "application/xml"
 AMZ_RETRY_AFTER = "x-amz-retry-after"

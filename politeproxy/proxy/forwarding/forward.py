@@ -26,16 +26,16 @@ from politeproxy.policy.clients import sdk_attempt
 from politeproxy.policy.forms import cloudfront_refuses, refused_form
 from politeproxy.policy.hosts import normalize_host
 from politeproxy.policy.signals import PEEK, Signal, read_signal, wants_body
-from politeproxy.proxy.cached import CacheFront
-from politeproxy.proxy.clientside import ClientSide, Own, own
-from politeproxy.proxy.eventlog import OperatorLog
-from politeproxy.proxy.events import ProxyEvents, access_path
-from politeproxy.proxy.exchange import Exchange, Tunnel
-from politeproxy.proxy.passage import held
-from politeproxy.proxy.relay import relay
-from politeproxy.proxy.robots_fetch import RobotsWatcher
-from politeproxy.proxy.speak import Speaker, dialect, standard_fields
-from politeproxy.proxy.upstream import (
+from politeproxy.proxy.common.clientside import ClientSide, Own, own
+from politeproxy.proxy.common.events import ProxyEvents, access_path
+from politeproxy.proxy.common.exchange import Exchange, Tunnel
+from politeproxy.proxy.common.passage import held
+from politeproxy.proxy.forwarding.cached import CacheFront
+from politeproxy.proxy.forwarding.eventlog import OperatorLog
+from politeproxy.proxy.forwarding.relay import relay
+from politeproxy.proxy.forwarding.robots_fetch import RobotsWatcher
+from politeproxy.proxy.forwarding.speak import Speaker, dialect, standard_fields
+from politeproxy.proxy.origin.upstream import (
     Answer,
     PoolFull,
     Upstream,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from politeproxy.policy.routing import Address, Target, unmap
-from politeproxy.proxy.tunnel import resolve
+from politeproxy.proxy.door.tunnel import resolve
 
 log = logging.getLogger("politeproxy")
 

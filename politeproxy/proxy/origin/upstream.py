@@ -19,8 +19,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from politeproxy.policy import settings as defaults
-from politeproxy.proxy.h1client import H1Client
-from politeproxy.proxy.h1conn import LOCAL_FIX, H1Answer, UpstreamFailed
+from politeproxy.proxy.origin.h1client import H1Client
+from politeproxy.proxy.origin.h1conn import LOCAL_FIX, H1Answer, UpstreamFailed
 
 # RFC 9110 7.6.1 and the proxy-only fields: never forwarded in either direction.
 HOP_BY_HOP = frozenset(

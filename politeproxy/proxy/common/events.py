@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from politeproxy.proxy.exchange import Exchange
+from politeproxy.proxy.common.exchange import Exchange
 
 PATH_LIMIT = 120  # characters of the path an access line keeps
 _RAW_LIMIT = 4 * PATH_LIMIT  # what is looked at at all: a path can be 8 KiB

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from politeproxy.policy.answers import error_type, proxy_status
 from politeproxy.policy.loglimit import LogLimiter
-from politeproxy.proxy.passage import VIA_ENTRY
+from politeproxy.proxy.common.passage import VIA_ENTRY
 
 
 def plain_response(status: int, reason: str, message: str, extra: dict[str, str] | None = None) -> bytes:

@@ -1,0 +1,1 @@
+"""The upstream client, the project's own: every method, pooled connections, answers streamed."""
