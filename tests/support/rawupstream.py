@@ -7,7 +7,7 @@ import asyncio
 import socket
 import ssl
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -224,3 +224,14 @@ def trusting(ca: trustme.CA) -> ssl.SSLContext:
     ctx = ssl.create_default_context()
     ca.configure_trust(ctx)
     return ctx
+
+
+def now(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that must not wait (after the connection ended, an answer's head and body are there
+    or not): its result, or AssertionError if it waited."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coro.close()
+    raise AssertionError("waited for bytes after the connection ended")

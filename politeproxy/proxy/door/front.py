@@ -22,7 +22,7 @@ from politeproxy.policy.routing import Refusal, Route, Target
 from politeproxy.proxy.common.events import ProxyEvents
 from politeproxy.proxy.common.exchange import Tunnel
 from politeproxy.proxy.common.responses import BurstLimitedLog, plain_response
-from politeproxy.proxy.door.h1server import H1Connection, Report
+from politeproxy.proxy.door.h1server import H1Connection, Limits, Report
 from politeproxy.proxy.door.served import Served
 
 log = logging.getLogger("politeproxy")
@@ -35,15 +35,10 @@ TLS_TO_PLAIN_PORT = (
 CHALLENGE = {"Proxy-Authenticate": 'Basic realm="politeproxy"'}
 
 
-class PortLimits(Protocol):
-    """The bounds of a connection on the proxy port (listener.Timeouts)."""
+class PortLimits(Limits, Protocol):
+    """The bounds of a connection on the proxy port (listener.Timeouts): a served connection's, and how many
+    connections the port takes at once."""
 
-    @property
-    def header(self) -> float: ...
-    @property
-    def idle(self) -> float: ...
-    @property
-    def max_header_size(self) -> int: ...
     @property
     def max_connections(self) -> int: ...
 

@@ -43,6 +43,8 @@ def ours(data: bytes, cuts: list[int]) -> tuple[list[Parsed], bytes]:
         body = b"".join([c async for c in req.body()]) if req.has_body else b""
         fields = [(k.lower().encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape"))
                   for k, v in req.headers.items()]  # fmt: skip
+        # transfer-coding names are case-insensitive (RFC 9112 7): h11 lowercases them, the proxy keeps them
+        fields = [(k, v.lower() if k == b"transfer-encoding" else v) for k, v in fields]
         got.append((req.method.encode(), req.target.encode("utf-8", "surrogateescape"), fields, body))
         await req.answer(own(200, "ok"))
 

@@ -14,9 +14,9 @@ empty lines right after an answer's end.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Coroutine, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import h11
 from hypothesis import example, given, settings
@@ -26,6 +26,7 @@ from yarl import URL
 
 from politeproxy.proxy.origin.h1client import _request_head, _send_body
 from politeproxy.proxy.origin.h1conn import H1Answer, H1Conn, UpstreamFailed
+from tests.support.rawupstream import now
 
 T = TypeVar("T")
 
@@ -39,14 +40,6 @@ class Reading:
     body: bytes
 
 
-def now(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that must not wait: after the close, the answer's head and body are there or not."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-    coro.close()
-    raise AssertionError("waited for bytes after the connection ended")
 
 
 def ours(method: str, pieces: list[bytes]) -> Reading | None:

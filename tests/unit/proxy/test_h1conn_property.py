@@ -4,9 +4,6 @@ protocol without a socket."""
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
-from typing import Any
-
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -15,20 +12,12 @@ from yarl import URL
 
 from politeproxy.proxy.origin.h1conn import H1Answer, H1Conn, UpstreamFailed
 from tests.support.rawupstream import (
-    T,
+    now,
 )
 
 # --- properties of the parser of untrusted upstream bytes -------------------------------------------------
 
 
-def now(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a coroutine that must not wait: once the connection ended, head() and read() answer at once."""
-    try:
-        coro.send(None)
-    except StopIteration as stop:
-        return stop.value  # type: ignore[no-any-return]
-    coro.close()
-    raise AssertionError("waited for bytes after the connection ended")
 
 
 def fed(chunks: list[bytes]) -> tuple[H1Conn, H1Answer]:
