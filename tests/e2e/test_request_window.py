@@ -91,7 +91,9 @@ def assert_window_held(up: Upstream, answers: list[Answer]) -> None:
     named = [x for x in refused if b"request window" in x.body]
     other = {x.body[:120] for x in refused if x not in named}
     print(f"  503s: {len(refused)}, {len(named)} naming the window; others: {sorted(other)[:3]}")
-    assert not other, other  # every refusal says why: the window (the schedule and the ceiling never bind)
+    # Every refusal says why: the window, or (on a box loaded enough that the schedule falls behind, seen once
+    # in CI) the hold bound; nothing else binds here.
+    assert all(b"exceeded max_wait" in body for body in other), other
     assert {x.klass for x in named} == {"paced", "exempt"}, {x.klass for x in named}
 
 
