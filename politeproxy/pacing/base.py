@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from politeproxy.policy.backoff import BackoffPolicy
@@ -24,6 +24,7 @@ INDEX_HOST_INTERVAL: float = dict(DEFAULT_HOST_INTERVALS)["index.commoncrawl.org
 # Waiters one proxy holds at most (paced lines plus exempt places together). Each client connection holds
 # at most one, so this only bites when pacing is off and a host backs off, or under a flood.
 DEFAULT_MAX_QUEUE: int = default("pacing.max_queue")
+MEMO_MAX = 1024  # host names and user agents remembered per settings object
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,25 @@ class PacingSettings:
         return cls(**table_values(cls, sections), **built)
 
     def interval_for(self, host: str) -> float:
-        return _interval_for(self.host_intervals, host)
+        # asked several times per request: the patterns matched once per host name (bounded: names are
+        # client-chosen, so the memo is emptied when full)
+        memo = self._intervals
+        found = memo.get(host)
+        if found is None:
+            if len(memo) >= MEMO_MAX:
+                memo.clear()
+            found = memo[host] = _interval_for(self.host_intervals, host)
+        return found
+
+    @cached_property
+    def _intervals(self) -> dict[str, float]:
+        """The memo of ``interval_for`` (not a field: settings compare and print by their fields alone)."""
+        return {}
+
+    @cached_property
+    def _bounds(self) -> dict[str | None, float]:
+        """The memo of ``bound_for``."""
+        return {}
 
     def pace_for(self, host: str) -> float:
         """The least time between two grants to ``host``: the global gap or its own interval, the longer."""
@@ -70,7 +89,13 @@ class PacingSettings:
 
     def bound_for(self, user_agent: str | None) -> float:
         """How long a request from a client with ``user_agent`` may be held (its rule's, else max_wait)."""
-        return bound_for(self.client_rules, user_agent, self.max_wait)
+        memo = self._bounds
+        found = memo.get(user_agent)
+        if found is None:
+            if len(memo) >= MEMO_MAX:
+                memo.clear()
+            found = memo[user_agent] = bound_for(self.client_rules, user_agent, self.max_wait)
+        return found
 
     def window_for(self, host: str) -> WindowRule | None:
         """The request window of ``host``'s service, or None when windows are off."""

@@ -32,6 +32,7 @@ from politeproxy.proxy.common.clientside import ClientGone, own
 from politeproxy.proxy.common.exchange import Tunnel
 from politeproxy.proxy.common.responses import BurstLimitedLog, plain_response
 from politeproxy.proxy.door import framing
+from politeproxy.proxy.door.deadline import Deadline
 from politeproxy.proxy.door.framing import FIELD_EXTRA, LINE_EXTRA, OWS
 from politeproxy.proxy.door.served import Served
 
@@ -82,7 +83,7 @@ class H1Connection(asyncio.Protocol):
     __slots__ = (
         "client", "limits", "report", "spawn", "transport", "parser", "queue", "task", "reading",
         "in_body", "url", "headers", "head_bytes", "raw_head", "heads", "stopped", "paused",
-        "write_paused", "drain_waiter", "timer", "lost",
+        "write_paused", "drain_waiter", "bound", "lost",
     )  # fmt: skip
 
     def __init__(self, client: str, limits: Limits, report: Report, spawn: Spawn) -> None:
@@ -102,7 +103,7 @@ class H1Connection(asyncio.Protocol):
         self.paused = False
         self.write_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.bound = Deadline(self._expired)  # the head's, idle or linger: one at a time
         self.lost = False
 
     def _serve(self, req: Served) -> Awaitable[None]:
@@ -154,7 +155,7 @@ class H1Connection(asyncio.Protocol):
         if self.lost:
             return
         self.lost = True
-        self._timer(0)
+        self._stop_timer()
         for r in [self.reading, *self.queue]:
             if isinstance(r, Served):
                 r.broke("the client connection closed")
@@ -354,16 +355,16 @@ class H1Connection(asyncio.Protocol):
             t.resume_reading()
 
     def _timer(self, seconds: float, then: Callable[[], None] | None = None) -> None:
-        """Replace the connection's one timer; 0 (or a bound of 0: none configured) cancels it."""
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if seconds > 0 and not self.lost:
-            self.timer = asyncio.get_running_loop().call_later(seconds, then or self._expired)
+        """Move the connection's one bound to ``seconds`` from now; 0 (or a bound of 0: none configured)
+        lifts it."""
+        if not self.lost:
+            self.bound.set(seconds, then)
+
+    def _stop_timer(self) -> None:
+        self.bound.stop()
 
     def _expired(self) -> None:
         """Idle between requests, or a head begun and not completed in time: the connection closes."""
-        self.timer = None
         if self.task is None and self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 

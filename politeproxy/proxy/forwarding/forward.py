@@ -305,8 +305,9 @@ class Forwarder:
                 if self.robots is not None:
                     self.robots.ensure(t.host)  # the host answered: worth its robots.txt
                 ex.retry_after = delay.seconds if delay is not None else None
-                d = p.retry(method, t.body is not None, ex.retries)  # never after a block (issue 12)
-                if d.retry:
+                # only a throttle is retried, never a block (issue 12): no delay, no retry to weigh
+                d = p.retry(method, t.body is not None, ex.retries) if delay is not None else None
+                if d is not None and d.retry:
                     self.events.retried(t.host)
                     log.info(
                         "%s %s: %d from upstream; retrying after %.1fs",
