@@ -105,6 +105,9 @@ def cache_status(result: str, stored: bool = False) -> str:
     return f"{field}; stored" if stored else field
 
 
+_POLICY = sf_string(POLICY_NAME)  # a constant: quoted once, not twice per answer
+
+
 @dataclass(frozen=True, slots=True)
 class Quota:
     """One service's quota as a client is told it: ``limit`` requests per ``window`` seconds, ``remaining``
@@ -116,11 +119,11 @@ class Quota:
     reset: float
 
     def policy_field(self) -> str:
-        return f"{sf_string(POLICY_NAME)};q={max(0, self.limit)};w={_whole(self.window)}"
+        return f"{_POLICY};q={max(0, self.limit)};w={_whole(self.window)}"
 
     def field(self) -> str:
         r = min(max(0, self.remaining), max(0, self.limit))
-        return f"{sf_string(POLICY_NAME)};r={r};t={_whole(self.reset)}"
+        return f"{_POLICY};r={r};t={_whole(self.reset)}"
 
 
 def _whole(seconds: float) -> int:

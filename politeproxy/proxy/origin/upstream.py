@@ -107,11 +107,11 @@ def strip_hop_by_hop(
     if conn:  # rare: most clients and servers send no Connection header, or keep-alive only
         named = {n.strip().lower() for value in conn for n in value.split(",")}
         skip = skip | (named - {""})
-    out: CIMultiDict[str] = CIMultiDict()
-    add = out.add
-    for k, v in headers.items():
-        if k.lower() not in skip:
-            add(k, v)
+    # a copy in C, then each unwanted name taken out: cheaper than a Python loop over every field
+    out: CIMultiDict[str] = CIMultiDict(headers)
+    for name in skip:
+        if name in out:
+            del out[name]
     return out
 
 
