@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+EARLY = 0.002  # seconds
+
 
 class Deadline:
     """At most one timer; ``due``: the loop time the bound ends (0: none); ``then`` runs when it ends."""
@@ -50,7 +52,9 @@ class Deadline:
         if not due:
             return
         loop = asyncio.get_running_loop()
-        if loop.time() < due:  # moved later since it was set (or the loop fired it a little early)
+        # moved later since it was set: again for the rest (a loop that fires up to EARLY before the time,
+        # as uvloop's whole milliseconds do, has ended a connection's bound close enough)
+        if loop.time() + EARLY < due:
             self.timer = loop.call_at(due, self._fire)
             return
         self.due = 0.0
