@@ -1,6 +1,6 @@
 """Waits and refusals every client acts on (issue 41): S3's own throttle for the bucket under every name,
 plain HTTP fields for the other services, the standard RateLimit, Proxy-Status and Cache-Status fields, hold
-bounds per client, and one log line per cause of refusal.
+bounds per client (one log line per cause of refusal: tests/e2e/test_refusal_log_lines.py).
 
 Every structured field is parsed with http-sf (an RFC 8941/9651 parser, not a pattern of this project's), and
 the S3 error body with the standard library's XML parser, as an SDK would read them.
@@ -138,8 +138,12 @@ def window_used(p: ProxyProc, service: str) -> int:
 
 def test_every_paced_answer_tells_the_window_left_as_status_does(windowed: ProxyProc) -> None:
     host = "data.commoncrawl.org"
-    for i in range(120):
-        r = get(windowed, f"https://{host}/echo?n={i}")
+    # One tunnel for the 120 (a fresh CONNECT and TLS each cost the proxy a leaf and a handshake apiece: CPU
+    # the shared box is short of, and nothing this test is about).
+    with requests.Session() as s:
+        kw: dict[str, Any] = {"proxies": proxies(windowed), "verify": str(bundle(windowed)), "timeout": 60}
+        answers = [s.get(f"https://{host}/echo?n={i}", **kw) for i in range(120)]
+    for r in answers:
         assert r.status_code == 200
         [(name, policy)] = field(r, "RateLimit-Policy")
         [(name2, left)] = field(r, "RateLimit")
@@ -170,12 +174,19 @@ def test_a_cache_hit_says_so_in_cache_status(windowed: ProxyProc) -> None:
     field(second, "RateLimit-Policy")  # a hit is an answer for a Common Crawl service too
 
 
+# The gap the held botocore request waits out: past the plain clients' 25 s bound by 5 s, under boto3's 55 s.
+# 40 s until 2026-12-07; 30 s keeps both sides of the test (held past 25 s; the plain client's wait, two gaps
+# out, far past it) and 10 s less of an idle worker.
+HELD_GAP = 30.0
+
+
 @pytest.fixture(scope="module")
 def slow_gap(module_proxy_factory: ProxyFactory, module_upstream: Upstream, certs: Certs) -> ProxyProc:
-    """One paced request every 40 s and the default 25 s bound (pacing.max_wait) for clients no rule names."""
+    """One paced request every HELD_GAP seconds and the default 25 s bound (pacing.max_wait) for clients no
+    rule names."""
     text = (
         NO_ROBOTS
-        + '[schedule]\nbackend = "memory"\nglobal_rate = "40s"\n'
+        + f'[schedule]\nbackend = "memory"\nglobal_rate = "{HELD_GAP:g}s"\n'
         + "[pacing]\nretries = 0\n[cache]\nenabled = false\n"
         + upstream_toml(module_upstream, certs)
     )
@@ -185,9 +196,10 @@ def slow_gap(module_proxy_factory: ProxyFactory, module_upstream: Upstream, cert
 def test_a_botocore_request_is_held_past_the_plain_clients_bound(
     slow_gap: ProxyProc, module_upstream: Upstream
 ) -> None:
-    """boto3's rule holds it up to 55 s (botocore reads for 60 s): it is held ~40 s and answered 200, while a
-    plain client beside it, whose wait is as long, is refused at once: its bound is pacing.max_wait (25 s)."""
-    assert get(slow_gap, "https://data.commoncrawl.org/echo?first").status_code == 200  # the next slot: +40 s
+    """boto3's rule holds it up to 55 s (botocore reads for 60 s): it is held one gap (30 s) and answered 200,
+    while a plain client beside it, whose wait is longer still, is refused at once: its bound is
+    pacing.max_wait (25 s)."""
+    assert get(slow_gap, "https://data.commoncrawl.org/echo?first").status_code == 200  # next slot: +HELD_GAP
     boto_ua = "Boto3/1.44.8 md/Botocore#1.44.18 ua/2.1 os/linux lang/python#3.11.7 cfg/retry-mode#standard"
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         held = pool.submit(get, slow_gap, "https://commoncrawl.s3.amazonaws.com/files/held", "GET",
@@ -208,41 +220,9 @@ def test_a_botocore_request_is_held_past_the_plain_clients_bound(
     assert plain.status_code == 503 and refused_in < 0.1, refused_in  # predicted past its bound: at once
     assert proxy_status(plain)["error"] == "http_request_denied"
     assert r.status_code == 200, r.text
-    assert 35.0 <= float(r.headers["X-Politeproxy-Wait"]) <= 55.0  # held about one 40 s gap, under 55 s
-
-
-@pytest.fixture
-def looped(proxy_factory: ProxyFactory, module_upstream: Upstream, certs: Certs) -> ProxyProc:
-    text = (
-        NO_ROBOTS
-        + '[schedule]\nbackend = "memory"\nglobal_rate = "1/h"\n[pacing]\nmax_wait = "1s"\n'
-        + upstream_toml(module_upstream, certs)
-    )
-    p = proxy_factory(None, text)
-    assert get(p, "https://data.commoncrawl.org/echo?first").status_code == 200
-    p.mark_log()
-    return p
-
-
-def test_a_client_retrying_refusals_in_a_tight_loop_adds_few_log_lines(looped: ProxyProc) -> None:
-    """60 s of a client retrying every refusal at once: at most 10 access lines for that cause, one of
-    which sums up the refusals it stands for."""
-    n = 0
-    deadline = time.monotonic() + 60.0
-    with requests.Session() as s:
-        kw: dict[str, Any] = {"proxies": proxies(looped), "verify": str(bundle(looped)), "timeout": 30}
-        while time.monotonic() < deadline:
-            assert s.get("https://data.commoncrawl.org/loop", **kw).status_code == 503
-            n += 1
-    time.sleep(0.5)
-    lines = [x for x in looped.log_since().splitlines() if "politeproxy.access" in x and "/loop " in x]
-    assert n >= 200, n  # a tight loop: hundreds of refusals
-    assert 1 <= len(lines) <= 10, lines
-    summed = sum(int(x.split(" repeated=")[1].split()[0]) for x in lines if " repeated=" in x)
-    # the first window's refusals are summed on the line that opens the next; the open window's are held
-    assert len(lines) + summed <= n and summed >= n / 4, (n, lines)
-    events = [x for x in looped.log_since().splitlines() if "refused 503" in x or "more refusals" in x]
-    assert len(events) <= 10, events  # the operator's line: one per cause and pipeline per interval too
+    # Held about one gap, under 55 s: the same 5 s of tolerance below the gap as at 40 s, which is also the
+    # plain clients' 25 s bound: the wait is past it.
+    assert HELD_GAP - 5.0 < float(r.headers["X-Politeproxy-Wait"]) <= 55.0
 
 
 @pytest.mark.parametrize(
