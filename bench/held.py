@@ -135,12 +135,12 @@ def hold_all(
     url: str,
     held: Callable[[], int],
     at_peak: Callable[[], None] = lambda: None,
-    late: list[tuple[int, float]] | None = None,
+    still: list[tuple[int, float]] | None = None,
 ) -> tuple[dict[str, int], int, float, float]:
     """Run the clients (``a.n`` GETs of ``url`` through ``pp``); (answers by status, peak held, RSS at the
     peak, seconds to the peak). ``held()`` counts the requests held now (politeproxy's queue; for Squid,
     bench/beside_squid.py counts those in flight at the upstream). ``at_peak`` runs once, at 95 % of a.n.
-    ``late`` gets (held, RSS) of the last look while 98 % of the peak were still held: the RSS a proxy keeps
+    ``still`` gets (held, RSS) of the last look while 98 % of the peak were still held: the RSS a proxy keeps
     while it holds them, after the burst of connections that brought them."""
     per = [a.n // a.clients + (1 if i < a.n % a.clients else 0) for i in range(a.clients)]
     started = time.monotonic()
@@ -161,8 +161,8 @@ def hold_all(
         if not told and q >= 0.95 * a.n:
             told = True
             at_peak()
-        if late is not None and q >= 0.98 * peak_queued > 0:
-            late[:] = [(q, rss_mib(pp.pid))]
+        if still is not None and q >= 0.98 * peak_queued > 0:
+            still[:] = [(q, rss_mib(pp.pid))]
         time.sleep(0.05)
     log(f"held: peak {peak_queued} held after {t_full:.1f} s, RSS then {rss_full:.1f} MiB")
     statuses: dict[str, int] = {}
@@ -267,8 +267,8 @@ def measure(a: argparse.Namespace, src: Path | None) -> Held:
         up.control({"throttle": {"host": DATA_HOST, "count": 1, "status": 503, "retry_after": f"{hold:g}"}})
         before = hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds")
         url = f"{a.scheme}://{DATA_HOST}/size/100"
-        late: list[tuple[int, float]] = []
-        statuses, peak_queued, rss_full, _t = hold_all(a, pp, url, queued, snapshot, late)
+        still: list[tuple[int, float]] = []
+        statuses, peak_queued, rss_full, _t = hold_all(a, pp, url, queued, snapshot, still)
         peak = hwm_mib(pp.pid)
         diff = bucket_diff(hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds"), before)
         h50, h99 = bucket_quantile(diff, 0.5), bucket_quantile(diff, 0.99)
@@ -286,10 +286,10 @@ def measure(a: argparse.Namespace, src: Path | None) -> Held:
             ["proxy RSS at peak queue MiB", fmt(rss_full, 1)],
             ["proxy peak RSS MiB (VmHWM)", fmt(peak, 1)],
             ["KiB per held request (RSS at peak - idle) / queued", fmt(per_held, 1)],
-            ["proxy RSS while held, the last look before the drain MiB", fmt(late[0][1], 1) if late else "-"],
+            ["proxy RSS while held, last look before the drain MiB", fmt(still[0][1], 1) if still else "-"],
             [
                 "KiB per held request then ((RSS - idle) / queued)",
-                fmt(kib_per_held(late[0][1], idle_rss, late[0][0]), 1) if late else "-",
+                fmt(kib_per_held(still[0][1], idle_rss, still[0][0]), 1) if still else "-",
             ],
             ["grant lateness p50 / p99 ms (histogram)", f"{fmt(h50 * 1e3, 2)} / {fmt(h99 * 1e3, 2)}"],
             [
