@@ -25,6 +25,7 @@ from politeproxy.proxy.common import fastnet
 from politeproxy.proxy.common.clientside import own
 from politeproxy.proxy.common.events import ProxyEvents
 from politeproxy.proxy.common.exchange import Tunnel
+from politeproxy.proxy.common.heap import HeapTrim
 from politeproxy.proxy.door import intercept, tunnel
 from politeproxy.proxy.door.ca import CertificateAuthority
 from politeproxy.proxy.door.front import FrontProtocol, refusals
@@ -89,6 +90,8 @@ class Proxy:
         self._sweep_at = 64
         self.tasks: set[asyncio.Task[None]] = set()
         self.pairs: set[tunnel.RelayPair] = set()
+        self.heap = HeapTrim()  # freed heap pages back to the system after connection churn (heap.py)
+        self._trimming: asyncio.Task[None] | None = None
         t = (upstream.connect_timeout, timeouts.handshake, timeouts.idle)  # the peek: handshake_timeout
         self.peeker = PeekingTunnel(*t, self.hosts_paced, self._tunnel_change, self._bytes_seen, self.pairs)
         self.peeker.on_refused = lambda: events.rejected("other", "destination")
@@ -126,6 +129,7 @@ class Proxy:
             backlog=2048,
         )
         self.destinations.own_ports = frozenset(int(s.getsockname()[1]) for s in self.server.sockets)
+        self._trimming = loop.create_task(self.heap.run())
         return self.server
 
     @property
@@ -143,6 +147,7 @@ class Proxy:
         if len(self.clients) >= limit:
             return False
         self.clients.add(transport)
+        self.heap.opened()
         return True
 
     def spawn(self, coro: Any) -> asyncio.Task[None]:
@@ -161,6 +166,8 @@ class Proxy:
         """Stop listening, close every tunnel and connection, and wait (bounded) for their tasks."""
         if self.server:
             self.server.close()
+        if self._trimming is not None:
+            self._trimming.cancel()
         for pair in list(self.pairs):
             pair.close()
         for task in list(self.tasks):
