@@ -187,18 +187,29 @@ def kib_per_held(rss_full: float, idle: float, queued: int) -> float:
 
 
 def _compare(a: argparse.Namespace) -> str:
-    """Both trees, alternating, one proxy at a time: KiB per held request each and their ratio."""
+    """Both trees, alternating, one proxy at a time: KiB per held request each and their ratio, at the
+    peak and at the last look before the drain (still held, after the burst of connections)."""
     rows, ratios = [], []
     for r in range(a.rounds):
         order = [None, a.candidate] if r % 2 == 0 else [a.candidate, None]
-        got = {str(src): measure(a, src).per_held for src in order}
+        got = {str(src): measure(a, src) for src in order}
         base, cand = got["None"], got[str(a.candidate)]
-        ratios.append(cand / base)
-        rows.append([str(r + 1), fmt(base, 1), fmt(cand, 1), fmt(cand / base, 3)])
+        ratios.append(cand.per_held / base.per_held)
+        rows.append(
+            [
+                str(r + 1),
+                fmt(base.per_held, 1),
+                fmt(cand.per_held, 1),
+                fmt(cand.per_held / base.per_held, 3),
+                fmt(base.still_held, 1),
+                fmt(cand.still_held, 1),
+            ]
+        )
     ratios.sort()
-    rows.append(["median", "", "", fmt(ratios[len(ratios) // 2], 3)])
+    rows.append(["median", "", "", fmt(ratios[len(ratios) // 2], 3), "", ""])
     head = f"### KiB per held request, {a.n:,} held ({a.scheme}): this tree against {a.candidate}\n\n"
-    return head + table(["round", "this tree", "candidate", "candidate / this"], rows)
+    cols = ["round", "this tree", "candidate", "candidate / this", "this, still held", "candidate, still"]
+    return head + table(cols, rows)
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -221,6 +232,7 @@ class Held(NamedTuple):
     peak: int  # requests held at the peak
     idle_rss: float  # MiB
     peak_rss: float  # MiB, when the most were held
+    still_held: float = float("nan")  # KiB per held request at the last look before the drain
 
 
 def hold_seconds(a: argparse.Namespace) -> float:
@@ -311,7 +323,8 @@ def measure(a: argparse.Namespace, src: Path | None) -> Held:
                 text += "\n\nBiggest lines (bytes, allocations, where):\n\n" + listed
         if wrapped:
             text += "\n\n" + memory_accounts(trace.with_name(trace.name + ".mem"), at_snapshot)
-    return Held(text, per_held, answers, peak_queued, idle_rss, rss_full)
+    still_per = kib_per_held(still[0][1], idle_rss, still[0][0]) if still else float("nan")
+    return Held(text, per_held, answers, peak_queued, idle_rss, rss_full, still_per)
 
 
 # Where a Python allocation was made, by the file that made it: the first area with a marker in its path.
