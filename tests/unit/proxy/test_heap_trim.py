@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import os
+import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from politeproxy.proxy.common import heap
-
-
-def rss_anon_kib() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1])
-    raise AssertionError("no RssAnon in /proc/self/status")
 
 
 async def test_trims_only_after_enough_new_connections() -> None:
@@ -49,24 +43,40 @@ async def test_no_trim_function_returns_at_once(monkeypatch: pytest.MonkeyPatch)
     await asyncio.wait_for(trim.run(), 1.0)  # returns: nothing to run
 
 
+PATTERN = """
+import sys
+from pathlib import Path
+from politeproxy.proxy.common import heap
+
+def rss_anon_kib():
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+
+trim = heap.libc_trim()
+bufs, pins = [], []
+for _ in range(420):
+    bufs.append(bytearray(96 * 1024))  # zero-filled: every page resident; below the mmap threshold
+    pins.append(bytearray(1024))  # over pymalloc's 512 bytes: from malloc's heap, after the buffer
+before = rss_anon_kib()
+del bufs
+freed = rss_anon_kib()
+trim()
+print(before, freed, rss_anon_kib())
+"""
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim, /proc")
 def test_libc_trim_gives_freed_heap_pages_back() -> None:
-    """Freed chunks in the middle of the heap stay resident until trimmed: 40 MiB of 96 KiB buffers (below
-    malloc's mmap threshold, so from the heap), each followed by a small chunk that stays (as a held
-    connection's objects stay between the buffers its handshake freed)."""
+    """Freed chunks in the middle of the heap stay resident until trimmed: 40 MiB of 96 KiB buffers, each
+    followed by a small chunk that stays (as a held connection's objects stay between the buffers its
+    handshake freed). In a fresh process, so the heap's layout is the pattern's, not earlier tests'."""
     if not hasattr(ctypes.CDLL(None), "malloc_trim"):
         pytest.skip("not glibc")
-    trim = heap.libc_trim()
-    assert trim is not None
-    bufs, pins = [], []
-    for _ in range(420):
-        bufs.append(bytearray(96 * 1024))  # zero-filled: every page resident
-        pins.append(bytearray(1024))  # over pymalloc's 512 bytes: from malloc's heap, after the buffer
-    before = rss_anon_kib()
-    del bufs
-    freed = rss_anon_kib()
-    trim()
-    after = rss_anon_kib()
+    env = {**os.environ, "POLITEPROXY_HEAP_TRIM": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", PATTERN], capture_output=True, text=True, timeout=60, env=env, check=True
+    )
+    before, freed, after = (int(x) for x in out.stdout.split())
     assert before - freed < 20 * 1024, (before, freed)  # free() alone kept most of them resident
     assert freed - after > 20 * 1024, (before, freed, after)  # the trim gave back > half of 40 MiB
-    del pins
