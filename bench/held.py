@@ -109,7 +109,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="run the proxy under tracemalloc (bench/traced_run.py) and add its Python allocations per held"
         " request by area (tracemalloc's own bookkeeping inflates the RSS figures of such a run)",
     )
+    p.add_argument(
+        "--trim-probe",
+        action="store_true",
+        help="with --accounts: malloc_trim(0) at the peak's snapshot, and the RSS it gave back (a probe: the"
+        " RSS read after the peak is then lower than the proxy's own)",
+    )
+    p.add_argument("--top", type=int, default=0, help="with --tracemalloc: also list the N biggest lines")
     p.add_argument("--rounds", type=int, default=1, help="with --candidate: round pairs (ABBA)")
+    p.add_argument(
+        "--accounts",
+        action="store_true",
+        help="run the proxy under bench/traced_run.py (without tracemalloc unless asked) and add where its"
+        " memory grew per held request: RSS, malloc's heap (used, free), mmapped chunks, pymalloc's arenas",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.n, a.clients = 200, 1
@@ -122,10 +135,13 @@ def hold_all(
     url: str,
     held: Callable[[], int],
     at_peak: Callable[[], None] = lambda: None,
+    still: list[tuple[int, float]] | None = None,
 ) -> tuple[dict[str, int], int, float, float]:
     """Run the clients (``a.n`` GETs of ``url`` through ``pp``); (answers by status, peak held, RSS at the
     peak, seconds to the peak). ``held()`` counts the requests held now (politeproxy's queue; for Squid,
-    bench/beside_squid.py counts those in flight at the upstream). ``at_peak`` runs once, at 95 % of a.n."""
+    bench/beside_squid.py counts those in flight at the upstream). ``at_peak`` runs once, at 95 % of a.n.
+    ``still`` gets (held, RSS) of the last look while 98 % of the peak were still held: the RSS a proxy keeps
+    while it holds them, after the burst of connections that brought them."""
     per = [a.n // a.clients + (1 if i < a.n % a.clients else 0) for i in range(a.clients)]
     started = time.monotonic()
     procs = [
@@ -145,6 +161,8 @@ def hold_all(
         if not told and q >= 0.95 * a.n:
             told = True
             at_peak()
+        if still is not None and q >= 0.98 * peak_queued > 0:
+            still[:] = [(q, rss_mib(pp.pid))]
         time.sleep(0.05)
     log(f"held: peak {peak_queued} held after {t_full:.1f} s, RSS then {rss_full:.1f} MiB")
     statuses: dict[str, int] = {}
@@ -169,18 +187,29 @@ def kib_per_held(rss_full: float, idle: float, queued: int) -> float:
 
 
 def _compare(a: argparse.Namespace) -> str:
-    """Both trees, alternating, one proxy at a time: KiB per held request each and their ratio."""
+    """Both trees, alternating, one proxy at a time: KiB per held request each and their ratio, at the
+    peak and at the last look before the drain (still held, after the burst of connections)."""
     rows, ratios = [], []
     for r in range(a.rounds):
         order = [None, a.candidate] if r % 2 == 0 else [a.candidate, None]
-        got = {str(src): measure(a, src).per_held for src in order}
+        got = {str(src): measure(a, src) for src in order}
         base, cand = got["None"], got[str(a.candidate)]
-        ratios.append(cand / base)
-        rows.append([str(r + 1), fmt(base, 1), fmt(cand, 1), fmt(cand / base, 3)])
+        ratios.append(cand.per_held / base.per_held)
+        rows.append(
+            [
+                str(r + 1),
+                fmt(base.per_held, 1),
+                fmt(cand.per_held, 1),
+                fmt(cand.per_held / base.per_held, 3),
+                fmt(base.still_held, 1),
+                fmt(cand.still_held, 1),
+            ]
+        )
     ratios.sort()
-    rows.append(["median", "", "", fmt(ratios[len(ratios) // 2], 3)])
+    rows.append(["median", "", "", fmt(ratios[len(ratios) // 2], 3), "", ""])
     head = f"### KiB per held request, {a.n:,} held ({a.scheme}): this tree against {a.candidate}\n\n"
-    return head + table(["round", "this tree", "candidate", "candidate / this"], rows)
+    cols = ["round", "this tree", "candidate", "candidate / this", "this, still held", "candidate, still"]
+    return head + table(cols, rows)
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -203,6 +232,7 @@ class Held(NamedTuple):
     peak: int  # requests held at the peak
     idle_rss: float  # MiB
     peak_rss: float  # MiB, when the most were held
+    still_held: float = float("nan")  # KiB per held request at the last look before the drain
 
 
 def hold_seconds(a: argparse.Namespace) -> float:
@@ -228,19 +258,29 @@ def measure(a: argparse.Namespace, src: Path | None) -> Held:
             + WINDOW_OFF
         )
         trace = b.tmp / "tracemalloc.txt"
-        if a.tracemalloc:
+        wrapped = a.tracemalloc or a.accounts
+        if wrapped:
             os.environ["POLITEPROXY_TRACE_OUT"] = str(trace)  # read by bench/traced_run.py only
-        module = "bench.traced_run" if a.tracemalloc else "politeproxy"
+            os.environ["POLITEPROXY_TRACEMALLOC"] = "1" if a.tracemalloc else "0"
+            os.environ["POLITEPROXY_TRACE_TRIM"] = "1" if a.trim_probe else "0"
+        module = "bench.traced_run" if wrapped else "politeproxy"
         pp = start_politeproxy(b, up, toml, src=src, module=module)
         idle_rss = rss_mib(pp.pid)
-        snapshot = (lambda: os.kill(pp.pid, signal.SIGUSR2)) if a.tracemalloc else (lambda: None)
+        queued = lambda: int(healthz(pp.port).get("queued", 0))  # noqa: E731
+        at_snapshot: list[int] = []
+
+        def snapshot() -> None:
+            if wrapped:
+                at_snapshot.append(queued())
+                os.kill(pp.pid, signal.SIGUSR2)
+
         snapshot()  # the base, idle
         # One throttled answer puts the host in backoff for `hold` seconds: everything after it queues.
         up.control({"throttle": {"host": DATA_HOST, "count": 1, "status": 503, "retry_after": f"{hold:g}"}})
         before = hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds")
         url = f"{a.scheme}://{DATA_HOST}/size/100"
-        queued = lambda: int(healthz(pp.port).get("queued", 0))  # noqa: E731
-        statuses, peak_queued, rss_full, _t = hold_all(a, pp, url, queued, snapshot)
+        still: list[tuple[int, float]] = []
+        statuses, peak_queued, rss_full, _t = hold_all(a, pp, url, queued, snapshot, still)
         peak = hwm_mib(pp.pid)
         diff = bucket_diff(hist_buckets(pp.metrics(), "politeproxy_grant_lateness_seconds"), before)
         h50, h99 = bucket_quantile(diff, 0.5), bucket_quantile(diff, 0.99)
@@ -258,6 +298,11 @@ def measure(a: argparse.Namespace, src: Path | None) -> Held:
             ["proxy RSS at peak queue MiB", fmt(rss_full, 1)],
             ["proxy peak RSS MiB (VmHWM)", fmt(peak, 1)],
             ["KiB per held request (RSS at peak - idle) / queued", fmt(per_held, 1)],
+            ["proxy RSS while held, last look before the drain MiB", fmt(still[0][1], 1) if still else "-"],
+            [
+                "KiB per held request then ((RSS - idle) / queued)",
+                fmt(kib_per_held(still[0][1], idle_rss, still[0][0]), 1) if still else "-",
+            ],
             ["grant lateness p50 / p99 ms (histogram)", f"{fmt(h50 * 1e3, 2)} / {fmt(h99 * 1e3, 2)}"],
             [
                 "arrival vs ideal schedule p50 / p99 ms",
@@ -272,7 +317,14 @@ def measure(a: argparse.Namespace, src: Path | None) -> Held:
         )
         if a.tracemalloc:
             text += "\n\n" + traced_areas(trace, peak_queued)
-    return Held(text, per_held, answers, peak_queued, idle_rss, rss_full)
+            if a.top and trace.exists():
+                top = trace.read_text().splitlines()[: a.top]
+                listed = "\n".join(f"    {t}" for t in top)
+                text += "\n\nBiggest lines (bytes, allocations, where):\n\n" + listed
+        if wrapped:
+            text += "\n\n" + memory_accounts(trace.with_name(trace.name + ".mem"), at_snapshot)
+    still_per = kib_per_held(still[0][1], idle_rss, still[0][0]) if still else float("nan")
+    return Held(text, per_held, answers, peak_queued, idle_rss, rss_full, still_per)
 
 
 # Where a Python allocation was made, by the file that made it: the first area with a marker in its path.
@@ -288,6 +340,37 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("asyncio: tasks, timeouts, coroutine frames", ("/asyncio/", "_weakrefset.py")),
     ("yarl and multidict: the request's URL", ("/yarl/", "/multidict/")),
 )
+
+
+ACCOUNTS = (
+    ("VmRSS", "resident set (VmRSS)"),
+    ("RssAnon", "of it anonymous (RssAnon)"),
+    ("pymalloc_arena_bytes", "pymalloc's arenas (small Python objects; mapped by Python, outside malloc)"),
+    ("pymalloc_used_bytes", "of them in allocated blocks"),
+    ("malloc_heap", "malloc's heap taken from the system (all arenas, not mmapped chunks)"),
+    ("malloc_used", "of it in use (OpenSSL's state, Python's buffers and objects over 512 bytes)"),
+    ("malloc_free", "of it free (malloc's slack: resident where it was touched before)"),
+    ("malloc_mmapped", "malloc's mmapped chunks (resident only where touched)"),
+)
+
+
+def memory_accounts(mem: Path, held_at: list[int]) -> str:
+    """bench/traced_run.py's accounts at idle and at the peak: their growth per held request (KiB)."""
+    lines = mem.read_text().splitlines() if mem.exists() else []
+    if len(lines) < 2 or len(held_at) < 2 or held_at[1] <= held_at[0]:
+        return "memory accounts: no snapshot at the peak was written"
+    base, peak = json.loads(lines[0]), json.loads(lines[-1])
+    held = held_at[-1] - held_at[0]
+    rows = [
+        [label, fmt((peak[k] - base[k]) / 1024 / held, 2)] for k, label in ACCOUNTS if k in base and k in peak
+    ]
+    if "VmRSS_after_trim" in peak:
+        back = (peak["VmRSS"] - peak["VmRSS_after_trim"]) / 1024 / held
+        rows.append(["given back by malloc_trim(0) at the peak (whole free pages)", fmt(back, 2)])
+    rows.append(["mmapped chunks at the peak (count)", f"{peak.get('malloc_mmapped_chunks', 0):,}"])
+    return f"### Memory accounts: growth per held request ({held:,} held at the snapshot)\n\n" + table(
+        ["account", "KiB per held request"], rows
+    )
 
 
 def traced_areas(trace: Path, held: int) -> str:

@@ -25,6 +25,7 @@ from politeproxy.proxy.common import fastnet
 from politeproxy.proxy.common.clientside import own
 from politeproxy.proxy.common.events import ProxyEvents
 from politeproxy.proxy.common.exchange import Tunnel
+from politeproxy.proxy.common.heap import HeapTrim
 from politeproxy.proxy.door import intercept, tunnel
 from politeproxy.proxy.door.ca import CertificateAuthority
 from politeproxy.proxy.door.front import FrontProtocol, refusals
@@ -89,6 +90,8 @@ class Proxy:
         self._sweep_at = 64
         self.tasks: set[asyncio.Task[None]] = set()
         self.pairs: set[tunnel.RelayPair] = set()
+        self.heap = HeapTrim()  # freed heap pages back to the system after connection churn (heap.py)
+        self._trimming: asyncio.Task[None] | None = None
         t = (upstream.connect_timeout, timeouts.handshake, timeouts.idle)  # the peek: handshake_timeout
         self.peeker = PeekingTunnel(*t, self.hosts_paced, self._tunnel_change, self._bytes_seen, self.pairs)
         self.peeker.on_refused = lambda: events.rejected("other", "destination")
@@ -106,6 +109,10 @@ class Proxy:
             robots=robots,
             admin=admin,
         )
+        # What every intercepted connection's H1Server is given, bound once: four bound methods made per
+        # connection were 256 bytes of each held request (issue 44).
+        self._served_by = (self.forwarder.tunneled, self.timeouts, self.report, self.spawn, self._tunnel_lost)
+        self._task_done_cb = self._task_done  # one bound method for every task's done callback
 
     def hosts_paced(self, host: str) -> bool:
         return bool(self.classifier.hosts.matches(host))
@@ -126,6 +133,7 @@ class Proxy:
             backlog=2048,
         )
         self.destinations.own_ports = frozenset(int(s.getsockname()[1]) for s in self.server.sockets)
+        self._trimming = loop.create_task(self.heap.run())
         return self.server
 
     @property
@@ -143,13 +151,14 @@ class Proxy:
         if len(self.clients) >= limit:
             return False
         self.clients.add(transport)
+        self.heap.opened()
         return True
 
     def spawn(self, coro: Any) -> asyncio.Task[None]:
         """Run a connection task, keeping a reference until it is done (close() awaits it)."""
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self._task_done)
+        task.add_done_callback(self._task_done_cb)
         return task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
@@ -161,6 +170,8 @@ class Proxy:
         """Stop listening, close every tunnel and connection, and wait (bounded) for their tasks."""
         if self.server:
             self.server.close()
+        if self._trimming is not None:
+            self._trimming.cancel()
         for pair in list(self.pairs):
             pair.close()
         for task in list(self.tasks):
@@ -234,9 +245,7 @@ class Proxy:
         def attach(tls: asyncio.Transport) -> asyncio.Protocol:
             # The tunnel (and its pipeline) goes to the protocol here, and from it to the forwarder by
             # parameter: no table maps a connection to its tunnel.
-            served = H1Server(
-                tunnel, self.forwarder.tunneled, self.timeouts, self.report, self.spawn, self._tunnel_lost
-            )
+            served = H1Server(tunnel, *self._served_by)
             self._tunnel_change(+1)
             return served
 
