@@ -23,6 +23,7 @@ class LockOwner(Protocol):
     _inproc: asyncio.BoundedSemaphore | None
     lock_timeout: float
     path: Path
+    fd: int
 
     async def _lock(self) -> None: ...
 
@@ -50,7 +51,7 @@ class Held:
                 async with asyncio.timeout(store.lock_timeout):
                     await inproc.acquire()
             except TimeoutError as e:
-                raise StoreBusy(f"cannot lock {store.path}: busy in this process") from e
+                raise StoreBusy(_busy_here(store)) from e
         else:
             await inproc.acquire()
         try:
@@ -80,6 +81,16 @@ async def run_held(store: LockOwner, fn: Callable[[], T]) -> T:
             store._unlock()
     async with Held(store):
         return fn()
+
+
+def _busy_here(store: LockOwner) -> str:
+    """Why this process's turn did not come: the claim ahead of it is a flock wait (another process holds the
+    flock, named from /proc/locks) or, when nobody else holds it, this process is busy with the store."""
+    who = lock_holders(store.fd)
+    if who.startswith("pid "):
+        waited = f"{store.lock_timeout:g} s"
+        return f"{store.path} is locked by {who}; this process's claims wait for it for over {waited}"
+    return f"cannot lock {store.path}: busy in this process"
 
 
 class LockWait:

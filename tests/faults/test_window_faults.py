@@ -90,7 +90,8 @@ def test_a_flock_held_15s_by_another_process_keeps_the_window(
     proxy_factory: Callable[..., ProxyProc], upstream: Upstream, tmp_path: Path
 ) -> None:
     """The finding: 200 and 200 arrivals in 20 s, and a log line blaming "this process". The flock is
-    taken 4 s into the load (the window filled in the first 2 s) and held for 15 s."""
+    taken 4 s into the load (the window filled in the first 2 s) and held for 15 s; once it is held, one
+    request for the second service asks for a slot."""
     data = tmp_path / "shared"
     p = proxy_factory(upstream, CONFIG + FAST, data_dir=data)
     since = time.time()
@@ -100,12 +101,26 @@ def test_a_flock_held_15s_by_another_process_keeps_the_window(
         cmd = [sys.executable, "-c", HOLD, str(data / "ratelimit.lock"), "15"]
         holder.append(subprocess.Popen(cmd, stdout=subprocess.PIPE))
 
-    timer = threading.Timer(4.0, hold)
+    def ask() -> None:
+        # One request for the other service, whose window has room, once the lock is held: its claim must
+        # wait for the store, and past the lock's 5 s the log names the holder. (The data requests alone
+        # make no claim while their window is full and refused at once: whether one of them claimed
+        # during the hold was left to timing, and on a loaded box none did.)
+        wait_for(lambda: bool(holder), 30.0)
+        out = holder[0].stdout
+        assert out is not None
+        out.readline()  # "held": the lock is the other process's now
+        load([p.env], 1.0, paced=1, exempt=0, hosts=(WWW,))
+
+    timer, asker = threading.Timer(4.0, hold), threading.Timer(4.0, ask)
     timer.start()
+    asker.start()
     try:
         load([p.env], 30.0, paced=4, exempt=0)
     finally:
         timer.cancel()
+        asker.cancel()
+        asker.join(60)
         for h in holder:
             h.kill()
             h.wait()

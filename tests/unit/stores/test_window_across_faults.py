@@ -32,7 +32,7 @@ from politeproxy.policy.services import service_key
 from politeproxy.policy.slots import Claim
 from politeproxy.policy.window import AHEAD, EPSILON, MAX_COUNT, MAX_KEPT, WindowRule
 from politeproxy.stores import window_records
-from politeproxy.stores.base import Store, StoreError
+from politeproxy.stores.base import Store, StoreBusy, StoreError
 from politeproxy.stores.failover import FailoverStore
 from politeproxy.stores.file import FileStore
 from politeproxy.stores.flock import lock_holders
@@ -260,6 +260,35 @@ async def test_a_flock_held_by_another_process_waits_and_names_it(
             holder.kill()
             await holder.wait()
         await fo.close()
+
+
+async def test_a_claim_behind_one_waiting_for_the_flock_names_the_holder(tmp_path: Path) -> None:
+    """A claim that times out waiting for this process's turn, while the claim ahead of it waits for another
+    process's flock, named "this process" (the e2e flock test failed so under load: that line came first,
+    and the store logs only the first); it names the process that holds the flock."""
+    primary = FileStore(tmp_path, clock=Clock())
+    primary.lock_timeout = 0.2
+    ahead = asyncio.BoundedSemaphore(1)
+    primary._inproc = ahead
+    await ahead.acquire()  # the claim ahead, waiting in the lock thread for the flock
+    try:
+        with pytest.raises(StoreBusy, match="busy in this process"):  # nobody else holds the flock
+            await primary.claim(H, 0.0, 0.0, 5.0, window=RULE)
+        holder = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", HOLD, str(tmp_path / "ratelimit.lock"), "3", stdout=asyncio.subprocess.PIPE
+        )
+        try:
+            assert holder.stdout is not None and await holder.stdout.readline() == b"held\n"
+            with pytest.raises(StoreBusy) as busy:
+                await primary.claim(H, 0.0, 0.0, 5.0, window=RULE)
+            assert f"pid {holder.pid}" in str(busy.value), busy.value
+            assert "busy in this process" not in str(busy.value)
+        finally:
+            holder.kill()
+            await holder.wait()
+    finally:
+        ahead.release()
+        await primary.close()
 
 
 async def test_a_forward_wall_clock_step_cannot_age_the_counts(tmp_path: Path) -> None:
