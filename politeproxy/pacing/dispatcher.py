@@ -262,19 +262,8 @@ async def wait_for_grant(
     past it (bounded: its slot plus a second), as the dispatcher may wake late (issue 25 item 7: such a
     request was held to max_wait, then refused with Retry-After 1). False when no grant came; the refusal
     the dispatcher set on the ticket is raised."""
-    if await _settled(w.ticket, timeout):
-        w.ticket.result()  # as awaiting it did: the refusal, or CancelledError for a cancelled ticket
-        return True
-    if w.slot is not None and not w.ticket.done():
-        if not await _settled(w.ticket, max(0.0, w.slot - monotonic()) + 1.0):
+    if not await _settled(w.ticket, timeout):
+        if w.slot is None or not await _settled(w.ticket, max(0.0, w.slot - monotonic()) + 1.0):
             return False
-        w.ticket.result()
-        return True
-    if w.ticket.done() and not w.ticket.cancelled():
-        w.ticket.result()  # raises the dispatcher's refusal, if that is what came
-        return True
-    return False
-    if w.ticket.done() and not w.ticket.cancelled():
-        w.ticket.result()  # raises the dispatcher's refusal, if that is what came
-        return True
-    return False
+    w.ticket.result()  # as awaiting it did: the refusal, or CancelledError for a cancelled ticket
+    return True
