@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from politeproxy.policy.backoff import BackoffPolicy
 from politeproxy.policy.classify import Klass
@@ -63,15 +63,16 @@ class PacingSettings:
         return cls(**table_values(cls, sections), **built)
 
     def interval_for(self, host: str) -> float:
-        # asked several times per request: the patterns matched once per host name (bounded: names are
-        # client-chosen, so the memo is emptied when full)
-        memo = self._intervals
-        found = memo.get(host)
-        if found is None:
-            if len(memo) >= MEMO_MAX:
-                memo.clear()
-            found = memo[host] = _interval_for(self.host_intervals, host)
-        return found
+        # asked several times per request: the patterns matched once per host name
+        found = self._intervals.get(host)
+        return found if found is not None else _kept(self._intervals, host, self._match_interval(host))
+
+    def _match_interval(self, host: str) -> float:
+        """The interval of the first pattern ``host`` matches, else 0."""
+        for pattern, interval in self.host_intervals:
+            if host_matches(host, pattern):
+                return interval
+        return 0.0
 
     @cached_property
     def _intervals(self) -> dict[str, float]:
@@ -89,13 +90,10 @@ class PacingSettings:
 
     def bound_for(self, user_agent: str | None) -> float:
         """How long a request from a client with ``user_agent`` may be held (its rule's, else max_wait)."""
-        memo = self._bounds
-        found = memo.get(user_agent)
-        if found is None:
-            if len(memo) >= MEMO_MAX:
-                memo.clear()
-            found = memo[user_agent] = bound_for(self.client_rules, user_agent, self.max_wait)
-        return found
+        found = self._bounds.get(user_agent)
+        if found is not None:
+            return found
+        return _kept(self._bounds, user_agent, bound_for(self.client_rules, user_agent, self.max_wait))
 
     def window_for(self, host: str) -> WindowRule | None:
         """The request window of ``host``'s service, or None when windows are off."""
@@ -109,13 +107,15 @@ def _window_for(host: str, egress: str, seconds: float, limit: int) -> WindowRul
     return WindowRule(service_key(host), egress, seconds, limit)
 
 
-@lru_cache(maxsize=4096)  # asked twice per paced request (issue 15); bounded: hosts are client-chosen
-def _interval_for(host_intervals: tuple[tuple[str, float], ...], host: str) -> float:
-    """The interval of the first pattern ``host`` matches, else 0 (a pure function of its arguments)."""
-    for pattern, interval in host_intervals:
-        if host_matches(host, pattern):
-            return interval
-    return 0.0
+K = TypeVar("K")
+
+
+def _kept(memo: dict[K, float], key: K, value: float) -> float:
+    """``value`` remembered under ``key``; a full memo is emptied first (its keys are client-chosen)."""
+    if len(memo) >= MEMO_MAX:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def window_full(s: PacingSettings, host: str, wait: float) -> str:
