@@ -100,7 +100,7 @@ class FrontProtocol(H1Connection):
             self.proxy.clients.discard(self.transport)
         if self.done:
             self.lost = True
-            self._stop_timer()
+            self.bound.stop()
             return
         super().connection_lost(exc)
 
@@ -157,7 +157,7 @@ class FrontProtocol(H1Connection):
             super()._upgraded(rest)
             return
         self.done = self.stopped = True
-        self._stop_timer()
+        self.bound.stop()
         assert self.transport is not None
         self.transport.pause_reading()
         self.proxy.spawn(self._route(req, rest))
@@ -174,7 +174,7 @@ class FrontProtocol(H1Connection):
     ) -> None:
         """Refuse the connection's first head (or the connection itself) and close."""
         self.done = self.stopped = True
-        self._stop_timer()
+        self.bound.stop()
         refusals.info(self.client, "%s: %d %s", self.client, status, message)
         self.proxy.events.rejected("other", why)
         if self.transport and not self.transport.is_closing():

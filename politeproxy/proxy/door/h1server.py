@@ -155,7 +155,7 @@ class H1Connection(asyncio.Protocol):
         if self.lost:
             return
         self.lost = True
-        self._stop_timer()
+        self.bound.stop()
         for r in [self.reading, *self.queue]:
             if isinstance(r, Served):
                 r.broke("the client connection closed")
@@ -359,9 +359,6 @@ class H1Connection(asyncio.Protocol):
         lifts it."""
         if not self.lost:
             self.bound.set(seconds, then)
-
-    def _stop_timer(self) -> None:
-        self.bound.stop()
 
     def _expired(self) -> None:
         """Idle between requests, or a head begun and not completed in time: the connection closes."""
