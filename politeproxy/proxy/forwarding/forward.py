@@ -167,8 +167,10 @@ class Forwarder:
         # Bounded here, once: the permit, the metrics, the access line and the headers all take this name.
         pipeline = self.pacer.pipeline_of(who)
         ex = Exchange(client.remote, client.method, host, access_path(path), klass, pipeline)
-        if klass is not Klass.PASSTHROUGH:
-            ex.quota = self.pacer.quotas.cached(host)  # the last reading: a cache hit waits for nothing
+        if klass is not Klass.PASSTHROUGH and self.cache is not None:
+            # the last reading, for a cache hit, which waits for nothing; a miss reads it again under its
+            # permit (_exchange), and without the cache every request does (no second look per request)
+            ex.quota = self.pacer.quotas.cached(host)
         try:
             out = self._refused_form(client, ex, path)
             if out is not None:  # never leaves: no cache lookup, no slot, no count in the window
@@ -205,6 +207,7 @@ class Forwarder:
         if r is None:
             return None
         ex.status, ex.note = r.status, "form"
+        ex.quota = ex.quota or self.pacer.quotas.cached(ex.host)  # its answer tells the budget too
         self.events.rejected(ex.host, "form")
         self.oplog.refused(ex.pipeline, r.status, r.message)
         out = own(r.status, r.message, r.headers)
