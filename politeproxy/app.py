@@ -22,7 +22,7 @@ from politeproxy.config.startup import (
     open_data_dir,
     probe_store,
 )
-from politeproxy.config.storebuild import StartupError, build_stores, make_index_answers
+from politeproxy.config.storebuild import StartupError, StoreSet, build_stores, make_index_answers
 from politeproxy.observe import admin as admin_mod
 from politeproxy.observe.announce import Announcer
 from politeproxy.observe.fanout import fan_out
@@ -94,20 +94,7 @@ class App:
         """Start everything; a failure the user can fix is a one-line StartupError (exit 2)."""
         cfg, s = self.cfg, self.cfg.sections
         host, port = cfg.listen
-        try:
-            tokens = cfg.pipeline_tokens()  # [pipelines.NAME] token_env / token_file (issue 27)
-            admin_token = cfg.admin_token()  # [admin] token_env / token_file: /release wants it (issue 42)
-        except ConfigError as e:
-            raise StartupError(str(e)) from None
-        access = Access(
-            allow_clients=s.general.allow_clients, users=s.auth.users, tokens=tokens, on_guest=self._guest,
-            admin_token=admin_token,
-        )  # fmt: skip
-        if not is_loopback(host) and host != "localhost" and not access.open_beyond_loopback:
-            raise StartupError(
-                f"refusing to listen on {host}:{port} as an open proxy: "
-                "set allow_clients (CIDRs) or [auth] users"
-            )
+        access = self._access(host, port)
         hosts = HostSet(cfg.paced_hosts)
         self._paced = hosts.concrete_hosts()  # the services whose request windows are shown
         self.metrics.pin_hosts(hosts.concrete_hosts())  # configured hosts always keep their labels
@@ -149,20 +136,45 @@ class App:
             except OSError as e:
                 await self.close()
                 raise StartupError(f"cannot serve metrics on {where}: {e.strerror}") from None
-        self._spawn(refresh_gauges(self.pacer, self.metrics, self._paced), "gauges")
-        self._spawn(self.status.run(), "status history")
-        self.announcer = Announcer(
-            stores.beats, self.pacer, f"{host}:{port}", stores.live, on_count=self.metrics.proxies_counted
-        )
-        self.status.proxies = self.announcer.rows
-        self._spawn(self.announcer.run(), "heartbeat")
-        if self.config_path:
-            self._spawn(self._watch_config(), "config watch")
+        self._run_beside(stores, f"{host}:{port}")
         self._announce(settings.gap, ca.cert_path)
         start_log.info("%s", config_line(self.config_path, self._mtime is not None))
         self.status.config = lambda: self.config_seen
         announce_pacing(settings)  # the effective rates, without -v
         return self.proxy
+
+    def _access(self, host: str, port: int) -> Access:
+        """Who may use the proxy (addresses, users, pipeline and admin tokens); never an open proxy beyond
+        loopback."""
+        cfg, s = self.cfg, self.cfg.sections
+        try:
+            tokens = cfg.pipeline_tokens()  # [pipelines.NAME] token_env / token_file (issue 27)
+            admin_token = cfg.admin_token()  # [admin] token_env / token_file: /release wants it (issue 42)
+        except ConfigError as e:
+            raise StartupError(str(e)) from None
+        access = Access(
+            allow_clients=s.general.allow_clients, users=s.auth.users, tokens=tokens, on_guest=self._guest,
+            admin_token=admin_token,
+        )  # fmt: skip
+        if not is_loopback(host) and host != "localhost" and not access.open_beyond_loopback:
+            raise StartupError(
+                f"refusing to listen on {host}:{port} as an open proxy: "
+                "set allow_clients (CIDRs) or [auth] users"
+            )
+        return access
+
+    def _run_beside(self, stores: StoreSet, listen: str) -> None:
+        """The tasks that run beside the proxy: the gauges, the status history, the heartbeat that counts
+        the proxies on one store, and the config file's watch."""
+        self._spawn(refresh_gauges(self.pacer, self.metrics, self._paced), "gauges")
+        self._spawn(self.status.run(), "status history")
+        self.announcer = Announcer(
+            stores.beats, self.pacer, listen, stores.live, on_count=self.metrics.proxies_counted
+        )
+        self.status.proxies = self.announcer.rows
+        self._spawn(self.announcer.run(), "heartbeat")
+        if self.config_path:
+            self._spawn(self._watch_config(), "config watch")
 
     def _make_proxy(self, ca: CertificateAuthority, access: Access, hosts: HostSet) -> Proxy:
         cfg, s = self.cfg, self.cfg.sections

@@ -190,14 +190,11 @@ def request_decision(
     The rule matches the normalised path (what the server resolves); the key holds the target exactly as
     it goes upstream (``raw_path``: no percent-decoding, no case folding, no dot-segment removal), so two
     spellings are two entries and one object is never served as another. A query string makes it another
-    request (S3's ``partNumber``, presigned URLs): never cached. Only ``https`` is cached: a cleartext
-    answer may come from anyone on the path, so it is neither stored nor served from the cache (and its
-    ``no-cache`` replaces nothing). The key names the scheme and the port: an entry is served only to a
-    request for the same object on the same scheme and port.
-
-    The one exception to "a query is never cached" is the index server's CDX API (``cdx_decision``): a
-    question about a crawl in ``published`` (the crawls collinfo.json lists) is kept under its exact target.
-    """
+    request (S3's ``partNumber``, presigned URLs): never cached, except the index server's CDX API
+    (``cdx_decision``: a question about a crawl in ``published``, the crawls collinfo.json lists, is kept
+    under its exact target). Only ``https`` is cached: a cleartext answer may come from anyone on the path,
+    so it is neither stored nor served from the cache (and its ``no-cache`` replaces nothing). The key
+    names the scheme and the port: an entry is served only to a request for the same object on them."""
     if not limits.enabled:
         return None
     if limits.index_answers and any(host_matches(host, h) for h in INDEX_HOSTS):

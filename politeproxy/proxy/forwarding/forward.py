@@ -294,37 +294,39 @@ class Forwarder:
         except Exception as e:  # noqa: BLE001 - every upstream failure shape is one line, never a traceback
             return await self._failed(client, p, t, e, ex)
         try:
-            if p is not None:
-                # who made the answer (a 403 from S3 holds nothing); only a 403 may wait for body bytes
-                st, heads = upstream.status, upstream.headers
-                odd = cloudfront_refuses(method, t.body is not None)  # its 403 is never the WAF's block
-                if wants_body(st, heads):
-                    signal = await _peeked(upstream, odd)
-                else:
-                    signal = read_signal(st, heads, odd_form=odd)
-                self.oplog.signal(t.host, upstream.status, signal, upstream.headers)
-                delay = await self._answered(p, upstream.status, upstream.headers.get("Retry-After"), signal)
-                self.oplog.answered(t.host, upstream.status, delay, probe)
-                if self.robots is not None:
-                    self.robots.ensure(t.host)  # the host answered: worth its robots.txt
-                ex.retry_after = delay.seconds if delay is not None else None
-                # only a throttle is retried, never a block (issue 12): no delay, no retry to weigh
-                d = p.retry(method, t.body is not None, ex.retries) if delay is not None else None
-                if d is not None and d.retry:
-                    self.events.retried(t.host)
-                    log.info(
-                        "%s %s: %d from upstream; retrying after %.1fs",
-                        method,
-                        loggable(t.url),
-                        upstream.status,
-                        d.after,
-                    )
-                    return d.after
+            if p is not None and (after := await self._read_answer(p, t, upstream, ex, method)) is not None:
+                return after
             ex.status = upstream.status
             await relay(client, upstream, ex, self.events)
             return None
         finally:
             await exchange.__aexit__(None, None, None)
+
+    async def _read_answer(
+        self, p: Permit, t: _Try, upstream: Answer, ex: Exchange, method: str
+    ) -> float | None:
+        """A paced answer read by who made it and fed back to the pacer; how long to wait before a retry on
+        the client's behalf, or None: relay it."""
+        # who made the answer (a 403 from S3 holds nothing); only a 403 may wait for body bytes
+        st, heads = upstream.status, upstream.headers
+        odd = cloudfront_refuses(method, t.body is not None)  # its 403 is never the WAF's block
+        if wants_body(st, heads):
+            signal = await _peeked(upstream, odd)
+        else:
+            signal = read_signal(st, heads, odd_form=odd)
+        self.oplog.signal(t.host, st, signal, heads)
+        delay = await self._answered(p, st, heads.get("Retry-After"), signal)
+        self.oplog.answered(t.host, st, delay, p.probe)
+        if self.robots is not None:
+            self.robots.ensure(t.host)  # the host answered: worth its robots.txt
+        ex.retry_after = delay.seconds if delay is not None else None
+        # only a throttle is retried, never a block (issue 12): no delay, no retry to weigh
+        d = p.retry(method, t.body is not None, ex.retries) if delay is not None else None
+        if d is None or not d.retry:
+            return None
+        self.events.retried(t.host)
+        log.info("%s %s: %d from upstream; retrying after %.1fs", method, loggable(t.url), st, d.after)
+        return d.after
 
     async def _answered(
         self, p: Permit, status: int | None, retry_after: str | None, signal: Signal | None
