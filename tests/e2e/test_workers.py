@@ -27,10 +27,12 @@ from tests.support.upstream_proc import Upstream
 DATA = "data.commoncrawl.org"
 RATE = 50.0
 CONFIG = NO_ROBOTS + '[schedule]\nglobal_rate = "20ms"\n'  # 50/s, the file store (the default)
-# The sliding-window check's tolerance: grants up to 0.1 s (five slots) late. Two workers, a second proxy
-# and three client processes share two cores with other sessions; a grant handed out late can be followed
-# by the next one on time (the schedule is kept), which packs up to five more arrivals into one window.
-LATE = 0.1
+# The sliding-window check's tolerance: grants up to 0.2 s (ten slots) late. Two workers, a second proxy
+# and three client processes share two cores with make test's other workers; a grant handed out late can be
+# followed by the next one on time (the schedule is kept), which packs more arrivals into one window: 58
+# (0.16 s late) in one full run of the suite on 2026-12-07, against 0.1 s's 56. The fitted rate below (at
+# most 0.5 % over) and any burst of eleven or more still fail it.
+LATE = 0.2
 WARMUP = 5  # arrivals left out of the rate fit: the first grants pay the upstream connects
 
 
