@@ -47,7 +47,7 @@ from politeproxy.stores.file_records import (
     host_file_name,
 )
 from politeproxy.stores.file_windows import FileWindows, boot_clock, boot_id
-from politeproxy.stores.flock import Held, LockWait, lock_holders, run_held
+from politeproxy.stores.flock import Held, LockWait, lock_holders, locked_by, run_held
 from politeproxy.stores.memory import StateMachine
 
 
@@ -130,8 +130,7 @@ class FileStore(FileWindows, FailoverSide):
                 raise StoreError(f"cannot lock {self.path}: {e!r}") from e
             raise
         if not got:
-            who = lock_holders(self.fd)
-            raise StoreBusy(f"{self.path} is locked by {who} for over {self.lock_timeout:g} s")
+            raise StoreBusy(locked_by(self, lock_holders(self.fd)))
 
     def _unlock(self) -> None:
         fcntl.flock(self.fd, fcntl.LOCK_UN)

@@ -83,13 +83,17 @@ async def run_held(store: LockOwner, fn: Callable[[], T]) -> T:
         return fn()
 
 
+def locked_by(store: LockOwner, who: str, how: str = "") -> str:
+    """The one text for a flock another process held past ``lock_timeout`` (``who``: ``lock_holders``)."""
+    return f"{store.path} is locked by {who}{how} for over {store.lock_timeout:g} s"
+
+
 def _busy_here(store: LockOwner) -> str:
     """Why this process's turn did not come: the claim ahead of it is a flock wait (another process holds the
     flock, named from /proc/locks) or, when nobody else holds it, this process is busy with the store."""
     who = lock_holders(store.fd)
     if who.startswith("pid "):
-        waited = f"{store.lock_timeout:g} s"
-        return f"{store.path} is locked by {who}; this process's claims wait for it for over {waited}"
+        return locked_by(store, who, "; this process's claims wait for it")
     return f"cannot lock {store.path}: busy in this process"
 
 
