@@ -109,8 +109,8 @@ class H1Client:
 
     async def _reuse(self, key: tuple[str, str, int]) -> H1Conn | None:
         """An idle connection to write the next request on, quiet for QUIET since its last answer ended."""
-        while (conn := self._take(key, now := time.monotonic())) is not None:
-            rest = conn.idle_since + QUIET - now  # the clock _take judged it by: quiet there, none left
+        while (conn := self._take(key)) is not None:
+            rest = conn.idle_since + QUIET - time.monotonic()
             if rest <= 0:
                 return conn
             try:
@@ -123,20 +123,18 @@ class H1Client:
             conn.abort()
         return None
 
-    def _take(self, key: tuple[str, str, int], now: float) -> H1Conn | None:
-        """The newest idle connection quiet for QUIET at ``now``, else the oldest (the shortest wait);
-        checked."""
+    def _take(self, key: tuple[str, str, int]) -> H1Conn | None:
+        """The newest idle connection quiet for QUIET, else the oldest (the shortest wait); checked."""
         conns = self.idle.get(key)
+        now = time.monotonic()
         while conns:
             k = len(conns) - 1
             while k >= 0 and now - conns[k].idle_since < QUIET:
                 k -= 1
             conn = conns.pop(max(k, 0))
             self.idle_count -= 1
-            # unread: bytes the upstream sent on the idle connection that the loop has not read yet; one
-            # not quiet yet is looked at once, after its wait (_reuse)
-            quiet = now - conn.idle_since >= QUIET
-            if conn.usable() and now - conn.idle_since < KEEPALIVE and not (quiet and unread(conn.transport)):
+            # unread: bytes the upstream sent on the idle connection that the loop has not read yet
+            if conn.usable() and now - conn.idle_since < KEEPALIVE and not unread(conn.transport):
                 conn.reused = True
                 return conn
             conn.abort()
