@@ -124,9 +124,11 @@ class Misbehaving:
             s.sendall(good)
             sent = time.monotonic()
             time.sleep(int(target.split("quickjunk-")[1].split("-")[0]) / 1000)
+            s.sendall(EVIL)
+            # read once the bytes have left: a thread the GIL holds back between its clock and its send (5 ms
+            # on a loaded box) sends later than a reading taken before the send says
             with self.lock:
                 self.junk_delay[target] = time.monotonic() - sent
-            s.sendall(EVIL)
         elif target.startswith("/crawl-data/idlejunk"):
             s.sendall(good)
             time.sleep(0.3)
