@@ -216,13 +216,16 @@ def start_politeproxy(
     src: Path | None = None,
     run_args: Sequence[str] = (),
     module: str = "politeproxy",
+    wrap: Sequence[str] = (),
+    ready_within: float = 60,
 ) -> Proxy:
-    """``module``: what ``python -m`` runs with politeproxy's arguments (bench.traced_run: tracemalloc)."""
+    """``module``: what ``python -m`` runs with politeproxy's arguments (bench.traced_run: tracemalloc);
+    ``wrap``: a command the process runs under (bench/instructions.py: valgrind)."""
     n = time.monotonic_ns()
     data_dir = data_dir or bench.tmp / f"data-{n}"
     cfg = bench.tmp / f"politeproxy-{n}.toml"
     port = free_port()
-    cmd = [PY, "-m", module, "run", "--config", str(cfg), "--data-dir", str(data_dir)]
+    cmd = [*wrap, PY, "-m", module, "run", "--config", str(cfg), "--data-dir", str(data_dir)]
     cmd += ["--listen", f"127.0.0.1:{port}", *run_args] + (["-v"] if verbose else [])
     # POLITEPROXY_BENCH_SRC: run politeproxy from another source tree, to measure a candidate change.
     src = src or Path(os.environ.get("POLITEPROXY_BENCH_SRC") or ROOT)
@@ -238,7 +241,7 @@ def start_politeproxy(
         except OSError:
             return False
 
-    wait_for(healthy, 60, "politeproxy /healthz")
+    wait_for(healthy, ready_within, "politeproxy /healthz")
     if proc.poll() is not None:
         raise RuntimeError(f"politeproxy exited: {(bench.tmp / f'politeproxy-{n}.log').read_text()}")
     return Proxy(name, proc, port, data_dir / "ca-bundle.pem", data_dir)

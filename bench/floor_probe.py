@@ -51,15 +51,18 @@ from tests.support.processes import wait_for  # noqa: E402
 # -- the driver -----------------------------------------------------------------------------------------
 
 
-def start_floor(b: Bench, up: Any, certs: Any, lifetime: float) -> common.Proxy:
-    """The floor probe (bench/floor_server.py) in its own process."""
+def start_floor(
+    b: Bench, up: Any, certs: Any, lifetime: float, wrap: list[str] | None = None, ready_within: float = 30
+) -> common.Proxy:
+    """The floor probe (bench/floor_server.py) in its own process (under ``wrap``, a command, when given)."""
     pf = b.tmp / f"floor-port-{time.monotonic_ns()}"
     server = Path(__file__).resolve().parent / "floor_server.py"
-    cmd = [PY, str(server), "--port-file", str(pf), "--upstream-port",
+    cmd = [*(wrap or []), PY, str(server), "--port-file", str(pf), "--upstream-port",
            str(up.port), "--ca", str(certs.ca_file), "--cert", str(certs.server_pem),
            "--lifetime", str(lifetime)]  # fmt: skip
     proc = b.spawn(cmd, "floor.log")
-    wait_for(lambda: pf.exists() and pf.read_text() != "" or proc.poll() is not None, 30, "floor probe")
+    ready = lambda: pf.exists() and pf.read_text() != "" or proc.poll() is not None  # noqa: E731
+    wait_for(ready, ready_within, "floor probe")
     if proc.poll() is not None:
         raise RuntimeError(f"floor probe exited: {(b.tmp / 'floor.log').read_text()}")
     return common.Proxy("floor", proc, int(pf.read_text()), certs.ca_file)

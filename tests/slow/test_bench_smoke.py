@@ -145,6 +145,18 @@ def test_beside_squid() -> None:
     assert "| small GETs, 4 clients, req/s |" in out and "| bulk 8 MiB, MB/s |" in out, out
 
 
+def test_instructions_per_get() -> None:
+    """The deterministic yardstick (bench/instructions.py): politeproxy under callgrind answers both counted
+    runs and its user-space instructions per GET come out in a sane range (hundreds of thousands: the two
+    TLS legs and the Python path; a count of handshakes or of nothing would fall outside it)."""
+    need_tool("hey")
+    need_tool("valgrind")  # .ci/run installs it
+    out = run("instructions.py", timeout=120)
+    (r,) = rows(out, "politeproxy")
+    per = float(r[1].rstrip("k").replace(",", "")) * 1e3
+    assert 100e3 < per < 5e6 and r[3] == "1.000", out
+
+
 def test_profile_summary(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from bench.profile_small_gets import summarize
@@ -169,6 +181,7 @@ def test_profile_summary(tmp_path: Path) -> None:
         "floor_probe.py",
         "workers.py",
         "beside_squid.py",
+        "instructions.py",
     ],
 )
 def test_help(script: str) -> None:
