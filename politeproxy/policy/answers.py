@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from xml.sax.saxutils import escape
 
 PROXY_NAME = "politeproxy"  # the sf-token this proxy names itself by in Proxy-Status and Cache-Status
@@ -119,11 +120,21 @@ class Quota:
     reset: float
 
     def policy_field(self) -> str:
-        return f"{_POLICY};q={max(0, self.limit)};w={_whole(self.window)}"
+        return _policy_text(max(0, self.limit), _whole(self.window))
 
     def field(self) -> str:
-        r = min(max(0, self.remaining), max(0, self.limit))
-        return f"{_POLICY};r={r};t={_whole(self.reset)}"
+        return _field_text(min(max(0, self.remaining), max(0, self.limit)), _whole(self.reset))
+
+
+# Both fields are made for every paced answer, from a few distinct numbers: each text is made once.
+@lru_cache(maxsize=256)
+def _policy_text(limit: int, window: int) -> str:
+    return f"{_POLICY};q={limit};w={window}"
+
+
+@lru_cache(maxsize=1024)
+def _field_text(remaining: int, reset: int) -> str:
+    return f"{_POLICY};r={remaining};t={reset}"
 
 
 def _whole(seconds: float) -> int:
@@ -133,6 +144,7 @@ def _whole(seconds: float) -> int:
     return min(10**9, math.ceil(seconds - 1e-9))
 
 
+@lru_cache(maxsize=256)  # one per count a service's window goes through: asked again by every answer
 def window_quota(limit: int, window: float, used: int) -> Quota:
     """The request window as a quota: what it holds now is spent, and all of it has left within a window."""
     used = max(0, used)
@@ -142,6 +154,15 @@ def window_quota(limit: int, window: float, used: int) -> Quota:
 def rate_quota(interval: float, wait: float) -> Quota:
     """With the window off: the service's paced rate as a one-second quota (at least 1). ``wait``: how long
     a request asked now would wait; when it waits, nothing is left of this second."""
+    return _rate_open(interval) if wait <= 0 else _rate_quota(interval, wait)
+
+
+@lru_cache(maxsize=64)  # a service with nothing queued: the same quota for every answer (one per interval)
+def _rate_open(interval: float) -> Quota:
+    return _rate_quota(interval, 0.0)
+
+
+def _rate_quota(interval: float, wait: float) -> Quota:
     per_second = 1 if interval <= 0 or not math.isfinite(interval) else max(1, math.floor(1.0 / interval))
     if interval <= 0:
         return Quota(per_second, 1.0, per_second, 0.0)
