@@ -14,7 +14,7 @@ import pytest
 import trustme
 from multidict import CIMultiDict
 
-from politeproxy.proxy.origin.h1client import H1Client
+from politeproxy.proxy.origin.h1client import QUIET, H1Client
 from politeproxy.proxy.origin.h1conn import MAX_FIELDS, MAX_HEAD, H1Answer, UpstreamFailed
 
 H = "data.commoncrawl.org"
@@ -168,6 +168,12 @@ async def make_client() -> AsyncIterator[Callable[..., H1Client]]:
 
 def headers(**kw: str) -> CIMultiDict[str]:
     return CIMultiDict({k.replace("_", "-"): v for k, v in kw.items()})
+
+
+async def past_quiet() -> None:
+    """Wait until a connection just given back is past the client's quiet time: the next request then takes
+    it at once, and the pool opens no second one beside a wait (h1client's ``_grow``)."""
+    await asyncio.sleep(2 * QUIET)
 
 
 async def read_all(answer: H1Answer, n: int = 65536) -> bytes:

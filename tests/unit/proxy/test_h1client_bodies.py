@@ -24,6 +24,7 @@ from tests.support.rawupstream import (
     failure,
     headers,
     ok,
+    past_quiet,
     read_all,
     read_until_failure,
     to,
@@ -46,6 +47,7 @@ async def test_content_length_body_is_read_and_the_connection_reused(
         a.release()
         assert a.closed and client.idle_count == 1
 
+        await past_quiet()
         b = await client.get(URL(f"http://{H}/two"), headers())
         assert b.conn is first_conn and b.conn.reused
         assert await read_all(b) == b"second body"

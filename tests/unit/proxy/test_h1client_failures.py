@@ -26,6 +26,7 @@ from tests.support.rawupstream import (
     failure,
     headers,
     ok,
+    past_quiet,
     read_all,
     read_until_failure,
     to,
@@ -184,6 +185,7 @@ async def test_a_verified_tls_get_works_and_its_connection_is_reused(
             a = await client.get(URL(f"https://{H}/crawl-data/x"), headers())
             assert a.status == 200 and await read_all(a) == b"over tls"
             a.release()
+            await past_quiet()
         assert srv.accepted == 1
         assert srv.heads[0].startswith(b"GET /crawl-data/x HTTP/1.1\r\nHost: data.commoncrawl.org\r\n")
 

@@ -23,6 +23,7 @@ from tests.support.rawupstream import (
     failure,
     headers,
     ok,
+    past_quiet,
     read_all,
     to,
 )
@@ -161,12 +162,64 @@ async def test_a_reused_connection_closed_after_the_request_is_retried_once(
         a = await client.get(URL(f"http://{H}/a"), headers())
         assert await read_all(a) == b"first"
         a.release()
+        await past_quiet()
         b = await client.get(URL(f"http://{H}/b"), headers())
         assert await read_all(b) == b"fresh"
         assert not b.conn.reused
         b.release()
         assert srv.accepted == 2
         assert [h.split(b" ")[1] for h in srv.heads] == [b"/a", b"/b", b"/b"]
+
+
+async def test_a_request_that_waits_out_the_quiet_time_grows_the_pool_by_one(
+    make_client: Callable[..., H1Client],
+) -> None:
+    """Issue 44: a client that asks again as soon as it has an answer (a duckdb scan's reads). The second
+    request waits out the quiet time on the first connection, as before, and one more connection opens
+    beside that wait, only one for the key however many wait; the next request takes that one at once,
+    since nothing was ever asked on it."""
+    async with RawServer(answering(ok(b"x"))) as srv:
+        client = make_client(to(srv.port))
+        a = await client.get(URL(f"http://{H}/a"), headers())
+        assert await read_all(a) == b"x"
+        first = a.conn
+        a.release()
+        waited = [client.get(URL(f"http://{H}/{i}"), headers()) for i in range(3)]
+        got = await asyncio.gather(*waited)
+        assert [await read_all(g) for g in got] == [b"x"] * 3
+        assert got[0].conn is first  # the wait: on the connection that was there, never for a connect
+        for g in got:
+            g.release()
+        assert len(client.growing) <= 1
+        for _ in range(100):  # the opening beside the wait ends within a loopback connect
+            if not client.growing:
+                break
+            await asyncio.sleep(0.01)
+        assert not client.growing
+        opened = srv.accepted
+        c = await client.get(URL(f"http://{H}/c"), headers())
+        assert await read_all(c) == b"x" and c.conn.reused  # a pooled one, taken without a wait
+        c.release()
+        assert srv.accepted == opened  # nothing more opened for it
+
+
+async def test_close_stops_the_pool_growing(make_client: Callable[..., H1Client]) -> None:
+    async def handle(peer: Peer) -> None:
+        while await peer.head():
+            await peer.send(ok(b"x"))
+
+    async with RawServer(handle) as srv:
+        client = make_client(to(srv.port))
+        a = await client.get(URL(f"http://{H}/a"), headers())
+        await read_all(a)
+        a.release()
+        key = a.conn.key
+        client._grow(key)
+        task = client.growing[key]
+        client.close()
+        await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled() or client.idle_count == 0
+        assert client.idle == {} and not client.growing
 
 
 async def test_a_fresh_connection_closed_without_an_answer_is_not_retried(

@@ -12,7 +12,18 @@ import pytest
 from yarl import URL
 
 from politeproxy.proxy.origin.h1client import H1Client
-from tests.support.rawupstream import H, Peer, RawServer, answering, failure, headers, ok, read_all, to
+from tests.support.rawupstream import (
+    H,
+    Peer,
+    RawServer,
+    answering,
+    failure,
+    headers,
+    ok,
+    past_quiet,
+    read_all,
+    to,
+)
 
 URL_ = URL(f"http://{H}/bucket/key")
 
@@ -45,6 +56,7 @@ async def test_a_body_with_its_length_and_one_without_arrive_whole(
         a = await client.request("PUT", URL_, headers(Content_Length="11"), pieces(b"hello", b" world"))
         assert await read_all(a) == b"hello world"
         a.release()
+        await past_quiet()
         a = await client.request("POST", URL_, headers(), pieces(b"abc", b"", b"de"))
         assert await read_all(a) == b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
         a.release()
