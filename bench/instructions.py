@@ -9,11 +9,12 @@ ssl-bump (``--squid``, bench/squid.py). Each is warmed up with hey, then counted
 process per answered GET, and the ratio to the first relay.
 
 Why: CPU seconds per request on this 2-core VM moved by a third between runs of the same code (the
-benchmarks page), so a change of a few percent could not be told from the noise. The count is the same
-within about half a percent from run to run. What it leaves out: the kernel's share (the sends, receives
-and the file store's flock, about a fifth of politeproxy's CPU, more of Squid's), and time-dependent paths:
-under valgrind the relay runs ~50x slower, so a pooled upstream connection is always past its quiet time,
-for instance. It ranks changes to the same code; the CPU-time figures stay the ones the targets name.
+benchmarks page), so a change of a few percent could not be told from the noise. The count moves 2-3 %
+from run to run (how many events one turn of the loop takes varies), less side by side in one run. What it
+leaves out: the kernel's share (the sends, receives and the file store's flock, about a fifth of
+politeproxy's CPU), and time-dependent paths: under valgrind the relay runs ~50x slower, so a pooled
+upstream connection is always past its quiet time, for instance. It ranks changes to the same code; the
+CPU-time figures stay the ones the targets name.
 Needs valgrind (``apt-get install valgrind``) and hey.
 """
 
