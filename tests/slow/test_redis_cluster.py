@@ -151,10 +151,13 @@ def test_redis_outage_keeps_pacing_and_recovers(
         )
         for i in range(3)
     }
-    # The budget rule (tests/support/measure.py), with the same LATE as the healthy test: a grant up to three
-    # slots late may be followed by the next on time. Proxies that each kept 50/s while degraded would put
-    # ~150 in one second, so the bound (54) still proves one budget across the outage.
-    bound = budget_bound(50.0, 1.0, LATE)
+    # The budget rule (tests/support/measure.py), as the healthy test holds it: the whole run's rate with the
+    # strict LATE, the busiest second with STALL (a stall of the loaded box releases the slots it held back
+    # together: 55 in one second, 4.5 s after the restart, in one clean-clone run). Proxies that each kept
+    # 50/s while degraded would put ~150 in one second, so the bound (61) still proves one budget across it.
+    rate, gaps = achieved_rate(times), len(times) - 1
+    assert rate <= gaps / (gaps * GAP - LATE), f"combined rate {rate:.2f}/s"
+    bound = budget_bound(50.0, 1.0, STALL)
     assert count <= bound, (
         f"{count} > {bound} in the 1 s from {start - killed:+.2f}s of the kill, "
         f"{start - restarted:+.2f}s of the restart; per proxy {per}"
