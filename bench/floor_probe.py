@@ -28,6 +28,7 @@ import ssl
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,12 +53,12 @@ from tests.support.processes import wait_for  # noqa: E402
 
 
 def start_floor(
-    b: Bench, up: Any, certs: Any, lifetime: float, wrap: list[str] | None = None, ready_within: float = 30
+    b: Bench, up: Any, certs: Any, lifetime: float, wrap: Sequence[str] = (), ready_within: float = 30
 ) -> common.Proxy:
     """The floor probe (bench/floor_server.py) in its own process (under ``wrap``, a command, when given)."""
     pf = b.tmp / f"floor-port-{time.monotonic_ns()}"
     server = Path(__file__).resolve().parent / "floor_server.py"
-    cmd = [*(wrap or []), PY, str(server), "--port-file", str(pf), "--upstream-port",
+    cmd = [*wrap, PY, str(server), "--port-file", str(pf), "--upstream-port",
            str(up.port), "--ca", str(certs.ca_file), "--cert", str(certs.server_pem),
            "--lifetime", str(lifetime)]  # fmt: skip
     proc = b.spawn(cmd, "floor.log")

@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import trustme
@@ -98,7 +99,7 @@ def _as_squid_user(d: Path) -> None:
 
 
 def start_squid(
-    bench: Bench, up: Upstream, fds: int = 4096, wrap: list[str] | None = None, ready_within: float = 60
+    bench: Bench, up: Upstream, fds: int = 4096, wrap: Sequence[str] = (), ready_within: float = 60
 ) -> Proxy:
     """Squid relaying to ``up`` with ssl-bump, on a free port; the returned Proxy trusts Squid's CA.
     ``wrap``: a command Squid runs under (bench/instructions.py: valgrind)."""
@@ -121,7 +122,7 @@ def start_squid(
     conf.write_text(CONF.format(port=port, d=d, certgen=certgen, up_ca=d / "upstream-ca.pem", fds=fds))
     _as_squid_user(d)
     subprocess.run([exe, "-k", "parse", "-f", str(conf)], check=True, capture_output=True, timeout=60)
-    proc = bench.spawn([*(wrap or []), exe, "-N", "-f", str(conf)], f"squid-{port}.log")
+    proc = bench.spawn([*wrap, exe, "-N", "-f", str(conf)], f"squid-{port}.log")
     wait_for(lambda: proc.poll() is not None or port_open(port), ready_within, "squid")
     if proc.poll() is not None:
         log = (d / "cache.log").read_text(errors="replace") if (d / "cache.log").exists() else ""
