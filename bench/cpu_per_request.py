@@ -13,27 +13,15 @@ per round pair (median and range).
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DATA_HOST, PACING_OFF, Bench, make_certs, start_politeproxy, start_upstream  # noqa: E402
+from bench.heyrun import hey  # noqa: E402
 from bench.stats import cpu_seconds as cpu_seconds  # noqa: E402 - re-exported: workers, floor_probe
 from bench.stats import spread  # noqa: E402
-
-
-def hey(url: str, proxy: str, n: int, c: int, headers: list[str], keepalive: bool) -> float:
-    cmd = ["hey", "-n", str(n), "-c", str(c), "-t", "20", "-x", proxy]
-    for h in headers:
-        cmd += ["-H", h]
-    if not keepalive:
-        cmd.append("-disable-keepalive")
-    out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=600).stdout
-    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    return float(m.group(1)) if m else 0.0
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -63,14 +51,14 @@ def main(argv: list[str] | None = None) -> str:
         names = [str(t) for t in a.trees]
         pxs = [start_politeproxy(b, up, extra, src=t.resolve()) for t in a.trees]
         for px in pxs:
-            hey(url, px.url, 2 if a.mode == "bulk" else min(1000, a.n), 16, headers, True)
+            hey(url, px.url, 16, n=2 if a.mode == "bulk" else min(1000, a.n), headers=headers)
         us: dict[tuple[str, int], list[float]] = {}
         for r in range(a.rounds):
             for c in conc:
                 order = list(zip(names, pxs, strict=True))
                 for name, px in order if r % 2 == 0 else order[::-1]:
                     c0 = cpu_seconds(px.pid)
-                    rps = hey(url, px.url, a.n, c, headers, not a.no_keepalive)
+                    rps = hey(url, px.url, c, n=a.n, headers=headers, keepalive=not a.no_keepalive).rps
                     per = 1e6 * (cpu_seconds(px.pid) - c0) / a.n
                     us.setdefault((name, c), []).append(per)
                     print(f"round {r} c={c} {name}: {per:.0f} us/req, {rps:.0f} req/s", flush=True)

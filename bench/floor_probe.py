@@ -44,7 +44,7 @@ from bench import common  # noqa: E402
 from bench.common import DATA_HOST, PY, Bench, log, make_certs, rss_mib, table  # noqa: E402
 from bench.cpu_per_request import cpu_seconds  # noqa: E402
 from bench.floor_server import raise_nofile  # noqa: E402
-from bench.small_gets import run_hey  # noqa: E402
+from bench.heyrun import hey  # noqa: E402
 from bench.stats import busy_share, cpu_jiffies, spread  # noqa: E402
 from bench.workloads import curl_download  # noqa: E402
 from tests.support.processes import wait_for  # noqa: E402
@@ -78,12 +78,12 @@ def measure_paths(a: argparse.Namespace, paths: list[Path3], url: str, direct: s
     got: dict[int, Sample] = {c: {} for c in a.conc}
     for _name, px, _pid in paths:  # warm-up: leaves, pools, connections (1 s; a --quick round's length)
         for c in a.conc:
-            run_hey(direct if px is None else url, px, c, min(1.0, a.duration), [])
+            hey(direct if px is None else url, px, c, duration=min(1.0, a.duration))
     for r in range(a.rounds):
         for c in a.conc:
             for name, px, pid in paths[r % len(paths) :] + paths[: r % len(paths)]:
                 c0, j0 = cpu_seconds(pid) if pid else 0.0, cpu_jiffies()
-                run = run_hey(direct if px is None else url, px, c, a.duration, [])
+                run = hey(direct if px is None else url, px, c, duration=a.duration)
                 rps, us = run.rps, 1e6 * (cpu_seconds(pid) - c0) / max(run.ok, 1) if pid else float("nan")
                 busy, s = busy_share(j0, cpu_jiffies()), got[c]
                 s.setdefault(f"{name} rps", []).append(rps)

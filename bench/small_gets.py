@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,38 +37,8 @@ from bench.common import (  # noqa: E402
     start_upstream,
     table,
 )
+from bench.heyrun import Run, hey  # noqa: E402
 from bench.stats import cpu_seconds  # noqa: E402
-
-
-@dataclass
-class Run:
-    rps: float
-    p50: float
-    p99: float
-    errors: int
-    ok: int  # answers 200 or 206
-    cpu: float = float("nan")  # the proxy's CPU seconds (utime + stime) during the run; nan for direct
-
-
-def run_hey(url: str, proxy: str | None, c: int, duration: float, headers: list[str]) -> Run:
-    cmd = ["hey", "-z", f"{duration}s", "-c", str(c), "-t", "20"]
-    for h in headers:
-        cmd += ["-H", h]
-    if proxy:
-        cmd += ["-x", proxy]
-    out = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=duration + 60).stdout
-    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    p50 = re.search(r"50% in ([\d.]+) secs", out) or re.search(r"Average:\s+([\d.]+) secs", out)
-    p99 = re.search(r"99% in ([\d.]+) secs", out) or re.search(r"Slowest:\s+([\d.]+) secs", out)
-    ok = sum(int(n) for n in re.findall(r"\[200\]\s+(\d+) responses", out)) + sum(
-        int(n) for n in re.findall(r"\[206\]\s+(\d+) responses", out)
-    )
-    total = sum(int(n) for n in re.findall(r"\[\d+\]\s+(\d+) responses", out))
-    errs = re.search(r"Error distribution:(.*)", out, re.S)
-    n_err = total - ok + (sum(int(n) for n in re.findall(r"\[(\d+)\]", errs.group(1))) if errs else 0)
-    if not rps or not p50 or not p99:
-        raise RuntimeError(f"cannot parse hey output:\n{out[-2000:]}")
-    return Run(float(rps.group(1)), float(p50.group(1)), float(p99.group(1)), n_err, ok)
 
 
 def run_python(
@@ -123,7 +91,7 @@ def measure_mode(
         host = f"127.0.0.1:{up.port}" if px is None else px.host
         url = f"https://{host}{path}"
         if a.loadgen == "hey":
-            return run_hey(url, px.url if px else None, c, duration, headers)
+            return hey(url, px.url if px else None, c, duration=duration, headers=headers)
         cafile = str(px.ca_file if px else up.ca_file)
         return run_python(url, px.url if px else None, cafile, c, duration, headers)
 

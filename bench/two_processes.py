@@ -30,7 +30,7 @@ from bench.common import (  # noqa: E402
     start_upstream,
     table,
 )
-from bench.small_gets import run_hey  # noqa: E402
+from bench.heyrun import hey  # noqa: E402
 from bench.stats import busy_share, cpu_jiffies  # noqa: E402
 
 
@@ -57,15 +57,15 @@ def main(argv: list[str] | None = None) -> str:
         via = f"https://{DATA_HOST}{path}"
 
         def one_proxy() -> float:
-            return run_hey(via, one.url, a.conc, a.duration, []).rps
+            return hey(via, one.url, a.conc, duration=a.duration).rps
 
         def two_proxies() -> float:
             with ThreadPoolExecutor(2) as ex:
-                runs = [ex.submit(run_hey, via, px.url, a.conc // 2, a.duration, []) for px in (one, two)]
+                runs = [ex.submit(hey, via, px.url, a.conc // 2, duration=a.duration) for px in (one, two)]
                 return sum(r.result().rps for r in runs)
 
         def plain() -> float:
-            return run_hey(direct, None, a.conc, a.duration, []).rps
+            return hey(direct, None, a.conc, duration=a.duration).rps
 
         paths = [("direct", plain), ("one proxy", one_proxy), ("two proxies, one data dir", two_proxies)]
         for _name, f in paths:  # warm-up: leaves made, pools filled

@@ -31,7 +31,7 @@ from bench.common import (  # noqa: E402
     table,
 )
 from bench.cpu_per_request import cpu_seconds  # noqa: E402
-from bench.small_gets import run_hey  # noqa: E402
+from bench.heyrun import hey  # noqa: E402
 from bench.stats import busy_share, cpu_jiffies  # noqa: E402
 
 
@@ -62,7 +62,7 @@ def tree_cpu(pid: int) -> float:
 def measure(px: Proxy | None, url: str, direct: str, c: int, duration: float) -> tuple[float, float, float]:
     """req/s, proxy CPU µs per request (nan for direct), the machine's busy share of both cores."""
     c0, j0 = (tree_cpu(px.pid) if px else 0.0), cpu_jiffies()
-    r = run_hey(url if px else direct, px.url if px else None, c, duration, [])
+    r = hey(url if px else direct, px.url if px else None, c, duration=duration)
     share = busy_share(j0, cpu_jiffies())
     n = max(r.ok, 1)
     us = 1e6 * (tree_cpu(px.pid) - c0) / n if px else float("nan")
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> str:
             paths.append((f"workers={n}", px))
         direct, url = f"https://127.0.0.1:{up.port}{path}", f"https://{DATA_HOST}{path}"
         for _name, px in paths:  # warm-up: leaves made, pools filled (in every worker)
-            run_hey(url if px else direct, px.url if px else None, 16, 0.5 if a.quick else 2.0, [])
+            hey(url if px else direct, px.url if px else None, 16, duration=0.5 if a.quick else 2.0)
         got: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
         for r in range(a.rounds):
             for c in conc:
