@@ -218,14 +218,16 @@ def start_politeproxy(
     module: str = "politeproxy",
     wrap: Sequence[str] = (),
     ready_within: float = 60,
+    python: str = PY,
 ) -> Proxy:
     """``module``: what ``python -m`` runs with politeproxy's arguments (bench.traced_run: tracemalloc);
-    ``wrap``: a command the process runs under (bench/instructions.py: valgrind)."""
+    ``wrap``: a command the process runs under (bench/instructions.py: valgrind); ``python``: the
+    interpreter (a virtualenv's, with politeproxy's dependencies installed), by default this one's."""
     n = time.monotonic_ns()
     data_dir = data_dir or bench.tmp / f"data-{n}"
     cfg = bench.tmp / f"politeproxy-{n}.toml"
     port = free_port()
-    cmd = [*wrap, PY, "-m", module, "run", "--config", str(cfg), "--data-dir", str(data_dir)]
+    cmd = [*wrap, python, "-m", module, "run", "--config", str(cfg), "--data-dir", str(data_dir)]
     cmd += ["--listen", f"127.0.0.1:{port}", *run_args] + (["-v"] if verbose else [])
     # POLITEPROXY_BENCH_SRC: run politeproxy from another source tree, to measure a candidate change.
     src = src or Path(os.environ.get("POLITEPROXY_BENCH_SRC") or ROOT)

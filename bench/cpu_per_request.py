@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DATA_HOST, PACING_OFF, Bench, make_certs, start_politeproxy, start_upstream  # noqa: E402
+from bench.common import DATA_HOST, PACING_OFF, PY, Bench, make_certs, start_politeproxy, start_upstream  # noqa: E402
 from bench.heyrun import hey  # noqa: E402
 from bench.stats import cpu_seconds as cpu_seconds  # noqa: E402 - re-exported: workers, floor_probe
 from bench.stats import spread  # noqa: E402
@@ -33,6 +33,13 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--no-keepalive", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
+    p.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        help="an interpreter to run each tree under (repeatable; a virtualenv's python with the dependencies"
+        " installed); default: this one",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.n, a.rounds, a.conc = min(a.n, 200), 1, "4"
@@ -48,8 +55,9 @@ def main(argv: list[str] | None = None) -> str:
     with Bench() as b:
         certs = make_certs(b.tmp)
         up = start_upstream(b, certs)
-        names = [str(t) for t in a.trees]
-        pxs = [start_politeproxy(b, up, extra, src=t.resolve()) for t in a.trees]
+        runs = [(t, py) for t in a.trees for py in a.python or [PY]]
+        names = [f"{t} ({py})" if a.python else str(t) for t, py in runs]
+        pxs = [start_politeproxy(b, up, extra, src=t.resolve(), python=py) for t, py in runs]
         for px in pxs:
             hey(url, px.url, 16, n=2 if a.mode == "bulk" else min(1000, a.n), headers=headers)
         us: dict[tuple[str, int], list[float]] = {}

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (  # noqa: E402
     DATA_HOST,
     PACING_OFF,
+    PY,
     Bench,
     Proxy,
     Upstream,
@@ -129,13 +130,13 @@ def relays(
 ) -> list[tuple[str, Starter]]:
     """What to count, in order: each politeproxy tree, then the floor probe and Squid when asked."""
     out: list[tuple[str, Starter]] = []
-    for i, t in enumerate(trees):
-        src = t.resolve()
+    runs = [(t.resolve(), py) for t in trees for py in a.python or [PY]]
+    for i, (src, python) in enumerate(runs):
 
-        def pp(w: list[str], s: Path = src) -> Proxy:
-            return start_politeproxy(b, up, PACING_OFF, src=s, wrap=w, ready_within=READY)
+        def pp(w: list[str], s: Path = src, py: str = python) -> Proxy:
+            return start_politeproxy(b, up, PACING_OFF, src=s, wrap=w, ready_within=READY, python=py)
 
-        out.append((f"politeproxy{i}" if len(trees) > 1 else "politeproxy", pp))
+        out.append((f"politeproxy{i}" if len(runs) > 1 else "politeproxy", pp))
     if a.floor:
         out.append(("floor", lambda w: start_floor(b, up, certs, 3600, w, READY)))
     if a.squid and squid_path() is None:
@@ -150,6 +151,13 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("trees", nargs="*", type=Path, help="politeproxy source trees (default: this one)")
     p.add_argument("--floor", action="store_true", help="also count the floor probe")
     p.add_argument("--squid", action="store_true", help="also count Squid with ssl-bump")
+    p.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        help="an interpreter to run each tree under (repeatable; a virtualenv's python with the dependencies"
+        " installed); default: this one",
+    )
     p.add_argument("--conc", type=int, default=20)
     p.add_argument("-n", type=int, default=400, help="GETs of the shorter counted run (the longer: 3 n)")
     p.add_argument("--rounds", type=int, default=1, help="rounds, each relay once per round")
@@ -188,7 +196,8 @@ def report(a: argparse.Namespace, trees: list[Path], names: list[str], per: dict
         f"### User-space instructions per small GET (callgrind), {a.n} and {3 * a.n} GETs at {a.conc}"
         f" clients, {a.rounds} round(s)"
     )
-    named = [f"- politeproxy{i if len(trees) > 1 else ''}: {t}" for i, t in enumerate(trees)]
+    runs = [f"{t} ({py})" if a.python else str(t) for t in trees for py in a.python or [PY]]
+    named = [f"- politeproxy{i if len(runs) > 1 else ''}: {r}" for i, r in enumerate(runs)]
     text = "\n".join([head, "", *named, "", table(["relay", "fewest", "most", "ratio to the first"], rows)])
     print(text)
     return text

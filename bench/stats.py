@@ -186,6 +186,17 @@ def machine_note() -> str:
     off = os.environ.get("POLITEPROXY_FASTNET", "").strip().lower() in OFF_WORDS
     fast = "off" if off else ("on" if importlib.util.find_spec("aiofastnet") else "not installed")
     return (
-        f"{os.cpu_count()} cores ({cpu}), Python {sys.version.split()[0]}, {os.uname().sysname}, "
-        f"politeproxy's aiofastnet transports: {fast}"
+        f"{os.cpu_count()} cores ({cpu}), Python {sys.version.split()[0]} ({interpreter()}), "
+        f"{os.uname().sysname}, politeproxy's aiofastnet transports: {fast}"
     )
+
+
+def interpreter() -> str:
+    """Which build of Python runs the proxy (the bench starts it with this one): its path, and whether it
+    runs on a shared libpython. The build sets about an eighth of politeproxy's CPU (docs/benchmarks.md):
+    Debian's python3 (statically linked, PGO and LTO) against a pyenv build with the defaults (neither)."""
+    try:
+        shared = "libpython" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return os.path.realpath(sys.executable)
+    return f"{os.path.realpath(sys.executable)}, {'shared' if shared else 'static'} libpython"
