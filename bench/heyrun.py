@@ -12,6 +12,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+NUM = r"([\d.]+|NaN)"  # hey prints NaN for the average of a run in which no request was answered
+
 
 @dataclass
 class Run:
@@ -53,11 +55,11 @@ def hey(
 
 
 def parse(out: str) -> Run:
-    """hey's text report: rate, p50 and p99 (its average and slowest when it printed no percentiles), the
-    200 and 206 answers, and every other answer or error."""
+    """hey's text report: rate, p50 and p99 (its average and slowest when it printed no percentiles; NaN
+    when nothing was answered), the 200 and 206 answers, and every other answer or error."""
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    p50 = re.search(r"50% in ([\d.]+) secs", out) or re.search(r"Average:\s+([\d.]+) secs", out)
-    p99 = re.search(r"99% in ([\d.]+) secs", out) or re.search(r"Slowest:\s+([\d.]+) secs", out)
+    p50 = re.search(rf"50% in {NUM} secs", out) or re.search(rf"Average:\s+{NUM} secs", out)
+    p99 = re.search(rf"99% in {NUM} secs", out) or re.search(rf"Slowest:\s+{NUM} secs", out)
     if not rps or not p50 or not p99:
         raise RuntimeError(f"cannot parse hey output:\n{out[-2000:]}")
     ok = sum(int(k) for k in re.findall(r"\[20[06]\]\s+(\d+) responses", out))
