@@ -324,6 +324,18 @@ WINDOW_OFF = "[egress]\nlimit = 0\n"
 PACING_OFF = '[schedule]\nglobal_rate = "0"\n' + CACHE_OFF + EXEMPT_CEILING_OFF + WINDOW_OFF
 
 
+def add_python_arg(p: argparse.ArgumentParser) -> None:
+    """--python, repeatable: the interpreters each source tree runs under, side by side (docs/benchmarks.md:
+    the interpreter's build is an eighth of the CPU); none given: the one running the benchmark."""
+    p.add_argument(
+        "--python",
+        action="append",
+        default=[],
+        help="an interpreter to run each tree under (repeatable; a virtualenv's python with the dependencies"
+        " installed); default: this one",
+    )
+
+
 def add_compare_args(p: argparse.ArgumentParser) -> None:
     """--no-mitm and --candidate, for the figures that compare paths side by side."""
     p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")

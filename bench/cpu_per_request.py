@@ -18,7 +18,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DATA_HOST, PACING_OFF, PY, Bench, make_certs, start_politeproxy, start_upstream  # noqa: E402
+from bench.common import (  # noqa: E402
+    DATA_HOST,
+    PACING_OFF,
+    PY,
+    Bench,
+    add_python_arg,
+    make_certs,
+    start_politeproxy,
+    start_upstream,
+)
 from bench.heyrun import hey  # noqa: E402
 from bench.stats import cpu_seconds as cpu_seconds  # noqa: E402 - re-exported: workers, floor_probe
 from bench.stats import spread  # noqa: E402
@@ -33,13 +42,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--no-keepalive", action="store_true")
     p.add_argument("--quick", action="store_true", help="tiny run for the smoke test")
-    p.add_argument(
-        "--python",
-        action="append",
-        default=[],
-        help="an interpreter to run each tree under (repeatable; a virtualenv's python with the dependencies"
-        " installed); default: this one",
-    )
+    add_python_arg(p)
     a = p.parse_args(argv)
     if a.quick:
         a.n, a.rounds, a.conc = min(a.n, 200), 1, "4"

@@ -39,6 +39,7 @@ from bench.common import (  # noqa: E402
     Bench,
     Proxy,
     Upstream,
+    add_python_arg,
     log,
     make_certs,
     start_politeproxy,
@@ -151,13 +152,7 @@ def main(argv: list[str] | None = None) -> str:
     p.add_argument("trees", nargs="*", type=Path, help="politeproxy source trees (default: this one)")
     p.add_argument("--floor", action="store_true", help="also count the floor probe")
     p.add_argument("--squid", action="store_true", help="also count Squid with ssl-bump")
-    p.add_argument(
-        "--python",
-        action="append",
-        default=[],
-        help="an interpreter to run each tree under (repeatable; a virtualenv's python with the dependencies"
-        " installed); default: this one",
-    )
+    add_python_arg(p)
     p.add_argument("--conc", type=int, default=20)
     p.add_argument("-n", type=int, default=400, help="GETs of the shorter counted run (the longer: 3 n)")
     p.add_argument("--rounds", type=int, default=1, help="rounds, each relay once per round")
