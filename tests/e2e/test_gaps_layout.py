@@ -83,9 +83,12 @@ def test_index_host_defaults_to_one_request_a_second(
     # Grants are exactly 1 s apart, and the schedule is kept: an arrival that lags its grant (the first
     # opens a new upstream TLS connection; a busy loop) may be followed by the next one on time, so a gap
     # and the span may each come up to LATE short (the late-grant rule, docs/testing.md).
-    # 50 ms failed once in CI at 71 ms (gaps 0.93, 1.00, 1.00). Without the interval the four would
-    # arrive 20 ms apart (the global gap), so 0.85 s still proves it.
-    late = 0.15
+    # 50 ms failed once in CI at 71 ms (gaps 0.93, 1.00, 1.00), and 0.15 s once in a clean-clone .ci/run at
+    # 0.19 s (gaps 1.00, 1.19, 0.84: the third arrival late, the fourth on its slot), so the allowance is the
+    # box's documented 100-200 ms of late grants (docs/testing.md). Without the interval the four would
+    # arrive 20 ms apart (the global gap), and at half the interval 0.5 s apart: 0.8 s still proves it, and
+    # the span below (at least 2.8 s for the four) fails any interval under 0.93 s.
+    late = 0.2
     assert min(gaps) >= 1.0 - late, f"index.commoncrawl.org arrivals {gaps} are closer than its 1 s interval"
     assert times[-1] - times[0] >= 3.0 - late, f"four index lookups within {times[-1] - times[0]:.2f}s"
 
