@@ -127,16 +127,19 @@ def test_the_same_twelve_domain_run_twice_asks_nothing_the_second_time(fresh: En
 
 
 def q_line(p: ProxyProc, pipeline: str) -> tuple[float, str]:
-    """When the proxy's last CDX question of ``pipeline`` was granted (seconds of the day), and its cache
-    column."""
+    """When the proxy's last CDX question of ``pipeline`` to be granted was granted (seconds of the day), and
+    its cache column. The last granted, not the last line: a line is written when its answer ends, so a hit
+    granted after a slow miss can be written before it (seen once in a clean-clone run)."""
     line = (
         r"(\d\d):(\d\d):(\d\d),(\d{3}) INFO politeproxy\.access: .* GET "
         + rf"{re.escape(IX)}/{CRAWL}-index\?.* wait=([\d.]+)s .* duration=([\d.]+)s"
         + rf" .* pipeline={pipeline} cache=(\w+)"
     )
-    *_, (h, m, sec, ms, wait, took, cache) = re.findall(line, p.log())
-    end = int(h) * 3600 + int(m) * 60 + int(sec) + int(ms) / 1000
-    return end - float(took) + float(wait), cache
+    granted = []
+    for h, m, sec, ms, wait, took, cache in re.findall(line, p.log()):
+        end = int(h) * 3600 + int(m) * 60 + int(sec) + int(ms) / 1000
+        granted.append((end - float(took) + float(wait), cache))
+    return max(granted)
 
 
 def test_the_asker_whose_turn_comes_first_asks(env: Env, certs: Certs, tmp_path: Path) -> None:
