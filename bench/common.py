@@ -336,6 +336,12 @@ def add_python_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def tree_runs(trees: Sequence[Path], pythons: Sequence[str]) -> list[tuple[Path, str, str]]:
+    """Each source tree on each interpreter of ``--python`` (none given: this one), in order, as
+    (resolved tree, interpreter, label): the label names the interpreter only when some were given."""
+    return [(t.resolve(), py, f"{t} ({py})" if pythons else str(t)) for t in trees for py in pythons or [PY]]
+
+
 def add_compare_args(p: argparse.ArgumentParser) -> None:
     """--no-mitm and --candidate, for the figures that compare paths side by side."""
     p.add_argument("--no-mitm", action="store_true", help="skip mitmproxy (no PyPI install)")

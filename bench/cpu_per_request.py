@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (  # noqa: E402
     DATA_HOST,
     PACING_OFF,
-    PY,
     Bench,
     add_python_arg,
     make_certs,
     start_politeproxy,
     start_upstream,
+    tree_runs,
 )
 from bench.heyrun import hey  # noqa: E402
 from bench.stats import cpu_seconds as cpu_seconds  # noqa: E402 - re-exported: workers, floor_probe
@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> str:
     with Bench() as b:
         certs = make_certs(b.tmp)
         up = start_upstream(b, certs)
-        runs = [(t, py) for t in a.trees for py in a.python or [PY]]
-        names = [f"{t} ({py})" if a.python else str(t) for t, py in runs]
-        pxs = [start_politeproxy(b, up, extra, src=t.resolve(), python=py) for t, py in runs]
+        runs = tree_runs(a.trees, a.python)
+        names = [label for _t, _py, label in runs]
+        pxs = [start_politeproxy(b, up, extra, src=t, python=py) for t, py, _label in runs]
         for px in pxs:
             hey(url, px.url, 16, n=2 if a.mode == "bulk" else min(1000, a.n), headers=headers)
         us: dict[tuple[str, int], list[float]] = {}

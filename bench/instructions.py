@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (  # noqa: E402
     DATA_HOST,
     PACING_OFF,
-    PY,
     Bench,
     Proxy,
     Upstream,
@@ -45,6 +44,7 @@ from bench.common import (  # noqa: E402
     start_politeproxy,
     start_upstream,
     table,
+    tree_runs,
 )
 from bench.floor_probe import start_floor  # noqa: E402
 from bench.heyrun import hey  # noqa: E402
@@ -127,12 +127,12 @@ def _per_get(name: str, got: list[tuple[int, int]], n: int) -> float:
 
 
 def relays(
-    a: argparse.Namespace, b: Bench, up: Upstream, certs: Any, trees: list[Path]
+    a: argparse.Namespace, b: Bench, up: Upstream, certs: Any, runs: list[tuple[Path, str, str]]
 ) -> list[tuple[str, Starter]]:
-    """What to count, in order: each politeproxy tree, then the floor probe and Squid when asked."""
+    """What to count, in order: each politeproxy tree on each interpreter (``tree_runs``), then the floor
+    probe and Squid when asked."""
     out: list[tuple[str, Starter]] = []
-    runs = [(t.resolve(), py) for t in trees for py in a.python or [PY]]
-    for i, (src, python) in enumerate(runs):
+    for i, (src, python, _label) in enumerate(runs):
 
         def pp(w: list[str], s: Path = src, py: str = python) -> Proxy:
             return start_politeproxy(b, up, PACING_OFF, src=s, wrap=w, ready_within=READY, python=py)
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> str:
         text = "instructions: skipped, valgrind is not installed (apt-get install valgrind)"
         print(text)
         return text
-    trees = a.trees or [Path(__file__).resolve().parent.parent]
+    runs = tree_runs(a.trees or [Path(__file__).resolve().parent.parent], a.python)
     url = f"https://{DATA_HOST}/size/1024"
     per: dict[str, list[float]] = {}
     with Bench(keep=bool(os.environ.get("BENCH_KEEP"))) as b:
@@ -173,17 +173,19 @@ def main(argv: list[str] | None = None) -> str:
         out = b.tmp / "callgrind"
         out.mkdir(mode=0o777)
         out.chmod(0o777)  # Squid writes its dump as its own user (bench/squid.py opens the temp dir to it)
-        starters = relays(a, b, up, certs, trees)
+        starters = relays(a, b, up, certs, runs)
         for r in range(a.rounds):
             for name, start in starters if r % 2 == 0 else starters[::-1]:
                 how = count_whole if name == "squid" else count
                 v = how(name, start, out, url, a.n, a.conc)
                 per.setdefault(name, []).append(v)
                 log(f"round {r}: {name} {v / 1e3:.0f}k instructions per GET")
-    return report(a, trees, [s for s, _ in starters], per)
+    return report(a, runs, [s for s, _ in starters], per)
 
 
-def report(a: argparse.Namespace, trees: list[Path], names: list[str], per: dict[str, list[float]]) -> str:
+def report(
+    a: argparse.Namespace, runs: list[tuple[Path, str, str]], names: list[str], per: dict[str, list[float]]
+) -> str:
     first = min(per[names[0]])
     rows = [[n, f"{min(per[n]) / 1e3:,.0f}k", f"{max(per[n]) / 1e3:,.0f}k", f"{min(per[n]) / first:.3f}"]
             for n in names]  # fmt: skip
@@ -191,8 +193,7 @@ def report(a: argparse.Namespace, trees: list[Path], names: list[str], per: dict
         f"### User-space instructions per small GET (callgrind), {a.n} and {3 * a.n} GETs at {a.conc}"
         f" clients, {a.rounds} round(s)"
     )
-    runs = [f"{t} ({py})" if a.python else str(t) for t in trees for py in a.python or [PY]]
-    named = [f"- politeproxy{i if len(runs) > 1 else ''}: {r}" for i, r in enumerate(runs)]
+    named = [f"- politeproxy{i if len(runs) > 1 else ''}: {label}" for i, (_t, _py, label) in enumerate(runs)]
     text = "\n".join([head, "", *named, "", table(["relay", "fewest", "most", "ratio to the first"], rows)])
     print(text)
     return text

@@ -192,9 +192,10 @@ def machine_note() -> str:
 
 
 def interpreter() -> str:
-    """Which build of Python runs the proxy (the bench starts it with this one): its path, and whether it
-    runs on a shared libpython. The build sets about an eighth of politeproxy's CPU (docs/benchmarks.md):
-    Debian's python3 (statically linked, PGO and LTO) against a pyenv build with the defaults (neither)."""
+    """Which build of Python runs the benchmark, and the proxy unless ``--python`` names others (their
+    labels then name each): its path, and whether it runs on a shared libpython. The build sets about an
+    eighth of politeproxy's CPU (docs/benchmarks.md): Debian's python3 (statically linked, PGO and LTO)
+    against a pyenv build with the defaults (neither)."""
     try:
         shared = "libpython" in Path("/proc/self/maps").read_text()
     except OSError:
