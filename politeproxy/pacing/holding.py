@@ -31,6 +31,7 @@ log = logging.getLogger("politeproxy.pacing.holds")
 WATCH_EVERY = 0.5  # seconds between looks for a release made by another proxy (the promise is 1 s)
 LEARN_EVERY = 1.0  # seconds between reads of one host's note for the text of a refusal
 LEARN_TIMEOUT = 0.2  # a refusal waits this long at most for the note; then it goes with the pacer's words
+NOTE_SETTLE = 1.0  # seconds /status and release wait at most for this proxy's own notes to be written
 # Seconds between two releases of one host, from any proxy on the store (issue 42, item 4): a process that
 # asks every 0.1 s lets one request reach a blocking host per release, so at most 3 in 30 s, not 118.
 RELEASE_GAP = 10.0
@@ -97,6 +98,7 @@ class Holds:
         Only a host the store holds is released (nothing is written for any other name), and one host at
         most once per ``RELEASE_GAP`` seconds, counted from the last release any proxy noted."""
         hosts = tuple(dict.fromkeys((host, service_key(host))))
+        await self._settled()  # a hold note still being written would land after the release's, undoing it
         before = await self.notes.get_quietly(hosts)
         at = self.clock()
         last = max([n.released_at for n in before.values()] + [self._released.get(h, 0.0) for h in hosts])
@@ -127,7 +129,15 @@ class Holds:
         return v.backoff_in > 0 or v.blocks > 0 or v.probe_in > 0 or bool(self.rest.note(host))
 
     async def view(self, hosts: Iterable[str]) -> dict[str, HoldNote]:
+        """The hosts' notes, this proxy's own included: a hold it has just recorded shows with its reason."""
+        await self._settled()
         return await self.notes.get_quietly(hosts)
+
+    async def _settled(self) -> None:
+        """Wait, at most NOTE_SETTLE s, for this proxy's notes still being written (a loaded box or a slow
+        store can keep one a while): read-your-writes for /status and release, bounded as every wait is."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=NOTE_SETTLE)
 
     async def windows(self, rules: Iterable[WindowRule]) -> list[tuple[WindowRule, int]]:
         """Each window's requests now (reserved slots included); a store fault leaves a window out."""

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from tests.support.measure import budget_report, over_budget, results, run_load
-from tests.support.pacing_clients import start_clients, warm_upstream_pool
+from tests.support.pacing_clients import read_lock, start_clients, warm_upstream_pool
 from tests.support.processes import POLITEPROXY, ROOT, free_port, wait_for
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc
 from tests.support.upstream_proc import Upstream
@@ -30,10 +30,15 @@ CONFIG = NO_ROBOTS + '[schedule]\nglobal_rate = "20ms"\n'  # 50/s, the file stor
 # The sliding-window check's tolerance: grants up to 0.2 s (ten slots) late. Two workers, a second proxy
 # and three client processes share two cores with make test's other workers; a grant handed out late can be
 # followed by the next one on time (the schedule is kept), which packs more arrivals into one window: 58
-# (0.16 s late) in one full run of the suite on 2026-12-07, against 0.1 s's 56. The fitted rate below (at
-# most 0.5 % over) and any burst of eleven or more still fail it.
+# (0.16 s late) in one full run of the suite on 2026-12-07, against 0.1 s's 56. The checks of the schedule
+# below and any burst of eleven or more still fail it.
 LATE = 0.2
 WARMUP = 5  # arrivals left out of the rate fit: the first grants pay the upstream connects
+# The fitted rate over the run's ~2.9 s cannot tell a fast schedule from lateness that shrinks as the run
+# goes on (early grants late while three clients start, later ones on time): DRIFT seconds of it read as
+# DRIFT / 2.9 s over the rate. A CI run fitted 50.33/s (0.66 %: ~19 ms) where 0.5 % was allowed, so the
+# fit tolerates 30 ms (~1 %); the shared lock's record checks the schedule itself, without jitter.
+DRIFT = 0.03
 
 
 def fitted_rate(times: list[float]) -> float:
@@ -82,9 +87,15 @@ def test_two_workers_and_a_second_proxy_keep_one_budget_and_one_scrape_counts_th
     assert len(times) == 3 * n
     over = over_budget(times, RATE, 1.0, LATE)
     assert over is None, f"{over}; {budget_report(times, RATE)}"
-    rate = fitted_rate(times[WARMUP:])
+    fitted = times[WARMUP:]
+    rate = fitted_rate(fitted)
     print(f"\nworkers=2 + a proxy: n={len(times)} fitted rate {rate:.3f}/s ({rate / RATE:.4f})")
-    assert rate <= 1.005 * RATE, rate  # strict: the budget
+    assert rate <= RATE * (1 + DRIFT / (fitted[-1] - fitted[0])), rate  # strict: the budget, DRIFT aside
+    # The one schedule in the shared file: every grant of the three processes claimed one slot of it, and
+    # its next slot lies a slot per grant past the first, which arrived no earlier than its own slot.
+    nxt, count = read_lock(shared)
+    assert count == len(times), (count, len(times))
+    assert nxt / 1e9 >= times[0] + len(times) / RATE - LATE, (nxt / 1e9 - times[0], len(times) / RATE)
     # loose: the queue never ran dry (0.976 was seen in CI and 0.979 beside a helper's suite: a loaded box)
     assert rate >= 0.9 * RATE, rate
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from politeproxy.pacing.holding import RELEASE_GAP, Holds
+from politeproxy.pacing.holding import NOTE_SETTLE, RELEASE_GAP, Holds
 from politeproxy.pacing.rest import RestNotes
 from politeproxy.pacing.state import QueueState
-from politeproxy.stores.holdnotes import MemoryNotes
+from politeproxy.stores.holdnotes import HoldNote, MemoryNotes
 from politeproxy.stores.memory import MemoryStore
 from tests.support.store_helpers import NOJITTER, Clock, H
 
@@ -46,3 +46,42 @@ async def test_a_release_every_tenth_of_a_second_let_one_request_through_per_rel
     clock.t += 0.2  # RELEASE_GAP since the first: one more release
     again = await h.release(H, "test")
     assert again.hosts == (H,) and not again.refused
+
+
+class SlowNotes(MemoryNotes):
+    """Notes whose writes take ``delay`` s: a loaded box's sidecar file, a slow Redis."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def put(self, note: HoldNote) -> None:
+        await asyncio.sleep(self.delay)
+        await super().put(note)
+
+
+async def test_a_hold_just_noted_shows_in_the_view_and_a_release_is_not_undone_by_it() -> None:
+    clock = Clock()
+    store, notes = MemoryStore(clock=clock), SlowNotes(0.05)
+    state: QueueState[asyncio.Future[float]] = QueueState()
+    h = Holds(store, state, RestNotes(64, clock), clock, notes, clock=clock)
+    await store.throttled(H, 60.0, NOJITTER)
+    h.held(H, True, 403, 60.0, "CloudFront 403")
+    assert (await h.view([H]))[H].kind == "block"  # the write still under way is waited for
+    h.held(H, True, 403, 60.0, "CloudFront 403")  # noted again just before the release
+    assert (await h.release(H, "test")).hosts == (H,)
+    await asyncio.sleep(0.1)
+    assert (await h.view([H]))[H].released_at > 0  # the hold's late write did not land after the release's
+
+
+async def test_a_note_that_never_finishes_holds_the_view_up_only_briefly() -> None:
+    clock = Clock()
+    notes = SlowNotes(3600.0)
+    h = Holds(MemoryStore(clock=clock), QueueState(), RestNotes(64, clock), clock, notes, clock=clock)
+    h.held(H, True, 403, 60.0, "CloudFront 403")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert await h.view([H]) == {}
+    assert loop.time() - t0 < NOTE_SETTLE + 0.5
+    for task in asyncio.all_tasks() - {asyncio.current_task()}:
+        task.cancel()  # the write that never ends

@@ -40,8 +40,6 @@ class Reading:
     body: bytes
 
 
-
-
 def ours(method: str, pieces: list[bytes]) -> Reading | None:
     conn = H1Conn(("http", "h", 80), "h:80", tls=False)
     answer = H1Answer(conn, URL("http://h/"), 1.0, 1 << 20, head_only=method == "HEAD")

@@ -18,8 +18,6 @@ from tests.support.rawupstream import (
 # --- properties of the parser of untrusted upstream bytes -------------------------------------------------
 
 
-
-
 def fed(chunks: list[bytes]) -> tuple[H1Conn, H1Answer]:
     """A connection without a transport (abort only marks it lost) fed ``chunks``, then a FIN."""
     conn = H1Conn(("http", "h", 80), "h:80", tls=False)
