@@ -124,6 +124,7 @@ import os, duckdb
 con = duckdb.connect(config={{"autoinstall_known_extensions": False, "autoload_known_extensions": False}})
 con.execute("LOAD '{httpfs}'")
 con.execute("SET ca_cert_file = '" + os.environ["SSL_CERT_FILE"] + "'")
+con.execute("SET enable_progress_bar = false")  # past 2 s (a loaded box) duckdb draws one on stdout
 print(con.execute("SELECT count(*) FROM read_parquet('https://data.commoncrawl.org/cc-index/table/t.parquet')").fetchone()[0])
 """
     env_path = {"PYTHONPATH": str(DUCKDB15)}

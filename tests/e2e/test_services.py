@@ -95,6 +95,12 @@ def _read_for(env: dict[str, str], targets: list[tuple[str, str]], seconds: floa
 @pytest.mark.slow  # 2.5 s of range reads
 def test_every_name_of_the_bucket_shares_one_exempt_ceiling(proxy: ProxyProc, up: Upstream) -> None:
     """Per host name the four names would get four ceilings: 4 x (10 + 3) reads in the first second."""
+    # Warm first: a cold start's reads each wait for an upstream TLS connect (0.1 s on a loaded box), so the
+    # burst arrived late and the span came short by as much (31 reads in 2.60 s against 30.5 once). The
+    # warm-up's reads take the ceiling; BURST * RATE of quiet gives it back, and the log starts after.
+    _read_for(proxy.env, list(BUCKET_NAMES), 0.5, threads=2)
+    time.sleep(BURST * RATE + 0.2)
+    up.reset()
     statuses = _read_for(proxy.env, list(BUCKET_NAMES), 2.5, threads=2)
     assert all(s < 500 for s in statuses), sorted(set(statuses))
     log = [a for a in up.log() if TABLE in a["path"]]

@@ -52,10 +52,11 @@ LATE = 0.1
 def check(st: Stats, n: int) -> None:
     """The budget's side strictly (at most 2 % over the rate; in any 1 s window the budget plus LATE's
     grants); the other side loosely: a busy box (make test-repeat's burner) stalls a client or the proxy now
-    and then (a 110 ms gap once, 48.0/s over 2.5 s), which makes the run slower, never faster."""
+    and then (a 110 ms gap once, 48.0/s over 2.5 s; gaps of 286 and 200 ms in one full run of the suite,
+    39.9/s over 3 s), which makes the run slower, never faster. 0.7 still fails half the rate."""
     assert st.n == n
     assert st.rate / RATE - 1 <= 0.02, f"combined rate {st.rate:.2f}/s is over {RATE:g}/s by more than 2%"
-    assert st.rate / RATE >= 0.85, f"combined rate {st.rate:.2f}/s is far under {RATE:g}/s"
+    assert st.rate / RATE >= 0.7, f"combined rate {st.rate:.2f}/s is far under {RATE:g}/s"
     bound = budget_bound(RATE, 1.0, LATE)
     assert st.max_window <= bound, f"a 1 s window held {st.max_window} requests (bound {bound})"
 
