@@ -66,6 +66,8 @@ def test_a_job_finishes_on_the_stand_in_when_simulate_says(
     start = min(min(v) for v in times.values())
     real = {kind: max(v) - start for kind, v in times.items()}
     for kind in counts:
-        # Within 5 %: the schedule keeps its slots (a late grant does not move the next), so the finish of a
-        # 10 s job moves by the last grants' lateness and the clients' start, tens of ms on a busy box.
-        assert abs(real[kind] - expected[kind]) <= 0.05 * expected[kind], (kind, real, expected)
+        # Never more than 5 % early: the schedule keeps its slots (a late grant does not move the next), so
+        # a job that finished sooner than simulate said would have outrun the budget. Later only loosely: a
+        # stall of the box leaves slots unused (10.10 s against 9.48, 6.5 %, in one run of the suite).
+        assert real[kind] >= 0.95 * expected[kind], (kind, real, expected)
+        assert real[kind] <= 1.15 * expected[kind], (kind, real, expected)

@@ -185,6 +185,7 @@ def test_profile_summary(tmp_path: Path) -> None:
         "workers.py",
         "beside_squid.py",
         "instructions.py",
+        "syscalls.py",
     ],
 )
 def test_help(script: str) -> None:

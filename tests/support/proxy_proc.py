@@ -16,6 +16,7 @@ import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from tests.support.processes import POLITEPROXY, ROOT, free_port, stop_process, wait_for
@@ -144,8 +145,28 @@ def start_proxy(
         text += f'[upstream]\nca_file = "{certs.ca_file}"\n[upstream.resolve]\n{resolve_table(up)}\n'
     text += extra_toml
     cfg.write_text(text)
-    port = port or free_port()
-    log_path = tmp / f"proxy-{n}.log"
+    # free_port() hands out a port that is free now; another test's proxy may bind it first. Then this one
+    # cannot listen, and the port answers /healthz for the other: once a test sent its requests to another
+    # test's proxy (its CA unknown to the client). So the answer must be this proxy's (its CA), and a port
+    # lost that way is tried again with another.
+    for _ in range(3):
+        p = _launch(tmp, cfg, data_dir, args, env, port or free_port(), n)
+        if not wait:
+            return p
+        wait_for(partial(up_or_gone, p), 30, "proxy /healthz")
+        if p.proc.poll() is None:
+            p.env = client_env(p.port, data_dir)
+            return p
+        if port is not None or "in use" not in p.log().lower():
+            break
+    raise RuntimeError(f"proxy exited {p.proc.returncode}: {p.log()}")
+
+
+def _launch(
+    tmp: Path, cfg: Path, data_dir: Path, args: tuple[str, ...], env: dict[str, str] | None, port: int, n: int
+) -> ProxyProc:
+    log_path = tmp / f"proxy-{n}-{port}.log"
+    listen = f"127.0.0.1:{port}"
     cmd = [
         *POLITEPROXY,
         "run",
@@ -154,21 +175,27 @@ def start_proxy(
         "--data-dir",
         str(data_dir),
         "--listen",
-        f"127.0.0.1:{port}",
+        listen,
         "-v",
         *args,
     ]
     penv = {**os.environ, **(env or {})}
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env=penv)
-    p = ProxyProc(proc, port, data_dir, cfg, log_path)
     STARTED.append((os.environ.get("PYTEST_CURRENT_TEST", "?"), proc))
-    if wait:
-        wait_for(lambda: proc.poll() is not None or p.healthy(), 30, "proxy /healthz")
-        if proc.poll() is not None:
-            raise RuntimeError(f"proxy exited {proc.returncode}: {p.log()}")
-        p.env = client_env(port, data_dir)
-    return p
+    return ProxyProc(proc, port, data_dir, cfg, log_path)
+
+
+def up_or_gone(p: ProxyProc) -> bool:
+    return p.proc.poll() is not None or answers_as_itself(p)
+
+
+def answers_as_itself(p: ProxyProc) -> bool:
+    """/healthz says ok, and /ca.pem is the CA in the proxy's own data dir: the port is this proxy's."""
+    try:
+        return p.healthy() and p.get("/ca.pem", timeout=2) == (p.data_dir / "ca.pem").read_bytes()
+    except OSError:
+        return False
 
 
 def for_this_test(p: ProxyProc) -> ProxyProc:
