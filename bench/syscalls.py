@@ -34,6 +34,7 @@ from bench.common import (  # noqa: E402
     make_certs,
     start_politeproxy,
     start_upstream,
+    stop,
     table,
 )
 from bench.floor_probe import start_floor  # noqa: E402
@@ -100,8 +101,7 @@ def main(argv: list[str] | None = None) -> str:
             try:
                 calls, ok = traced(px, b.tmp / f"strace-{name}.txt", url, a.n, a.conc)
             finally:
-                px.proc.terminate()
-                px.proc.wait(30)
+                stop(px.proc)  # before the next relay starts: they would share the cores
             if ok < a.n:
                 log(f"{name}: {a.n - ok} of {a.n} GETs were not answered 200")
             per = max(1, ok)

@@ -217,5 +217,4 @@ class Holds:
         self.rest.adopt(host, kind, note.since, note.until, note.reason)
 
     async def close(self) -> None:
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=1.0)
+        await self._settled()

@@ -13,8 +13,8 @@ from politeproxy.stores.memory import MemoryStore
 from tests.support.store_helpers import NOJITTER, Clock, H
 
 
-def holds(clock: Clock) -> tuple[Holds, MemoryStore, MemoryNotes]:
-    store, notes = MemoryStore(clock=clock), MemoryNotes()
+def holds(clock: Clock, notes: MemoryNotes | None = None) -> tuple[Holds, MemoryStore, MemoryNotes]:
+    store, notes = MemoryStore(clock=clock), notes or MemoryNotes()
     state: QueueState[asyncio.Future[float]] = QueueState()
     return Holds(store, state, RestNotes(64, clock), clock, notes, clock=clock), store, notes
 
@@ -62,9 +62,7 @@ class SlowNotes(MemoryNotes):
 
 async def test_a_hold_just_noted_shows_in_the_view_and_a_release_is_not_undone_by_it() -> None:
     clock = Clock()
-    store, notes = MemoryStore(clock=clock), SlowNotes(0.05)
-    state: QueueState[asyncio.Future[float]] = QueueState()
-    h = Holds(store, state, RestNotes(64, clock), clock, notes, clock=clock)
+    h, store, _notes = holds(clock, SlowNotes(0.05))
     await store.throttled(H, 60.0, NOJITTER)
     h.held(H, True, 403, 60.0, "CloudFront 403")
     assert (await h.view([H]))[H].kind == "block"  # the write still under way is waited for
@@ -76,8 +74,7 @@ async def test_a_hold_just_noted_shows_in_the_view_and_a_release_is_not_undone_b
 
 async def test_a_note_that_never_finishes_holds_the_view_up_only_briefly() -> None:
     clock = Clock()
-    notes = SlowNotes(3600.0)
-    h = Holds(MemoryStore(clock=clock), QueueState(), RestNotes(64, clock), clock, notes, clock=clock)
+    h, _store, _notes = holds(clock, SlowNotes(3600.0))
     h.held(H, True, 403, 60.0, "CloudFront 403")
     loop = asyncio.get_running_loop()
     t0 = loop.time()
