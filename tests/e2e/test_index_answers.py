@@ -20,7 +20,7 @@ import pytest
 
 from tests.support.clients import run_py
 from tests.support.index_clients import CRAWL, IX, get, index_arrivals, question
-from tests.support.processes import cache_command
+from tests.support.processes import cache_command, wait_for
 from tests.support.proxy_proc import NO_ROBOTS, ProxyProc, start_proxy
 from tests.support.upstream_proc import Certs, Upstream, start_upstream
 
@@ -126,10 +126,9 @@ def test_the_same_twelve_domain_run_twice_asks_nothing_the_second_time(fresh: En
     assert index_arrivals(env.up) == []  # not one request to the index server the second time
 
 
-def q_line(p: ProxyProc, pipeline: str) -> tuple[float, str]:
-    """When the proxy's last CDX question of ``pipeline`` to be granted was granted (seconds of the day), and
-    its cache column. The last granted, not the last line: a line is written when its answer ends, so a hit
-    granted after a slow miss can be written before it (seen once in a clean-clone run)."""
+def cdx_lines(p: ProxyProc, pipeline: str) -> list[tuple[float, str]]:
+    """The proxy's CDX questions of ``pipeline`` in its access log: when each was granted (seconds of the
+    day: end, less duration, plus wait) and its cache column."""
     line = (
         r"(\d\d):(\d\d):(\d\d),(\d{3}) INFO politeproxy\.access: .* GET "
         + rf"{re.escape(IX)}/{CRAWL}-index\?.* wait=([\d.]+)s .* duration=([\d.]+)s"
@@ -139,7 +138,17 @@ def q_line(p: ProxyProc, pipeline: str) -> tuple[float, str]:
     for h, m, sec, ms, wait, took, cache in re.findall(line, p.log()):
         end = int(h) * 3600 + int(m) * 60 + int(sec) + int(ms) / 1000
         granted.append((end - float(took) + float(wait), cache))
-    return max(granted)
+    return granted
+
+
+def q_line(p: ProxyProc, pipeline: str, n: int) -> tuple[float, str]:
+    """The grant time and cache column of the last granted of the ``n`` CDX questions ``pipeline`` asked
+    through ``p``, once all ``n`` lines are in the log. A line is written when its answer has gone out, so
+    the client can hold the answer before its line is there (a's Q, a hit, was missing when the log was read,
+    on a loaded box); and the last granted, not the last line: a hit granted after a slow miss can be
+    written first."""
+    wait_for(lambda: len(cdx_lines(p, pipeline)) >= n, 10, f"{n} access lines of {pipeline}")
+    return max(cdx_lines(p, pipeline))
 
 
 def test_the_asker_whose_turn_comes_first_asks(env: Env, certs: Certs, tmp_path: Path) -> None:
@@ -171,7 +180,7 @@ def test_the_asker_whose_turn_comes_first_asks(env: Env, certs: Certs, tmp_path:
         # the one granted first (end - duration + wait, from the access lines) is the miss. Had a taken its
         # lease before its queue wait, b, granted sooner (its pipeline has no backlog), would have waited on
         # it and been a hit. Which turn comes first is the fair queue's business: b's usually, not always.
-        (b_grant, b_cache), (a_grant, a_cache) = q_line(b, "solo"), q_line(a, "bulk")
+        (b_grant, b_cache), (a_grant, a_cache) = q_line(b, "solo", 1), q_line(a, "bulk", 6)
         assert sorted([b_cache, a_cache]) == ["hit", "miss"], (b_cache, a_cache)
         first = "b" if b_grant < a_grant else "a"
         assert (b_cache if first == "b" else a_cache) == "miss", (first, b_grant, a_grant, b_cache, a_cache)
