@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import requests
@@ -45,23 +46,39 @@ def run_quiet(
     """`politeproxy run` without -v, in front of ``up`` when given; waits until /healthz answers."""
     cfg = tmp / "quiet.toml"
     cfg.write_text(toml + (upstream_toml(up, certs) if up and certs else ""))
-    port, data_dir, log_path = free_port(), tmp / "data", tmp / "quiet.log"
+    data_dir = tmp / "data"
+    # As start_proxy: a port free_port() handed out may be bound first by another test's proxy, which then
+    # answers /healthz; only this proxy's own answer (its CA) counts, and a port lost that way is tried again.
+    for attempt in range(3):
+        q = _launch(cfg, data_dir, tmp / f"quiet-{attempt}.log", free_port(), args, env)
+        wait_for(partial(_up_or_gone, q), 30, "quiet proxy")
+        if q.proc.poll() is None or "in use" not in q.log().lower():
+            break
+    assert q.proc.poll() is None, q.log()
+    return q
+
+
+def _launch(
+    cfg: Path, data_dir: Path, log_path: Path, port: int, args: tuple[str, ...], env: dict[str, str] | None
+) -> Quiet:
     cmd = [*POLITEPROXY, "run", "--config", str(cfg), "--data-dir", str(data_dir)]
     cmd += ["--listen", f"127.0.0.1:{port}", *args]
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(
             cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
-    q = Quiet(proc, port, data_dir, log_path)
+    return Quiet(proc, port, data_dir, log_path)
 
-    def up_or_gone() -> bool:
-        if proc.poll() is not None:
-            return True
-        try:
-            return requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok
-        except requests.RequestException:
+
+def _up_or_gone(q: Quiet) -> bool:
+    """Exited, or answering as itself: /healthz ok and /ca.pem the CA in its own data dir."""
+    if q.proc.poll() is not None:
+        return True
+    base = f"http://127.0.0.1:{q.port}"
+    try:
+        if not requests.get(f"{base}/healthz", timeout=1).ok:
             return False
-
-    wait_for(up_or_gone, 30, "quiet proxy")
-    assert proc.poll() is None, q.log()
-    return q
+        ca = requests.get(f"{base}/ca.pem", timeout=2).content
+        return ca == (q.data_dir / "ca.pem").read_bytes()
+    except (requests.RequestException, OSError):
+        return False
