@@ -192,8 +192,18 @@ def up_or_gone(p: ProxyProc) -> bool:
 
 def answers_as_itself(p: ProxyProc) -> bool:
     """/healthz says ok, and /ca.pem is the CA in the proxy's own data dir: the port is this proxy's."""
+    return answers_as(p.port, p.data_dir)
+
+
+def answers_as(port: int, data_dir: Path) -> bool:
+    """``answers_as_itself`` for a proxy known by its port and data dir (quiet_proxy's too)."""
+    base = f"http://127.0.0.1:{port}"
     try:
-        return p.healthy() and p.get("/ca.pem", timeout=2) == (p.data_dir / "ca.pem").read_bytes()
+        with urllib.request.urlopen(f"{base}/healthz", timeout=2) as r:
+            if json.loads(r.read())["status"] != "ok":
+                return False
+        with urllib.request.urlopen(f"{base}/ca.pem", timeout=2) as r:
+            return bool(r.read() == (data_dir / "ca.pem").read_bytes())
     except OSError:
         return False
 
